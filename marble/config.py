@@ -1,0 +1,305 @@
+"""One typed configuration tree for training, rollouts, rewards and data.
+
+Presets are named YAML files in `marble/presets/` (`tiny`, `rho_07`, ...). A preset may
+name a `base:` preset it extends. User files and `--set key=value` overrides are merged
+on top. Every key is checked against the dataclasses below: an unknown key or a value
+of the wrong type is an error that names the key and where it came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+
+PRESET_DIR = Path(__file__).parent / "presets"
+
+SD3_LORA_TARGETS = [
+    "attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out",
+    "attn.to_k", "attn.to_out.0", "attn.to_q", "attn.to_v",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the key and its origin."""
+
+
+@dataclass
+class ModelConfig:
+    # A hub id, a local diffusers folder, or `random:<size>` (tiny | sd35m): a random-init
+    # model built in memory from configs, for benchmarks and tests without downloads.
+    path: str = "stabilityai/stable-diffusion-3.5-medium"
+    revision: str | None = None
+    lora_rank: int = 32
+    lora_alpha: int = 64
+    lora_targets: list[str] = field(default_factory=lambda: list(SD3_LORA_TARGETS))
+    mixed_precision: Literal["no", "fp16", "bf16"] = "fp16"
+    max_sequence_length: int = 128  # T5 tokens (spec A.2)
+
+
+@dataclass
+class SamplingConfig:
+    solver: Literal["dpm2", "euler"] = "dpm2"
+    num_steps: int = 25
+    resolution: int = 512
+    guidance_scale: float = 1.0
+    images_per_prompt: int = 24  # k, the group size
+    batch_size: int = 9  # per rank, per sampling batch
+    num_batches_per_epoch: int = 8
+    eval_num_steps: int = 40
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 9  # per rank micro-batch
+    timestep_fraction: float = 0.99
+    nft_beta: float = 0.1  # beta of the implicit policies (spec A.6)
+    kl_beta: float = 1e-4  # lambda_KL
+    adv_clip: float = 5.0  # C
+    lr: float = 3e-4
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    weight_decay: float = 1e-4
+    adam_eps: float = 1e-8
+    max_grad_norm: float = 1.0
+    ema_decay: float = 0.9  # weight EMA, effective min((1+s)/(10+s), decay)
+    old_decay_type: int = 1  # 0, 1 or 2 (spec A.8)
+    old_decay_cap: float = 0.95  # MARBLE raised the type-1 cap from 0.5 to 0.95
+    max_steps: int = 1000
+    save_every: int = 30
+    log_every: int = 1
+    seed: int = 42
+
+
+@dataclass
+class BalancerConfig:
+    method: Literal["weighted_sum", "equal_alpha", "mgda", "marble"] = "marble"
+    amortize_every: int = 10  # N: optimizer steps between full solves
+    warmup_steps: int = 1  # every micro-step is a full solve before this step
+    alpha_ema: float = 0.7  # rho
+    fixed_alphas: list[float] | None = None  # equal_alpha: None means 1/K
+    grad_eps: float = 1e-12
+    # True: amortized step backpropagates sum_k alpha_k L_k with masked L_k (exact).
+    # False: the reference's combined advantage with nan -> 0, i.e. r = 1/2 fill (spec D.6).
+    exact_masking: bool = True
+    # Per-reward gradients and cosines on the first micro-step of every n-th optimizer
+    # step, for every balancer (the weighted sum too, so the report can compare).
+    diagnostics_every: int = 10
+
+
+@dataclass
+class RewardSpec:
+    name: str = ""
+    weight: float = 1.0  # used only by the weighted-sum average
+    # Override the reward's content rule: apply only to prompts from these sources.
+    applies_to: list[str] | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DataConfig:
+    train: str = "data/datasets/train.parquet"
+    test: str = "data/datasets/test.parquet"
+    embed_cache: str | None = None  # folder written by `marble data embed`
+    stratified: bool = True
+
+
+@dataclass
+class RunConfig:
+    preset: str = ""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    balancer: BalancerConfig = field(default_factory=BalancerConfig)
+    rewards: list[RewardSpec] = field(default_factory=list)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    @property
+    def reward_names(self) -> list[str]:
+        return [r.name for r in self.rewards]
+
+
+# ---------------------------------------------------------------- strict loading
+
+
+def _type_ok(value: Any, tp: Any) -> bool:
+    origin = get_origin(tp)
+    if tp is Any:
+        return True
+    if origin is Literal:
+        return value in get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in get_args(tp))
+    if tp is type(None):
+        return value is None
+    if origin is list:
+        (inner,) = get_args(tp) or (Any,)
+        return isinstance(value, list) and all(_type_ok(v, inner) for v in value)
+    if origin is dict:
+        return isinstance(value, dict)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, tp)
+
+
+def _build(cls: type, data: Any, where: str, origin: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{origin}: `{where or 'config'}` must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else key
+        if key not in names:
+            raise ConfigError(
+                f"{origin}: unknown config key `{path}` (known keys here: {sorted(names)})"
+            )
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value, path, origin)
+        elif get_origin(tp) is list and dataclasses.is_dataclass(get_args(tp)[0]):
+            if not isinstance(value, list):
+                raise ConfigError(f"{origin}: `{path}` must be a list, got {value!r}")
+            item_cls = get_args(tp)[0]
+            kwargs[key] = [_build(item_cls, v, f"{path}[{i}]", origin) for i, v in enumerate(value)]
+        else:
+            if not _type_ok(value, tp):
+                raise ConfigError(f"{origin}: `{path}` = {value!r} is not a valid {_tp_name(tp)}")
+            kwargs[key] = float(value) if tp is float else value
+    return cls(**kwargs)
+
+
+def _tp_name(tp: Any) -> str:
+    if get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "options":
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def available_presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    return data
+
+
+def preset_dict(name: str, _seen: tuple = ()) -> dict:
+    """The raw dict of a preset with its `base:` chain resolved."""
+    path = PRESET_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"unknown preset `{name}` (available: {', '.join(available_presets())})")
+    if name in _seen:
+        raise ConfigError(f"preset `{name}`: circular `base:` chain {' -> '.join(_seen)}")
+    data = _read_yaml(path)
+    base = data.pop("base", None)
+    merged = _merge(preset_dict(base, _seen + (name,)), data) if base else data
+    merged["preset"] = name
+    return merged
+
+
+def parse_override(item: str) -> dict:
+    """`a.b.c=value` -> {"a": {"b": {"c": value}}}, the value parsed as YAML."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected key=value")
+    key, raw = item.split("=", 1)
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    out: dict = {}
+    node = out
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return out
+
+
+def load_config(
+    preset: str | None = None,
+    files: list[str | Path] = (),
+    overrides: list[str] = (),
+) -> RunConfig:
+    """Preset, then YAML files, then `key=value` overrides; validated as a whole."""
+    data: dict = preset_dict(preset) if preset else {}
+    for f in files:
+        path = Path(f)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        file_data = _read_yaml(path)
+        if "base" in file_data:
+            data = _merge(preset_dict(file_data.pop("base")), data)
+        data = _merge(data, file_data)
+    for item in overrides:
+        data = _merge(data, parse_override(item))
+    origin = f"preset `{preset}`" if preset else "config"
+    if files or overrides:
+        origin += " + " + ", ".join([str(f) for f in files] + [f"--set {o}" for o in overrides])
+    cfg = _build(RunConfig, data, "", origin)
+    validate(cfg, origin)
+    return cfg
+
+
+def validate(cfg: RunConfig, origin: str = "config") -> None:
+    """Cross-field checks that the types alone cannot express."""
+    s, t, b = cfg.sampling, cfg.train, cfg.balancer
+    names = cfg.reward_names
+    if not names:
+        raise ConfigError(f"{origin}: `rewards` is empty: name at least one reward")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{origin}: `rewards` names a reward twice: {names}")
+    if (s.batch_size * s.num_batches_per_epoch) % t.batch_size:
+        raise ConfigError(
+            f"{origin}: `train.batch_size` ({t.batch_size}) must divide the rollouts per rank "
+            f"per epoch (sampling.batch_size x sampling.num_batches_per_epoch = "
+            f"{s.batch_size * s.num_batches_per_epoch})"
+        )
+    if not 0 < t.timestep_fraction <= 1:
+        raise ConfigError(f"{origin}: `train.timestep_fraction` must be in (0, 1]")
+    if not 0 <= b.alpha_ema < 1:
+        raise ConfigError(f"{origin}: `balancer.alpha_ema` must be in [0, 1)")
+    if b.fixed_alphas is not None:
+        if len(b.fixed_alphas) != len(names) or abs(sum(b.fixed_alphas) - 1) > 1e-6:
+            raise ConfigError(
+                f"{origin}: `balancer.fixed_alphas` needs {len(names)} values summing to 1"
+            )
+    if t.old_decay_type not in (0, 1, 2):
+        raise ConfigError(f"{origin}: `train.old_decay_type` must be 0, 1 or 2")
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def dump_yaml(cfg: RunConfig) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def training_timesteps(cfg: RunConfig) -> int:
+    """T_train = floor(num_steps * timestep_fraction), at least 1 (spec A.7)."""
+    return max(1, int(cfg.sampling.num_steps * cfg.train.timestep_fraction))
+
+
+def grad_accumulation(cfg: RunConfig) -> int:
+    """Micro-batches per optimizer step: one optimizer step per epoch (spec A.1)."""
+    s = cfg.sampling
+    return s.batch_size * s.num_batches_per_epoch // cfg.train.batch_size

@@ -1,0 +1,82 @@
+"""Atomic file writes: nothing is ever half written.
+
+Every artifact marble produces goes through these helpers: write to a temporary
+sibling, fsync, then `os.replace` (atomic on POSIX). A crash leaves either the old
+file or the new one, never a torn one, which is what makes every step resumable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to `path`; rename it onto `path` on success.
+
+    Works for files and for directories (whatever the body creates at the
+    temporary path). On an exception the temporary is removed and `path` is
+    untouched.
+    """
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    target = tmp / final.name
+    try:
+        yield target
+        if not target.exists():
+            raise FileNotFoundError(f"atomic write of {final}: nothing was written")
+        if final.is_dir() and not final.is_symlink():
+            # Directories cannot be replaced atomically in one call: move the old one
+            # aside first so a crash between the two renames still leaves a copy.
+            old = final.with_name(f".{final.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            os.replace(target, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            if target.is_file():
+                with open(target, "rb+") as fh:
+                    os.fsync(fh.fileno())
+            os.replace(target, final)
+        _fsync_dir(final.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True, allow_nan=True) + "\n")
+
+
+def append_jsonl(path: str | os.PathLike, record: dict) -> None:
+    """Append one JSON line and flush it (metrics logs: a crash loses at most a line)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record, allow_nan=True) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())

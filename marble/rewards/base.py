@@ -1,0 +1,69 @@
+"""The one interface every reward implements.
+
+A reward is called as `reward(images, prompts, metadata) -> Tensor[N]` (float32) with
+`images` a float tensor [N, 3, H, W] in [0, 1] on the CPU. It returns NaN where it does
+not apply to the prompt (`applies` is False) or where the sample could not be scored;
+NaN is masked downstream (never read as a zero) and counted in `failures`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+import torch
+
+_QUOTED = re.compile(r'"([^"]+)"')
+
+
+def quoted_target(prompt: str) -> str | None:
+    """The first non-empty double-quoted span of a prompt, or None (the OCR rule)."""
+    for match in _QUOTED.finditer(prompt):
+        if match.group(1).strip():
+            return match.group(1)
+    return None
+
+
+class Reward:
+    """Base class: subclasses set `name` and implement `score` on the applicable rows."""
+
+    name: str = "reward"
+
+    def __init__(self, applies_to: Sequence[str] | None = None, **options):
+        if options:
+            raise TypeError(f"reward {self.name!r}: unknown options {sorted(options)}")
+        # Config override of the content rule: only these sources (metadata["source"]).
+        self.applies_to = None if applies_to is None else set(applies_to)
+        self.failures = 0  # samples that applied but could not be scored
+        self.scored = 0
+
+    # -- applicability -------------------------------------------------------
+    def applies_by_content(self, prompt: str, metadata: dict) -> bool:
+        return True
+
+    def applies(self, prompt: str, metadata: dict) -> bool:
+        if self.applies_to is not None:
+            return (metadata or {}).get("source") in self.applies_to
+        return self.applies_by_content(prompt, metadata or {})
+
+    # -- scoring ---------------------------------------------------------------
+    def score(self, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> torch.Tensor:
+        """Scores for rows that apply; NaN marks an unscorable sample."""
+        raise NotImplementedError
+
+    def __call__(self, images, prompts: Sequence[str], metadata: Sequence[dict] | None = None):
+        prompts = list(prompts)
+        metadata = [dict(m or {}) for m in (metadata or [{}] * len(prompts))]
+        if len(images) != len(prompts) or len(metadata) != len(prompts):
+            raise ValueError(
+                f"reward {self.name!r}: {len(images)} images, {len(prompts)} prompts, "
+                f"{len(metadata)} metadata records"
+            )
+        out = torch.full((len(prompts),), float("nan"), dtype=torch.float32)
+        idx = [i for i, (p, m) in enumerate(zip(prompts, metadata)) if self.applies(p, m)]
+        if idx:
+            sub = self.score(images[idx], [prompts[i] for i in idx], [metadata[i] for i in idx])
+            out[idx] = sub.detach().to(torch.float32).cpu()
+            self.scored += len(idx)
+            self.failures += int(torch.isnan(out[idx]).sum())
+        return out
