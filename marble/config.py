@@ -225,6 +225,12 @@ def parse_override(item: str) -> dict:
         raise ConfigError(f"--set {item!r}: expected key=value")
     key, raw = item.split("=", 1)
     value = yaml.safe_load(raw) if raw.strip() else ""
+    if isinstance(value, str):
+        # YAML 1.1 reads `1e-3` (no dot) as a string; users mean the number.
+        try:
+            value = float(value)
+        except ValueError:
+            pass
     out: dict = {}
     node = out
     parts = key.strip().split(".")

@@ -1,4 +1,4 @@
-"""Reward registry: `available()`, `build(name, **options)`.
+"""Reward registry: `available()`, `build(name, **options)`, and `score_all`.
 
 Entries are import paths, so heavy stacks (open_clip, mmdet, paddle, onnxruntime) load
 only when the reward that needs them is built.
@@ -7,10 +7,15 @@ only when the reward that needs them is built.
 from __future__ import annotations
 
 import importlib
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Mapping, Sequence
 
-from marble.rewards.base import Reward, quoted_target
+import torch
 
-# name -> "module:Class"; filled in by the reward modules' authors.
+from marble.rewards.base import Reward, RewardServiceError, quoted_target
+
+# name -> "module:Class"
 REGISTRY: dict[str, str] = {}
 
 
@@ -29,4 +34,65 @@ def build(name: str, **options) -> Reward:
     return getattr(importlib.import_module(module), cls)(**options)
 
 
-__all__ = ["Reward", "available", "build", "quoted_target", "register"]
+def score_all(
+    rewards: Mapping[str, Reward],
+    images: torch.Tensor,
+    prompts: Sequence[str],
+    metadata: Sequence[dict] | None = None,
+    max_workers: int | None = None,
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """Run every scorer on the same batch in a thread pool; (scores, wall seconds) per reward.
+
+    Threads, not processes: the scorers release the GIL in torch/onnx kernels or wait on
+    HTTP, and the models stay loaded once. An exception in any scorer (e.g.
+    RewardServiceError) propagates after all have finished.
+    """
+    if not rewards:
+        return {}, {}
+
+    def timed(item):
+        name, reward = item
+        start = time.perf_counter()
+        out = reward(images, prompts, metadata)
+        return name, out, time.perf_counter() - start
+
+    workers = max_workers or len(rewards)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reward") as pool:
+        futures = [pool.submit(timed, item) for item in rewards.items()]
+        errors = [f.exception() for f in futures]
+    for err in errors:
+        if err is not None:
+            raise err
+    scores, seconds = {}, {}
+    for future in futures:
+        name, out, wall = future.result()
+        scores[name], seconds[name] = out, wall
+    return scores, seconds
+
+
+for _name, _target in {
+    "toy_brightness": "marble.rewards.toy:ToyBrightness",
+    "toy_saturation": "marble.rewards.toy:ToySaturation",
+    "toy_color_match": "marble.rewards.toy:ToyColorMatch",
+    "toy_text_contrast": "marble.rewards.toy:ToyTextContrast",
+    "pickscore": "marble.rewards.clip_family:PickScore",
+    "clipscore": "marble.rewards.clip_family:ClipScore",
+    "aesthetic": "marble.rewards.clip_family:Aesthetic",
+    "hpsv2": "marble.rewards.hpsv2:HPSv2",
+    "imagereward": "marble.rewards.imagereward:ImageRewardScorer",
+    "ocr": "marble.rewards.ocr:OCRReward",
+    "geneval": "marble.rewards.geneval:GenEvalReward",
+    "unifiedreward": "marble.rewards.unifiedreward:UnifiedReward",
+}.items():
+    register(_name, _target)
+
+__all__ = [
+    "REGISTRY",
+    "Reward",
+    "RewardServiceError",
+    "available",
+    "build",
+    "quoted_target",
+    "register",
+    "score_all",
+]

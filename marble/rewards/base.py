@@ -8,12 +8,21 @@ NaN is masked downstream (never read as a zero) and counted in `failures`.
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 from typing import Sequence
 
 import torch
 
 _QUOTED = re.compile(r'"([^"]+)"')
+
+DEFAULT_CKPT_DIR = "data/reward_ckpts"
+DOWNLOAD_HINT = "marble download rewards --out {dir}"
+
+
+class RewardServiceError(RuntimeError):
+    """A reward failed on too many samples to trust the batch (e.g. its server is down)."""
 
 
 def quoted_target(prompt: str) -> str | None:
@@ -22,6 +31,36 @@ def quoted_target(prompt: str) -> str | None:
         if match.group(1).strip():
             return match.group(1)
     return None
+
+
+def ckpt_dir(option: str | None) -> Path:
+    """The reward-checkpoint folder: the option, else $MARBLE_REWARD_CKPTS, else data/reward_ckpts."""
+    return Path(option or os.environ.get("MARBLE_REWARD_CKPTS") or DEFAULT_CKPT_DIR)
+
+
+def require_file(reward: str, path: str | os.PathLike, folder: str | os.PathLike | None = None) -> Path:
+    """`path` (relative paths resolved in `folder` first), or a FileNotFoundError naming the fix."""
+    path = Path(path)
+    if folder is not None and not path.is_absolute() and not path.exists():
+        path = Path(folder) / path
+    if not path.is_file():
+        hint = DOWNLOAD_HINT.format(dir=folder or DEFAULT_CKPT_DIR)
+        raise FileNotFoundError(
+            f"reward {reward!r}: checkpoint file {path} is missing; download it with `{hint}`"
+        )
+    return path
+
+
+def to_uint8_hwc(images: torch.Tensor):
+    """[N,3,H,W] floats in [0,1] -> numpy uint8 [N,H,W,3] (what PIL/OCR/detectors take)."""
+    arr = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8)
+    return arr.permute(0, 2, 3, 1).cpu().numpy()
+
+
+def to_pil(images: torch.Tensor) -> list:
+    from PIL import Image
+
+    return [Image.fromarray(a) for a in to_uint8_hwc(images)]
 
 
 class Reward:
@@ -51,6 +90,10 @@ class Reward:
         """Scores for rows that apply; NaN marks an unscorable sample."""
         raise NotImplementedError
 
+    def counters(self) -> dict[str, int]:
+        """Running counts for logs: scored samples and failures (NaN among applicable)."""
+        return {"scored": self.scored, "failures": self.failures}
+
     def __call__(self, images, prompts: Sequence[str], metadata: Sequence[dict] | None = None):
         prompts = list(prompts)
         metadata = [dict(m or {}) for m in (metadata or [{}] * len(prompts))]
@@ -59,10 +102,13 @@ class Reward:
                 f"reward {self.name!r}: {len(images)} images, {len(prompts)} prompts, "
                 f"{len(metadata)} metadata records"
             )
+        if len(images) and (images.ndim != 4 or images.shape[1] != 3):
+            raise ValueError(f"reward {self.name!r}: images must be [N,3,H,W], got {tuple(images.shape)}")
         out = torch.full((len(prompts),), float("nan"), dtype=torch.float32)
         idx = [i for i, (p, m) in enumerate(zip(prompts, metadata)) if self.applies(p, m)]
         if idx:
-            sub = self.score(images[idx], [prompts[i] for i in idx], [metadata[i] for i in idx])
+            with torch.no_grad():
+                sub = self.score(images[idx], [prompts[i] for i in idx], [metadata[i] for i in idx])
             out[idx] = sub.detach().to(torch.float32).cpu()
             self.scored += len(idx)
             self.failures += int(torch.isnan(out[idx]).sum())

@@ -1,0 +1,29 @@
+# The two commands of the README. Both set up a virtual environment in .venv first.
+#   make demo   - the whole pipeline on the embedded default (tiny model, no GPU, no download)
+#   make test   - the test suite (unit, pipeline end to end, DVC, real SLURM on localhost when root)
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch is pinned here only to the CPU wheel a laptop wants; the package itself needs torch>=2.1.
+TORCH ?= torch==2.13.0
+EXTRAS ?= dev,workflow,ocr
+
+.PHONY: setup demo test clean
+
+$(BIN)/marble: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install "$(TORCH)"
+	$(BIN)/pip install -e ".[$(EXTRAS)]" "$(TORCH)"
+	touch $@
+
+setup: $(BIN)/marble
+
+demo: setup
+	$(BIN)/snakemake -c2 all
+
+test: setup
+	$(BIN)/python -m pytest -q --timeout=1800 tests
+
+clean:
+	rm -rf $(VENV) .snakemake results/runs results/eval results/report results/bench logs benchmarks

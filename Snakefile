@@ -1,0 +1,57 @@
+# marble: MARBLE multi-reward RL on DiffusionNFT, as a Snakemake workflow.
+#   snakemake -c2                      tiny default: nothing -> report, CPU, no network
+#   snakemake -c2 eval_only            evaluate known checkpoints, refresh the summary
+#   snakemake --profile slurm all --configfile config/paper.yaml
+# See docs/workflow.md.
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/download.smk"
+include: "workflow/rules/datasets.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/report.smk"
+
+
+localrules:
+    all,
+    prepare,
+    train,
+    evaluate,
+    eval_only,
+    report,
+
+
+rule all:
+    input:
+        "results/report/report.md",
+        "results/eval/summary.csv",
+
+
+# The stages of dvc.yaml, one target each.
+rule prepare:
+    input:
+        MODEL_DIR,
+        RAW_DIR,
+        expand(f"{DATASET_DIR}/{{split}}.parquet", split=["train", "test"]),
+        [EMBED_DIR] if config["dataset"]["embed"] else [],
+
+
+rule train:
+    input:
+        expand("results/runs/{run}/train_summary.json", run=RUNS),
+
+
+rule evaluate:
+    input:
+        "results/eval/summary.csv",
+
+
+rule eval_only:
+    input:
+        "results/eval/summary.csv",
+
+
+rule report:
+    input:
+        "results/report/report.md",

@@ -1,0 +1,94 @@
+"""Per-prompt group advantages and the NaN-aware reward mean (spec A.4, D.2).
+
+NaN means "reward not applicable to this sample": it is excluded from every
+statistic and stays NaN in the output, never read as zero.
+"""
+
+from __future__ import annotations
+
+from typing import Hashable, Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["group_advantages", "nan_weighted_mean", "nan_mean_reward", "combine_advantages"]
+
+
+def _as_tensor(x) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x
+    return torch.as_tensor(np.asarray(x, dtype=np.float64))
+
+
+def _group_index(group_ids: Sequence[Hashable], n: int) -> tuple[torch.Tensor, int]:
+    if len(group_ids) != n:
+        raise ValueError(f"group_ids has {len(group_ids)} entries but rewards has {n} rows")
+    index: dict = {}
+    ids = [index.setdefault(g.item() if hasattr(g, "item") else g, len(index)) for g in group_ids]
+    return torch.tensor(ids, dtype=torch.long), len(index)
+
+
+def group_advantages(rewards, group_ids: Sequence[Hashable], eps: float = 1e-4) -> torch.Tensor:
+    """A = (R - mean of R over the sample's group) / (std of R over all valid entries + eps).
+
+    `rewards` is [N] or [N, K]; each column is treated independently. Group means use only
+    the valid (finite) entries of that group; the std is the population std (numpy's
+    default, as the reference tracker) of all valid entries of the column: the global std
+    of `sample.global_std=True`. Non-finite rewards give NaN advantages. Returns the same
+    shape and dtype (float) as `rewards`.
+    """
+    r = _as_tensor(rewards)
+    if r.dim() not in (1, 2):
+        raise ValueError(f"rewards must be [N] or [N, K], got shape {tuple(r.shape)}")
+    out_dtype = r.dtype if r.is_floating_point() else torch.float32
+    cols = r.reshape(r.shape[0], -1).to(torch.float64)  # statistics in float64
+    gid, n_groups = _group_index(group_ids, cols.shape[0])
+    valid = torch.isfinite(cols)
+    vals = torch.where(valid, cols, torch.zeros_like(cols))
+    k = cols.shape[1]
+    sums = torch.zeros(n_groups, k, dtype=torch.float64).index_add_(0, gid, vals)
+    counts = torch.zeros(n_groups, k, dtype=torch.float64).index_add_(0, gid, valid.double())
+    group_mean = sums / counts.clamp(min=1)
+    n_valid = valid.sum(0).double()
+    col_mean = vals.sum(0) / n_valid.clamp(min=1)
+    sq_dev = torch.where(valid, (cols - col_mean) ** 2, torch.zeros_like(cols))
+    col_std = (sq_dev.sum(0) / n_valid.clamp(min=1)).sqrt()
+    adv = (cols - group_mean[gid]) / (col_std + eps)
+    adv = torch.where(valid, adv, torch.full_like(adv, float("nan")))
+    return adv.reshape(r.shape).to(out_dtype)
+
+
+def nan_weighted_mean(rewards, weights=None) -> torch.Tensor:
+    """Per row, sum_k w_k R_k / sum_k w_k over the applicable (finite) rewards only.
+
+    The weighted-sum baseline's scalar reward (spec D.2). NaN when no reward applies.
+    `rewards` [N, K], `weights` [K] (default all ones). Returns [N] in rewards' dtype.
+    """
+    r = _as_tensor(rewards)
+    if r.dim() != 2:
+        raise ValueError(f"rewards must be [N, K], got shape {tuple(r.shape)}")
+    w = torch.ones(r.shape[1], dtype=torch.float64) if weights is None else _as_tensor(weights)
+    w = w.to(torch.float64).reshape(-1)
+    if w.numel() != r.shape[1]:
+        raise ValueError(f"weights has {w.numel()} entries but rewards has {r.shape[1]} columns")
+    r64 = r.to(torch.float64)
+    valid = torch.isfinite(r64)
+    w_valid = torch.where(valid, w.expand_as(r64), torch.zeros_like(r64))
+    num = (w_valid * torch.where(valid, r64, torch.zeros_like(r64))).sum(1)
+    den = w_valid.sum(1)
+    out = torch.where(den > 0, num / den.clamp(min=1e-300), torch.full_like(num, float("nan")))
+    return out.to(r.dtype if r.is_floating_point() else torch.float32)
+
+
+# The name used in docs/ARCHITECTURE.md.
+nan_mean_reward = nan_weighted_mean
+
+
+def combine_advantages(advantages: torch.Tensor, alpha) -> torch.Tensor:
+    """The reference's amortized advantage A~_i = sum_k alpha_k nan_to_num(A_ki, 0) (spec D.6)."""
+    a = torch.as_tensor(np.asarray(alpha, dtype=np.float64)).to(advantages)
+    if advantages.dim() != 2 or a.numel() != advantages.shape[1]:
+        raise ValueError(
+            f"advantages [B, K] and alpha [K] disagree: {tuple(advantages.shape)} vs {a.numel()}"
+        )
+    return (torch.nan_to_num(advantages, nan=0.0) * a).sum(1)

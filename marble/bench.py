@@ -1,0 +1,275 @@
+"""`marble bench step`: one optimizer micro-step per balancer, timed side by side.
+
+    marble bench step --preset tiny --json OUT.json [--repeats 5] [--warmup 1]
+    marble bench step --preset bench_sd35m --json OUT.json      # on a GPU, paper scale
+
+In one process: build the preset's model (adapters "default" + "old"), one fixed
+synthetic micro-batch (random x0, embeddings, K rewards with a mask pattern), then per
+repeat, interleaved, for weighted_sum, marble (an amortized step: cached alpha, one
+backward) and mgda (full solve: K backward passes): forward v_old, v_ref, v_theta and
+the balancer's backward. Reports median seconds, peak memory and ratios to weighted_sum.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import statistics
+import sys
+import time
+from pathlib import Path
+
+BALANCERS = ("weighted_sum", "marble", "mgda")
+
+
+def _fix_malloc() -> None:
+    """Fixed mmap threshold so freed activations go back to the OS (honest RSS deltas)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD; also disables its dynamic growth
+    except (OSError, AttributeError):
+        pass
+
+
+class MemoryProbe:
+    """Peak memory of one run: CUDA allocator peak, or CPU RSS high-water delta."""
+
+    def __init__(self, device):
+        import torch
+
+        self.torch, self.device = torch, device
+        self.kind = "cuda_max_memory_allocated"
+        if device.type != "cuda":
+            self.kind = ("cpu_rss_hwm_delta (VmHWM reset via /proc/self/clear_refs; "
+                         "tracemalloc does not see torch allocations)")
+            if not self._reset_hwm():
+                self.kind = "cpu_ru_maxrss_delta (monotonic high-water: later runs read low)"
+
+    @staticmethod
+    def _status_kb(field: str) -> int:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+        raise KeyError(field)
+
+    @staticmethod
+    def _reset_hwm() -> bool:
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+            return True
+        except OSError:
+            return False
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize()
+            self.torch.cuda.reset_peak_memory_stats()
+            self.base = self.torch.cuda.memory_allocated()
+        elif self.kind.startswith("cpu_rss"):
+            self._reset_hwm()
+            self.base = self._status_kb("VmRSS") * 1024
+        else:
+            import resource
+
+            self.base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    def peak_mb(self) -> float:
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize()
+            return (self.torch.cuda.max_memory_allocated() - self.base) / 2**20
+        if self.kind.startswith("cpu_rss"):
+            return max(self._status_kb("VmHWM") * 1024 - self.base, 0) / 2**20
+        import resource
+
+        return max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - self.base, 0) / 2**20
+
+
+def synthetic_batch(pipe, cfg, device, seed: int = 0):
+    """Random x0, x_t, sigma, embeddings and a [B, K] advantage matrix with NaN masks."""
+    import torch
+
+    from marble.models.encode import latent_shape
+
+    gen = torch.Generator().manual_seed(seed)
+    b, k = cfg.train.batch_size, len(cfg.rewards)
+    tcfg = pipe.transformer.config
+    shape = (b, *latent_shape(pipe, cfg.sampling.resolution))
+    seq = 77 + cfg.model.max_sequence_length
+    x0 = torch.randn(shape, generator=gen)
+    eps = torch.randn(shape, generator=gen)
+    sigma = torch.rand(b, generator=gen) * 0.9 + 0.05
+    sb = sigma.view(-1, 1, 1, 1)
+    adv = torch.randn(b, k, generator=gen).clamp(-3, 3)
+    # Mask pattern like the paper's mix: the first two rewards always apply, reward k>=2
+    # applies to every third sample offset by k (specialists such as OCR / GenEval).
+    for j in range(2, k):
+        adv[[i for i in range(b) if (i + j) % 3 != 0], j] = float("nan")
+    batch = {
+        "x0": x0, "x_t": (1 - sb) * x0 + sb * eps, "sigma": sigma,
+        "embeds": torch.randn(b, seq, tcfg.joint_attention_dim, generator=gen),
+        "pooled": torch.randn(b, tcfg.pooled_projection_dim, generator=gen),
+        "adv": adv, "avg_adv": torch.nanmean(adv, dim=1),
+    }
+    return {key: v.to(device) for key, v in batch.items()}
+
+
+def make_balancers(cfg):
+    import numpy as np
+
+    from marble.balancers import build_balancer
+
+    out = {}
+    for method in BALANCERS:
+        bcfg = dataclasses.replace(cfg.balancer, method=method, diagnostics_every=10**9,
+                                   amortize_every=10**9, warmup_steps=0)
+        bal = build_balancer(bcfg, cfg.reward_names)
+        if method == "marble":  # a cached-alpha (amortized) step: prime the cache
+            k = len(cfg.rewards)
+            bal.load_state_dict({"method": "marble", "reward_names": cfg.reward_names,
+                                 "alpha_cache": list(np.full(k, 1.0 / k)), "last_full": 0,
+                                 "last_alpha": None})
+        out[method] = bal
+    return out
+
+
+def one_micro_step(pipe, cfg, batch, balancer, params, autocast) -> None:
+    import torch
+
+    from marble.balancers import MicroStep
+    from marble.models.encode import velocity
+    from marble.models.lora import adapters_disabled, use_adapter
+    from marble.nft import kl_loss, nft_loss_from_terms, nft_terms
+
+    tr, t = pipe.transformer, cfg.train
+    args = (batch["x_t"], batch["sigma"], batch["embeds"], batch["pooled"])
+    with torch.no_grad(), autocast():
+        with use_adapter(tr, "old"):
+            v_old = velocity(tr, *args).float()
+        with adapters_disabled(tr):
+            v_ref = velocity(tr, *args).float()
+    with use_adapter(tr, "default"), autocast():
+        v_theta = velocity(tr, *args).float()
+    l_pos, l_neg = nft_terms(v_theta, v_old, batch["x0"], batch["x_t"], batch["sigma"], t.nft_beta)
+    step = MicroStep(
+        loss_per_sample=lambda r: nft_loss_from_terms(l_pos, l_neg, r, t.nft_beta, t.adv_clip),
+        kl=t.kl_beta * kl_loss(v_theta, v_ref).mean(), advantages=batch["adv"],
+        avg_advantage=batch["avg_adv"], scale=1.0, params=params, global_step=1,
+        micro_index=1, adv_clip=t.adv_clip)
+    balancer.backward(step)
+
+
+def bench_step(cfg, repeats: int = 5, warmup: int = 1, device: str | None = None,
+               model_path: str | None = None) -> dict:
+    """Time the three balancers on one fixed micro-batch; the JSON-ready result."""
+    import torch
+
+    from marble.models import load_pipeline
+    from marble.models.lora import add_lora_adapters, trainable_lora_parameters
+    from marble.trainer import _DTYPES, autocast_factory
+
+    _fix_malloc()
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    mp = cfg.model.mixed_precision if dev.type == "cuda" else "no"
+    path = model_path or cfg.model.path
+    pipe = load_pipeline(path, dtype=_DTYPES[mp], device=dev)
+    torch.manual_seed(cfg.train.seed)
+    add_lora_adapters(pipe.transformer, rank=cfg.model.lora_rank, alpha=cfg.model.lora_alpha,
+                      targets=cfg.model.lora_targets, seed=cfg.train.seed)
+    params = trainable_lora_parameters(pipe.transformer)
+    autocast = autocast_factory(mp, dev)
+    batch = synthetic_batch(pipe, cfg, dev, seed=cfg.train.seed)
+    balancers = make_balancers(cfg)
+    probe = MemoryProbe(dev)
+    times = {m: [] for m in BALANCERS}
+    peaks = {m: [] for m in BALANCERS}
+    for rep in range(warmup + repeats):
+        order = BALANCERS if rep % 2 == 0 else BALANCERS[::-1]  # interleaved, alternating order
+        for method in order:
+            for p in params:
+                p.grad = None
+            probe.start()
+            start = time.perf_counter()
+            one_micro_step(pipe, cfg, batch, balancers[method], params, autocast)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            elapsed = time.perf_counter() - start
+            peak = probe.peak_mb()
+            if rep >= warmup:
+                times[method].append(elapsed)
+                peaks[method].append(peak)
+    result = {m: {"step_s": statistics.median(times[m]), "peak_mb": statistics.median(peaks[m]),
+                  "step_s_all": times[m], "peak_mb_all": peaks[m]} for m in BALANCERS}
+    ws = result["weighted_sum"]
+    ratios = {m: {"time": result[m]["step_s"] / ws["step_s"],
+                  "memory": (result[m]["peak_mb"] / ws["peak_mb"]) if ws["peak_mb"] > 0
+                  else float("nan")} for m in ("marble", "mgda")}
+    return {
+        "balancers": result, "ratios": ratios, "preset": cfg.preset, "model_path": path,
+        "device": str(dev), "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
+        "mixed_precision": mp, "memory_kind": probe.kind, "repeats": repeats, "warmup": warmup,
+        "batch_size": cfg.train.batch_size, "resolution": cfg.sampling.resolution,
+        "num_rewards": len(cfg.rewards), "lora_params": sum(p.numel() for p in params),
+        "torch": torch.__version__,
+        "notes": "one micro-step = forwards of v_old, v_ref, v_theta + the balancer backward; "
+                 "marble is an amortized (cached-alpha) step; mgda is a full solve "
+                 "(K per-reward backward passes + KL, plus the weighted-sum direction for the "
+                 "cosine diagnostics it logs on every solve).",
+    }
+
+
+def print_table(res: dict) -> None:
+    print(f"bench step: preset={res['preset']} device={res['device']} "
+          f"mp={res['mixed_precision']} repeats={res['repeats']} memory={res['memory_kind']}")
+    print(f"{'balancer':<14}{'step_s':>10}{'peak_mb':>10}{'time x':>9}{'mem x':>9}")
+    for m, r in res["balancers"].items():
+        ratio = res["ratios"].get(m, {"time": 1.0, "memory": 1.0})
+        print(f"{m:<14}{r['step_s']:>10.4f}{r['peak_mb']:>10.1f}"
+              f"{ratio['time']:>9.3f}{ratio['memory']:>9.3f}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="marble bench", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    s = sub.add_parser("step", help="balancer micro-step time and peak memory")
+    s.add_argument("--preset", required=True)
+    s.add_argument("--json", required=True, type=Path, help="output JSON file")
+    s.add_argument("--repeats", type=int, default=5)
+    s.add_argument("--warmup", type=int, default=1)
+    s.add_argument("--config", action="append", default=[], metavar="FILE")
+    s.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
+    s.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    s.add_argument("--model", default=None,
+                   help="model path override (default: the preset's; `random:tiny` when the "
+                        "preset's local folder is missing)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from marble.config import ConfigError, load_config
+    from marble.io import write_json
+
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = load_config(args.preset, args.config, args.overrides)
+    except ConfigError as exc:
+        print(f"marble bench: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if args.repeats < 1 or args.warmup < 0:
+        print("marble bench: error: --repeats must be >= 1 and --warmup >= 0", file=sys.stderr)
+        raise SystemExit(2)
+    model = args.model
+    path = cfg.model.path
+    if model is None and not path.startswith("random:") and path.count("/") >= 2 \
+            and not Path(path).is_dir():
+        model = "random:tiny"  # the bench needs shapes, not trained weights
+        print(f"marble bench: {path} not found; using random:tiny (same architecture)",
+              file=sys.stderr)
+    res = bench_step(cfg, args.repeats, args.warmup, args.device, model)
+    write_json(args.json, res)
+    print_table(res)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

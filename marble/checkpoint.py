@@ -1,0 +1,178 @@
+"""Atomic checkpoints and exact resume.
+
+Layout of `RUN/checkpoints/checkpoint-{step:06d}/`:
+  lora/                  diffusers-format EMA weights of "default" (`pipe.load_lora_weights`)
+  adapters.safetensors   online "default" and "old" adapter states (keys `<adapter>::<name>`)
+  optimizer.pt           AdamW state_dict
+  state.pt               step, epoch, RNG states, sampler, balancer, EMA, GradScaler
+  COMPLETE               written last; a folder without it is ignored
+
+The folder is assembled under a temporary name and renamed into place, so a crash
+leaves either no checkpoint or a complete one. Everything in the .pt files is tensors
+and primitives, so they load with `torch.load(weights_only=True)`.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from marble.io import atomic_path
+
+CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
+COMPLETE = "COMPLETE"
+
+
+def checkpoint_root(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
+    return checkpoint_root(run_dir) / f"checkpoint-{step:06d}"
+
+
+def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints of a run, oldest first."""
+    root = checkpoint_root(run_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = CKPT_RE.match(child.name)
+        if match and child.is_dir() and (child / COMPLETE).is_file():
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint folder, or None."""
+    found = list_checkpoints(run_dir)
+    return found[-1][1] if found else None
+
+
+# ------------------------------------------------------------------ RNG state
+
+
+def capture_rng_state() -> dict:
+    """Python, numpy, torch (and CUDA) generator states as tensors/primitives."""
+    np_state = np.random.get_state()
+    state = {
+        "python": _py_state_to_list(random.getstate()),
+        "numpy": {
+            "kind": str(np_state[0]),
+            "keys": torch.from_numpy(np.asarray(np_state[1], dtype=np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict) -> None:
+    random.setstate(_py_state_from_list(state["python"]))
+    npd = state["numpy"]
+    np.random.set_state((npd["kind"], npd["keys"].numpy().astype(np.uint32), npd["pos"],
+                         npd["has_gauss"], npd["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _py_state_to_list(st: tuple) -> list:
+    version, internal, gauss = st
+    return [int(version), list(internal), gauss]
+
+
+def _py_state_from_list(st: list) -> tuple:
+    version, internal, gauss = st
+    return (int(version), tuple(int(v) for v in internal), gauss)
+
+
+# ------------------------------------------------------------------ adapters
+
+
+def flatten_adapters(adapters: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    out = {}
+    for adapter, tensors in adapters.items():
+        if "::" in adapter:
+            raise ValueError(f"adapter name {adapter!r} must not contain '::'")
+        for key, value in tensors.items():
+            out[f"{adapter}::{key}"] = value.detach().cpu().contiguous()
+    return out
+
+
+def unflatten_adapters(flat: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in flat.items():
+        adapter, name = key.split("::", 1)
+        out.setdefault(adapter, {})[name] = value
+    return out
+
+
+# ------------------------------------------------------------------ save / load
+
+
+def save_checkpoint(
+    ckpt_dir: str | Path,
+    state: dict[str, Any],
+    adapters: dict[str, dict[str, torch.Tensor]] | None = None,
+    optimizer_state: dict | None = None,
+    write_lora: Callable[[Path], None] | None = None,
+    keep: int | None = 3,
+) -> Path:
+    """Write one checkpoint folder atomically, then prune to the newest `keep`.
+
+    `write_lora(folder)` writes the diffusers-format LoRA (the trainer passes a closure
+    over `save_lora_diffusers` with the EMA state).
+    """
+    ckpt_dir = Path(ckpt_dir)
+    with atomic_path(ckpt_dir) as tmp:
+        tmp.mkdir(parents=True)
+        if write_lora is not None:
+            write_lora(tmp / "lora")
+        if adapters is not None:
+            save_file(flatten_adapters(adapters), str(tmp / "adapters.safetensors"))
+        if optimizer_state is not None:
+            torch.save(optimizer_state, tmp / "optimizer.pt")
+        torch.save(state, tmp / "state.pt")
+        (tmp / COMPLETE).write_text("ok\n", encoding="utf-8")
+    if keep is not None and keep > 0:
+        prune_checkpoints(ckpt_dir.parent.parent, keep)
+    return ckpt_dir
+
+
+def prune_checkpoints(run_dir: str | Path, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` complete checkpoints; returns what was removed."""
+    found = list_checkpoints(run_dir)
+    removed = []
+    for _, path in found[:-keep] if keep > 0 else []:
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def load_checkpoint(ckpt_dir: str | Path, map_location: str | torch.device = "cpu") -> dict:
+    """{'state', 'adapters', 'optimizer', 'path'} of a complete checkpoint folder."""
+    ckpt_dir = Path(ckpt_dir)
+    if not (ckpt_dir / COMPLETE).is_file():
+        raise FileNotFoundError(f"{ckpt_dir}: not a complete checkpoint (no {COMPLETE} marker)")
+    out: dict[str, Any] = {"path": ckpt_dir}
+    out["state"] = torch.load(ckpt_dir / "state.pt", map_location=map_location, weights_only=True)
+    opt = ckpt_dir / "optimizer.pt"
+    out["optimizer"] = (
+        torch.load(opt, map_location=map_location, weights_only=True) if opt.is_file() else None
+    )
+    ad = ckpt_dir / "adapters.safetensors"
+    out["adapters"] = unflatten_adapters(load_file(str(ad))) if ad.is_file() else None
+    return out

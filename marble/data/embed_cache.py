@@ -1,0 +1,194 @@
+"""Prompt-embedding cache: each unique prompt is encoded once by the three text encoders.
+
+Layout of a cache folder:
+  index.json                 model identity, max_sequence_length, shapes, key -> [shard, row]
+  shard-00000.safetensors    `prompt_embeds` [n, L, D] and `pooled` [n, Dp], one row per key
+A key is sha1(model identity NUL max_sequence_length NUL prompt). Shards are written
+atomically and the index is rewritten after each one, so an interrupted run resumes where
+it stopped and a second run encodes nothing. Rows are read through safetensors slices
+(memory-mapped), so a lookup never loads whole shards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+from marble.io import atomic_path, write_json
+
+INDEX = "index.json"
+FORMAT_VERSION = 1
+
+
+def prompt_key(prompt: str, max_sequence_length: int, model_id: str) -> str:
+    return hashlib.sha1(f"{model_id}\0{max_sequence_length}\0{prompt}".encode("utf-8")).hexdigest()
+
+
+def model_identity(model: str) -> str:
+    """A string that changes when the text encoders or tokenizers change.
+
+    Local folder: sha1 over the names, sizes and (for json/txt files) contents of the
+    text encoder and tokenizer files. Hub id: the id itself (pin a revision upstream).
+    """
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        return str(model)
+    digest = hashlib.sha1()
+    for sub in sorted(p for p in path.iterdir() if p.name.startswith(("text_encoder", "tokenizer"))):
+        for f in sorted(x for x in sub.rglob("*") if x.is_file()):
+            digest.update(f"{f.relative_to(path)}\0{f.stat().st_size}\0".encode())
+            if f.suffix in (".json", ".txt", ".model"):
+                digest.update(f.read_bytes())
+    return f"local:{path.name}:{digest.hexdigest()[:16]}"
+
+
+def unique_prompts(tables: Iterable[str | Path]) -> list[str]:
+    """Unique prompts of assembled tables, in first-seen order."""
+    from marble.data.records import load_table
+
+    seen: dict[str, None] = {}
+    for table in tables:
+        for prompt in load_table(table)["prompt"]:
+            seen.setdefault(str(prompt), None)
+    return list(seen)
+
+
+def _encode_fn():
+    try:
+        from marble.models import encode_prompts
+    except ImportError:  # re-export not there yet: the function itself
+        from marble.models.encode import encode_prompts
+    return encode_prompts
+
+
+class EmbeddingCache:
+    """Read side: `lookup(prompts) -> (prompt_embeds [N, L, D], pooled [N, Dp])`."""
+
+    def __init__(self, directory: str | Path):
+        self.dir = Path(directory)
+        index_path = self.dir / INDEX
+        if not index_path.is_file():
+            raise FileNotFoundError(f"embedding cache {self.dir}: no {INDEX} (run `marble data embed`)")
+        self.index = json.loads(index_path.read_text(encoding="utf-8"))
+        self.model_id: str = self.index["model"]
+        self.max_sequence_length: int = int(self.index["max_sequence_length"])
+        self.entries: dict[str, list] = self.index["entries"]
+        self._handles: dict[str, object] = {}
+
+    def key(self, prompt: str) -> str:
+        return prompt_key(prompt, self.max_sequence_length, self.model_id)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def contains(self, prompt: str) -> bool:
+        return self.key(prompt) in self.entries
+
+    def _handle(self, shard: str):
+        if shard not in self._handles:
+            self._handles[shard] = safe_open(str(self.dir / shard), framework="pt")
+        return self._handles[shard]
+
+    def lookup(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        embeds, pooled = [], []
+        for prompt in prompts:
+            entry = self.entries.get(self.key(prompt))
+            if entry is None:
+                raise KeyError(
+                    f"prompt {prompt!r} is not in the embedding cache {self.dir} "
+                    f"(max_sequence_length {self.max_sequence_length}); rerun `marble data embed`"
+                )
+            shard, row = entry
+            handle = self._handle(shard)
+            embeds.append(handle.get_slice("prompt_embeds")[row : row + 1])
+            pooled.append(handle.get_slice("pooled")[row : row + 1])
+        if not embeds:
+            raise ValueError("lookup of an empty prompt list")
+        return torch.cat(embeds), torch.cat(pooled)
+
+
+def _load_index(out: Path, model_id: str, max_sequence_length: int) -> dict:
+    path = out / INDEX
+    if not path.is_file():
+        return {"format": FORMAT_VERSION, "model": model_id, "max_sequence_length": max_sequence_length,
+                "shards": [], "entries": {}}
+    index = json.loads(path.read_text(encoding="utf-8"))
+    for key, want in (("model", model_id), ("max_sequence_length", max_sequence_length)):
+        if index.get(key) != want:
+            raise ValueError(
+                f"{path}: cache built for {key}={index.get(key)!r}, asked for {want!r}; "
+                "use another --out folder"
+            )
+    return index
+
+
+def build_cache(
+    tables: Sequence[str | Path],
+    model: str,
+    out: str | Path,
+    max_sequence_length: int = 128,
+    batch_size: int = 16,
+    shard_size: int = 1024,
+    pipe=None,
+) -> dict[str, int]:
+    """Encode every prompt of `tables` not yet in `out`; returns counts."""
+    out = Path(out)
+    model_id = model_identity(model)
+    index = _load_index(out, model_id, max_sequence_length)
+    prompts = unique_prompts(tables)
+    todo = [p for p in prompts if prompt_key(p, max_sequence_length, model_id) not in index["entries"]]
+    stats = {"unique": len(prompts), "encoded": len(todo), "cached": len(prompts) - len(todo)}
+    if not todo:
+        return stats  # nothing to do: the pipeline is never loaded
+    if pipe is None:
+        from marble.models import load_pipeline
+
+        pipe = load_pipeline(model)
+    encode = _encode_fn()
+    bar = tqdm(total=len(todo), desc="embed prompts", unit="prompt")
+    for start in range(0, len(todo), shard_size):
+        chunk = todo[start : start + shard_size]
+        parts = [encode(pipe, chunk[i : i + batch_size], max_sequence_length) for i in range(0, len(chunk), batch_size)]
+        for p in parts:
+            bar.update(len(p[0]))
+        shard = f"shard-{len(index['shards']):05d}.safetensors"
+        tensors = {"prompt_embeds": torch.cat([p[0] for p in parts]).contiguous().cpu(),
+                   "pooled": torch.cat([p[1] for p in parts]).contiguous().cpu()}
+        with atomic_path(out / shard) as tmp:
+            save_file(tensors, str(tmp))
+        index["shards"].append(shard)
+        for row, prompt in enumerate(chunk):
+            index["entries"][prompt_key(prompt, max_sequence_length, model_id)] = [shard, row]
+        index["embed_shape"] = list(tensors["prompt_embeds"].shape[1:])
+        index["pooled_dim"] = int(tensors["pooled"].shape[1])
+        write_json(out / INDEX, index)  # after the shard: a crash leaves a consistent index
+    bar.close()
+    return stats
+
+
+def time_lookup_vs_encode(pipe, cache: EmbeddingCache, prompts: Sequence[str], repeats: int = 3) -> dict:
+    """Seconds to get the embeddings of `prompts` by encoding vs from the cache (best of n)."""
+    encode = _encode_fn()
+    prompts = list(prompts)
+
+    def best(fn):
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            result = fn()
+            times.append(time.perf_counter() - start)
+        return min(times), result
+
+    encode_s, (e_enc, p_enc) = best(lambda: encode(pipe, prompts, cache.max_sequence_length))
+    lookup_s, (e_hit, p_hit) = best(lambda: cache.lookup(prompts))
+    diff = max(float((e_enc.float().cpu() - e_hit.float()).abs().max()), float((p_enc.float().cpu() - p_hit.float()).abs().max()))
+    return {"prompts": len(prompts), "encode_s": encode_s, "lookup_s": lookup_s,
+            "speedup": encode_s / max(lookup_s, 1e-9), "max_abs_diff": diff}

@@ -1,0 +1,100 @@
+"""Prompt records and the assembled-table format (docs/ARCHITECTURE.md "Conventions").
+
+A table is a parquet file with columns `prompt_id, prompt, source, metadata` (metadata a
+JSON string with sorted keys) and one bool column `applies__<reward>` per reward.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+
+MASK_PREFIX = "applies__"
+BASE_COLUMNS = ["prompt_id", "prompt", "source", "metadata"]
+
+
+class DataError(ValueError):
+    """Bad input data; the message starts with `file:line:` where there is one."""
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def prompt_id(source: str, prompt: str, metadata: dict | None = None) -> str:
+    """First 16 hex of sha1(source NUL prompt NUL canonical-json(metadata minus "source"))."""
+    meta = {k: v for k, v in (metadata or {}).items() if k != "source"}
+    payload = f"{source}\0{prompt}\0{canonical_json(meta)}"
+    return hashlib.sha1(payload.encode("utf-8")).hexdigest()[:16]
+
+
+@dataclass
+class PromptRecord:
+    prompt_id: str
+    prompt: str
+    source: str
+    metadata: dict = field(default_factory=dict)
+
+    @classmethod
+    def make(cls, prompt: str, source: str, metadata: dict | None = None) -> "PromptRecord":
+        meta = dict(metadata or {})
+        meta["source"] = source  # always set: rewards' applies_to override reads it
+        return cls(prompt_id(source, prompt, meta), prompt, source, meta)
+
+
+def mask_column(reward: str) -> str:
+    return f"{MASK_PREFIX}{reward}"
+
+
+def mask_columns(df: pd.DataFrame) -> list[str]:
+    return [c for c in df.columns if c.startswith(MASK_PREFIX)]
+
+
+def reward_masks(df: pd.DataFrame) -> dict[str, list[bool]]:
+    """{reward name: per-row applicability} from the `applies__*` columns."""
+    return {c[len(MASK_PREFIX):]: df[c].astype(bool).tolist() for c in mask_columns(df)}
+
+
+def to_frame(rows: Iterable[PromptRecord], masks: dict[str, list[bool]] | None = None) -> pd.DataFrame:
+    rows = list(rows)
+    df = pd.DataFrame(
+        {
+            "prompt_id": [r.prompt_id for r in rows],
+            "prompt": [r.prompt for r in rows],
+            "source": [r.source for r in rows],
+            "metadata": [canonical_json(r.metadata) for r in rows],
+        },
+        columns=BASE_COLUMNS,
+    )
+    for name, values in (masks or {}).items():
+        if len(values) != len(rows):
+            raise ValueError(f"mask {name!r} has {len(values)} values for {len(rows)} rows")
+        df[mask_column(name)] = pd.Series(values, dtype=bool)
+    return df
+
+
+def load_table(path: str | Path) -> pd.DataFrame:
+    """Read an assembled table; a missing file or column is an error naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"dataset table {path} does not exist (build it with `marble data assemble`)"
+        )
+    df = pd.read_parquet(path)
+    missing = [c for c in BASE_COLUMNS if c not in df.columns]
+    if missing:
+        raise DataError(f"{path}: missing columns {missing} (have {list(df.columns)})")
+    return df
+
+
+def records(df: pd.DataFrame) -> list[PromptRecord]:
+    """The rows of a table as PromptRecords (metadata parsed back into dicts)."""
+    out = []
+    for pid, prompt, source, meta in zip(df["prompt_id"], df["prompt"], df["source"], df["metadata"]):
+        out.append(PromptRecord(str(pid), str(prompt), str(source), json.loads(meta)))
+    return out

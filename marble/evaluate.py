@@ -1,0 +1,173 @@
+"""`marble evaluate`: generate and score a (LoRA) checkpoint on one benchmark.
+
+Flags follow the reference `scripts/evaluation.py` (spec C), so its invocations work:
+
+    torchrun --nproc_per_node=8 -m marble.evaluate --lora_hf_path ID --model_type sd3 \
+        --dataset geneval --guidance_scale 4.5 --mixed_precision fp16 --save_images
+    python -m marble.evaluate --checkpoint_path runs/x --dataset ocr --guidance_scale 1.0
+
+Differences from the reference: every sample's noise is seeded from (--seed, prompt id,
+repeat index), so reruns and any rank count give identical images (the reference sets no
+seed); images are PNG; the run resumes, skipping samples already in
+`evaluation_results.jsonl`, and refuses to mix results of different image-changing flags.
+Outputs: evaluation_results.jsonl, average_scores.json, run_info.json, images/ (when asked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from marble.evaluation.prompts import DATASETS, DEFAULT_BATCH_SIZE, DEFAULT_REWARDS, load_samples
+from marble.evaluation.results import (
+    ResultsError, average_scores, check_same_run, identity, json_safe, read_results,
+)
+from marble.io import write_json
+
+DEFAULT_MODEL = "stabilityai/stable-diffusion-3.5-medium"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="marble evaluate", description=__doc__.split("\n\n")[0])
+    lora = p.add_mutually_exclusive_group()
+    lora.add_argument("--checkpoint_path", help="marble checkpoint or run folder, or a peft/diffusers LoRA folder")
+    lora.add_argument("--lora_hf_path", help="hub id (or folder) of a LoRA to load")
+    p.add_argument("--model_type", default="sd3", help="only sd3 is supported")
+    p.add_argument("--model_path", default=DEFAULT_MODEL, help="base model: hub id, folder or random:tiny")
+    p.add_argument("--dataset", required=True, choices=DATASETS)
+    p.add_argument("--data_dir", default="data/raw", help="raw prompt files (DIR/<dataset>/...)")
+    p.add_argument("--guidance_scale", type=float, default=1.0)
+    p.add_argument("--num_inference_steps", type=int, default=40)
+    p.add_argument("--mixed_precision", choices=("no", "fp16", "bf16"), default="no")
+    p.add_argument("--resolution", type=int, default=512)
+    p.add_argument("--batch_size", type=int, default=None, help="per rank (default: the reference's per dataset)")
+    p.add_argument("--seed", type=int, default=42, help="global seed of the per-sample noise")
+    p.add_argument("--save_images", action="store_true")
+    p.add_argument("--output_dir", default="./evaluation_output")
+    p.add_argument("--no_score", action="store_true", help="generate only (implies --save_images)")
+    p.add_argument("--skip_generation", action="store_true", help="score the saved images only")
+    p.add_argument("--limit", type=int, default=None, help="first N samples only")
+    p.add_argument("--rewards", default=None, help="comma-separated reward list (default: per dataset)")
+    p.add_argument("--reward_options", default=None, help="YAML file {reward: {option: value}}")
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.model_type != "sd3":
+        parser.error(f"--model_type {args.model_type!r}: only 'sd3' (Stable Diffusion 3.x) is supported")
+    if args.no_score and args.skip_generation:
+        parser.error("--no_score and --skip_generation together leave nothing to do")
+    if args.limit is not None and args.limit < 1:
+        parser.error(f"--limit must be >= 1, got {args.limit}")
+    if args.batch_size is not None and args.batch_size < 1:
+        parser.error(f"--batch_size must be >= 1, got {args.batch_size}")
+    args.batch_size = args.batch_size or DEFAULT_BATCH_SIZE[args.dataset]
+    args.save_images = args.save_images or args.no_score
+    return args
+
+
+def reward_names(args) -> list[str]:
+    if args.rewards is None:
+        return list(DEFAULT_REWARDS[args.dataset])
+    names = [n.strip() for n in args.rewards.split(",") if n.strip()]
+    if not names or len(set(names)) != len(names):
+        raise SystemExit(f"marble evaluate: --rewards {args.rewards!r} must name distinct rewards")
+    return names
+
+
+def read_reward_options(path: str | None) -> dict[str, dict]:
+    if path is None:
+        return {}
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise SystemExit(f"marble evaluate: --reward_options {path}: {exc}") from exc
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise SystemExit(f"marble evaluate: --reward_options {path}: expected {{reward: {{option: value}}}}")
+    return data
+
+
+def resolve_checkpoint(args):
+    """(LoRA to load or None, checkpoint description for run_info)."""
+    if args.checkpoint_path:
+        from marble.evaluation.checkpoints import resolve_lora
+
+        resolved = resolve_lora(args.checkpoint_path)
+        return resolved.lora_dir, str(resolved.checkpoint.resolve())
+    if args.lora_hf_path:
+        local = Path(args.lora_hf_path).expanduser()
+        if local.is_dir():
+            return local, str(local.resolve())
+        from huggingface_hub import snapshot_download
+
+        # A hub LoRA repo is small; fetch it whole, then load it like a local folder.
+        folder = snapshot_download(args.lora_hf_path, token=os.environ.get("HF_TOKEN"))
+        return Path(folder), args.lora_hf_path
+    return None, None
+
+
+def versions() -> dict:
+    import diffusers
+    import torch
+
+    import marble
+
+    return {"marble": marble.__version__, "torch": torch.__version__,
+            "diffusers": diffusers.__version__, "python": platform.python_version()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    from marble import distributed as dist
+    from marble.evaluation import runner
+
+    names = reward_names(args)
+    options = read_reward_options(args.reward_options)
+    try:
+        lora, checkpoint = resolve_checkpoint(args)
+    except ValueError as exc:
+        print(f"marble evaluate: {exc}", file=sys.stderr)
+        return 2
+    info = dist.init_distributed()
+    output_dir = Path(args.output_dir)
+    flags = {k: v for k, v in vars(args).items()}
+    run_identity = identity({**flags, "checkpoint": checkpoint})
+    try:
+        if info.is_main:
+            check_same_run(output_dir / "run_info.json", run_identity)
+    except ResultsError as exc:
+        print(f"marble evaluate: {exc}", file=sys.stderr)
+        return 2
+    samples = load_samples(args.data_dir, args.dataset)[: args.limit]
+    record = {"identity": run_identity, "flags": flags, "rewards": names,
+              "lora": str(lora) if lora else None, "world_size": info.world_size, "argv": argv}
+    if info.is_main:  # written first, so even a crashed run guards its results
+        write_json(output_dir / "run_info.json", record)
+    start = time.perf_counter()
+    timing = runner.run(samples, names, options, lora, args)
+    dist.barrier()
+    if info.is_main:
+        rows = read_results(output_dir / runner.RESULTS_FILE)
+        current = [rows[s.sample_id] for s in samples if s.sample_id in rows]
+        averages = average_scores(current, [] if args.no_score else names)
+        write_json(output_dir / "average_scores.json", json_safe(averages))
+        write_json(output_dir / "run_info.json", {
+            **record, "versions": versions(), "timing": {**timing, "wall_s": time.perf_counter() - start}})
+        print(json.dumps({k: v for k, v in averages.items() if not k.startswith(("n_", "nan_", "na_"))},
+                         indent=1, default=str))
+    dist.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

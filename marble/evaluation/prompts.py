@@ -1,0 +1,95 @@
+"""Benchmark prompts, per-sample seeds and rank sharding for `marble evaluate`.
+
+Raw layout (spec C): `DIR/geneval/test_metadata.jsonl` (one GenEval record per line, the
+prompt under "prompt") and `DIR/{ocr,pickscore,drawbench}/test.txt` (one prompt a line).
+A sample's id is its position among the non-empty lines, so ids stay stable across runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from marble.data.records import prompt_id as make_prompt_id
+
+DATASETS = ("geneval", "ocr", "pickscore", "drawbench")
+_SIX = ["imagereward", "pickscore", "aesthetic", "clipscore", "hpsv2"]
+# MARBLE's evaluation.py: pickscore drops unifiedreward, drawbench keeps it (spec C).
+DEFAULT_REWARDS: dict[str, list[str]] = {
+    "geneval": ["geneval"],
+    "ocr": ["ocr"],
+    "pickscore": list(_SIX),
+    "drawbench": [*_SIX, "unifiedreward"],
+}
+# Per-rank batch sizes of the reference script (spec C).
+DEFAULT_BATCH_SIZE = {"geneval": 14, "ocr": 16, "pickscore": 16, "drawbench": 5}
+
+
+@dataclass(frozen=True)
+class EvalSample:
+    sample_id: int
+    prompt_id: str
+    prompt: str
+    metadata: dict = field(default_factory=dict)
+    repeat: int = 0  # how many earlier samples share this prompt_id (DrawBench lists each prompt 5x)
+
+
+def dataset_file(data_dir: str | Path, dataset: str) -> Path:
+    if dataset not in DATASETS:
+        raise ValueError(f"unknown dataset {dataset!r} (choose from {', '.join(DATASETS)})")
+    name = "test_metadata.jsonl" if dataset == "geneval" else "test.txt"
+    return Path(data_dir) / dataset / name
+
+
+def _read_lines(path: Path) -> list[tuple[int, str]]:
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"evaluation prompts {path} not found (expected the raw layout "
+            "DIR/geneval/test_metadata.jsonl, DIR/<ocr|pickscore|drawbench>/test.txt; set --data_dir)"
+        )
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [(i + 1, line.strip()) for i, line in enumerate(lines) if line.strip()]
+
+
+def load_samples(data_dir: str | Path, dataset: str) -> list[EvalSample]:
+    """All samples of one benchmark in file order, with ids, metadata and repeat counts."""
+    path = dataset_file(data_dir, dataset)
+    out: list[EvalSample] = []
+    seen: dict[str, int] = {}
+    for lineno, line in _read_lines(path):
+        if dataset == "geneval":
+            try:
+                meta = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: invalid JSON: {exc}") from exc
+            if not isinstance(meta, dict) or not isinstance(meta.get("prompt"), str):
+                raise ValueError(f"{path}:{lineno}: a GenEval record needs a string 'prompt'")
+            prompt = meta["prompt"]
+        else:
+            prompt, meta = line, {}
+        meta = {**meta, "source": dataset}
+        pid = make_prompt_id(dataset, prompt, meta)
+        out.append(EvalSample(len(out), pid, prompt, meta, seen.get(pid, 0)))
+        seen[pid] = seen.get(pid, 0) + 1
+    return out
+
+
+def sample_seed(global_seed: int, prompt_id: str, repeat: int = 0) -> int:
+    """A 63-bit seed from (global seed, prompt id, repeat index): independent of sharding."""
+    payload = f"{int(global_seed)}\0{prompt_id}\0{int(repeat)}".encode("utf-8")
+    return int.from_bytes(hashlib.sha256(payload).digest()[:8], "big") & ((1 << 63) - 1)
+
+
+def shard(items: list, rank: int, world_size: int) -> list:
+    """Rank `rank`'s strided share: every item lands on exactly one rank."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside world of size {world_size}")
+    return items[rank::world_size]
+
+
+def batches(items: list, batch_size: int) -> list[list]:
+    if batch_size < 1:
+        raise ValueError(f"batch size must be >= 1, got {batch_size}")
+    return [items[i : i + batch_size] for i in range(0, len(items), batch_size)]

@@ -1,0 +1,145 @@
+"""The results file, averages and run identity of `marble evaluate` (pure functions).
+
+`evaluation_results.jsonl` holds one line per finished sample and is appended per batch,
+so a crash loses at most the batch in flight; on read the last line of a sample wins.
+Scores are floats, `null` where the value is NaN (not applicable, or unscorable), with
+`not_applicable` naming the rewards whose content rule excluded the sample.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Iterable
+
+GENEVAL_TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
+GENEVAL_DETAIL_KEYS = ("accuracy", "strict_accuracy")
+# Arguments that change the images; a resume with any of them changed would mix two runs.
+IDENTITY_KEYS = (
+    "dataset", "model_path", "checkpoint", "lora_hf_path", "num_inference_steps",
+    "guidance_scale", "resolution", "seed", "mixed_precision", "model_type",
+)
+
+
+class ResultsError(ValueError):
+    """A results or run_info file that cannot be used; the message names the file."""
+
+
+def finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def json_scores(scores: dict[str, float]) -> dict[str, float | None]:
+    """NaN/inf -> None so the jsonl stays strict JSON."""
+    return {k: (float(v) if finite(v) else None) for k, v in scores.items()}
+
+
+def json_safe(values: dict) -> dict:
+    """A flat dict with NaN/inf floats replaced by None (strict JSON)."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in values.items()}
+
+
+def read_results(path: str | Path) -> dict[int, dict]:
+    """sample_id -> row, last line wins; a torn final line (crash mid-write) is ignored."""
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    lines = path.read_text(encoding="utf-8").splitlines()
+    rows: dict[int, dict] = {}
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if lineno == len(lines):
+                break
+            raise ResultsError(f"{path}:{lineno}: invalid JSON line: {exc}") from exc
+        if not isinstance(row, dict) or not isinstance(row.get("sample_id"), int):
+            raise ResultsError(f"{path}:{lineno}: a result row needs an integer sample_id")
+        rows[row["sample_id"]] = row
+    return dict(sorted(rows.items()))
+
+
+def is_scored(row: dict, rewards: Iterable[str]) -> bool:
+    """The row has a value (number or an explicit null) for every requested reward."""
+    scores = row.get("scores") or {}
+    return all(name in scores for name in rewards)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def reward_average(rows: list[dict], name: str) -> dict[str, float | int]:
+    """Mean over finite values; n_ = finite count, nan_ = applicable but unscorable."""
+    values, nan, not_applicable = [], 0, 0
+    for row in rows:
+        value = (row.get("scores") or {}).get(name)
+        if finite(value):
+            values.append(float(value))
+        elif name in (row.get("not_applicable") or []):
+            not_applicable += 1
+        elif name in (row.get("scores") or {}):
+            nan += 1
+    return {name: _mean(values), f"n_{name}": len(values), f"nan_{name}": nan,
+            f"na_{name}": not_applicable}
+
+
+def geneval_summary(rows: list[dict]) -> dict[str, float]:
+    """Per-tag accuracies and the official overall (mean of the six per-tag accuracies).
+
+    The reference's `average_scores.json` averages over samples instead; both are kept
+    (`accuracy` is the sample mean, `geneval_overall` the official number, spec C/F).
+    """
+    out: dict[str, float] = {}
+    for key in GENEVAL_DETAIL_KEYS:
+        values = [float(r["scores"][key]) for r in rows if finite((r.get("scores") or {}).get(key))]
+        if values:
+            out[key] = _mean(values)
+    tag_acc = []
+    for tag in GENEVAL_TAGS:
+        tagged = [r for r in rows if (r.get("metadata") or {}).get("tag") == tag]
+        for key in GENEVAL_DETAIL_KEYS:
+            values = [float(r["scores"][key]) for r in tagged if finite(r["scores"].get(key))]
+            if values:
+                out[f"{tag}_{key}"] = _mean(values)
+                if key == "accuracy":
+                    tag_acc.append(out[f"{tag}_{key}"])
+    # The official overall needs every tag; a --limit subset leaves it undefined (NaN).
+    out["geneval_overall"] = _mean(tag_acc) if len(tag_acc) == len(GENEVAL_TAGS) else float("nan")
+    out["geneval_tags_present"] = len(tag_acc)
+    return out
+
+
+def average_scores(rows: list[dict], rewards: list[str]) -> dict[str, float | int]:
+    """`average_scores.json`: per-reward means and counts (+ GenEval detail when present)."""
+    out: dict[str, float | int] = {"num_samples": len(rows)}
+    for name in rewards:
+        out.update(reward_average(rows, name))
+    if any(key in (r.get("scores") or {}) for r in rows for key in GENEVAL_DETAIL_KEYS):
+        out.update(geneval_summary(rows))
+    return out
+
+
+def identity(args: dict) -> dict:
+    return {key: args.get(key) for key in IDENTITY_KEYS}
+
+
+def check_same_run(info_path: str | Path, new_identity: dict) -> None:
+    """Refuse to append to results made with other image-changing arguments."""
+    info_path = Path(info_path)
+    if not info_path.is_file():
+        return
+    try:
+        old = json.loads(info_path.read_text(encoding="utf-8")).get("identity", {})
+    except json.JSONDecodeError as exc:
+        raise ResultsError(f"{info_path}: invalid JSON: {exc}") from exc
+    diffs = [f"{k}: {old.get(k)!r} -> {new_identity.get(k)!r}"
+             for k in IDENTITY_KEYS if old.get(k) != new_identity.get(k)]
+    if diffs:
+        raise ResultsError(
+            f"{info_path.parent} holds results of a different run ({'; '.join(diffs)}); "
+            "use another --output_dir or delete the old results"
+        )

@@ -1,0 +1,99 @@
+"""Load a StableDiffusion3Pipeline from a hub id, a local folder, or build one in memory.
+
+`random:tiny` is the tiny pipeline of `marble.models.tiny`; `random:sd35m` swaps in a
+randomly initialised transformer with SD3.5 Medium's real config (for benchmarks at
+paper scale; its text encoders and VAE stay tiny, since benchmarks feed random
+embeddings of the right width).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+RANDOM_PREFIX = "random:"
+RANDOM_MODELS = ("random:tiny", "random:sd35m")
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """A local model folder that does not exist (message says how to create it)."""
+
+
+def looks_local(path: str) -> bool:
+    """Whether `path` must be a local folder: './x', '~/x', '/x', or more than one slash.
+
+    A hub id is exactly `owner/name`; such a string is still used as a folder when one
+    exists on disk (the caller checks that).
+    """
+    return path.startswith((".", "~", "/")) or path.count("/") >= 2 or "\\" in path
+
+
+def _missing_model_message(path: str) -> str:
+    return (f"model folder {path!r} does not exist. Create it with "
+            f"`marble models tiny --out {path}` (tiny random model, no download) or "
+            f"`marble download model --out {path}` (SD3.5 Medium from the hub, needs HF_TOKEN).")
+
+
+def build_random_pipeline(name: str, dtype: torch.dtype = torch.float32, device="cpu"):
+    """`random:tiny` or `random:sd35m`, built in memory from configs."""
+    from diffusers import SD3Transformer2DModel
+
+    from marble.models.tiny import SD35M_TRANSFORMER_CONFIG, build_tiny_pipeline
+
+    if name not in RANDOM_MODELS:
+        raise ModelNotFoundError(f"unknown in-memory model {name!r}; choose one of {RANDOM_MODELS}")
+    pipe = build_tiny_pipeline(seed=0)
+    if name == "random:sd35m":
+        # Build directly on the target device: a 2.2 B-parameter init on the CPU is slow.
+        with torch.random.fork_rng(devices=[]), torch.device(device):
+            torch.manual_seed(0)
+            pipe.transformer = SD3Transformer2DModel(**SD35M_TRANSFORMER_CONFIG)
+        pipe.register_modules(transformer=pipe.transformer)
+    return _place(pipe, dtype, device)
+
+
+def _place(pipe, dtype: torch.dtype, device):
+    """Move to device; everything in `dtype` except the VAE, which stays fp32 (spec A.9/C)."""
+    for name in ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3"):
+        module = getattr(pipe, name, None)
+        if module is None:
+            continue
+        want = torch.float32 if name == "vae" else dtype
+        param = next(module.parameters())
+        # Only call .to() when something changes (diffusers warns on every cast).
+        if param.dtype != want or param.device != torch.device(device):
+            module.to(device=device, dtype=want)
+        module.requires_grad_(False)
+    return pipe
+
+
+def load_pipeline(path: str, *, revision: str | None = None, dtype: torch.dtype = torch.float32,
+                  device="cpu"):
+    """A StableDiffusion3Pipeline from a hub id, a local folder, or `random:tiny|sd35m`.
+
+    All weights are frozen (requires_grad False); LoRA adapters added later are the only
+    trainable parameters.
+    """
+    from diffusers import StableDiffusion3Pipeline
+
+    path = str(path)
+    if path.startswith(RANDOM_PREFIX):
+        return build_random_pipeline(path, dtype=dtype, device=device)
+    local = Path(path).expanduser()
+    if looks_local(path) or local.exists():
+        if not local.is_dir():
+            raise ModelNotFoundError(_missing_model_message(path))
+        if not (local / "model_index.json").is_file():
+            raise ModelNotFoundError(
+                f"model folder {path!r} has no model_index.json: not a diffusers pipeline folder. "
+                + _missing_model_message(path).split(". ", 1)[1])
+        # Load in fp32 then cast: keeps the VAE in fp32 whatever `dtype` is.
+        pipe = StableDiffusion3Pipeline.from_pretrained(
+            str(local), local_files_only=True, dtype=torch.float32)
+    else:
+        pipe = StableDiffusion3Pipeline.from_pretrained(
+            path, revision=revision, token=os.environ.get("HF_TOKEN"), dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    return _place(pipe, dtype, device)

@@ -1,0 +1,199 @@
+"""LoRA adapters on the SD3 transformer (spec A.8-A.9).
+
+Two peft adapters live side by side: "default" (trainable, the policy v_theta) and
+"old" (the rollout policy, a decayed copy of "default"). With adapters disabled the
+transformer is the frozen base model, i.e. the KL reference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from torch import Tensor, nn
+
+from marble.io import atomic_path
+
+TRAINABLE = "default"
+OLD = "old"
+DIFFUSERS_LORA_FILE = "pytorch_lora_weights.safetensors"
+PEFT_CONFIG_FILE = "adapter_config.json"
+PEFT_WEIGHTS_FILE = "adapter_model.safetensors"
+
+
+def _lora_layers(transformer) -> Iterator[tuple[str, nn.Module]]:
+    from peft.tuners.lora import LoraLayer
+
+    for name, module in transformer.named_modules():
+        if isinstance(module, LoraLayer):
+            yield name, module
+
+
+def _fix_requires_grad(transformer) -> None:
+    """Only "default" trains. peft's set_adapter / enable_adapters reset requires_grad
+    to the *active* adapter, so it is re-imposed after every switch (environment.md)."""
+    for _, layer in _lora_layers(transformer):
+        for adapter_name in list(layer.lora_A.keys()):
+            trainable = adapter_name == TRAINABLE
+            layer.lora_A[adapter_name].requires_grad_(trainable)
+            layer.lora_B[adapter_name].requires_grad_(trainable)
+
+
+def add_lora_adapters(transformer, rank: int, alpha: float, targets: list[str],
+                      seed: int | None = None) -> None:
+    """Add "default" (trainable, Gaussian init: A ~ N(0, 1/r), B = 0) and "old" (a copy)."""
+    from peft import LoraConfig
+
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets),
+                        init_lora_weights="gaussian")
+    # Seeded in a forked RNG so adapter init is reproducible and leaves the global stream alone.
+    with torch.random.fork_rng(devices=[]):
+        if seed is not None:
+            torch.manual_seed(seed)
+        transformer.add_adapter(config, adapter_name=TRAINABLE)
+        with warnings.catch_warnings():  # peft warns that a second adapter is being added: intended
+            warnings.filterwarnings("ignore", message=".*multiple adapters.*")
+            transformer.add_adapter(config, adapter_name=OLD)
+    if not any(True for _ in _lora_layers(transformer)):
+        raise ValueError(f"LoRA targets {targets} matched no module of {type(transformer).__name__}")
+    load_adapter_state(transformer, OLD, adapter_state(transformer, TRAINABLE))
+    transformer.set_adapter(TRAINABLE)
+    _fix_requires_grad(transformer)
+
+
+def trainable_lora_parameters(transformer) -> list[nn.Parameter]:
+    """The "default" adapter's parameters, in module order (stable across processes)."""
+    params = []
+    for _, layer in _lora_layers(transformer):
+        if TRAINABLE in layer.lora_A:
+            params += [layer.lora_A[TRAINABLE].weight, layer.lora_B[TRAINABLE].weight]
+    for p in params:
+        p.requires_grad_(True)
+    return params
+
+
+def adapter_state(transformer, name: str) -> dict[str, Tensor]:
+    """A detached copy of adapter `name`: {"<module>.lora_A.weight": W, ...} (peft key style)."""
+    state = {}
+    for module_name, layer in _lora_layers(transformer):
+        if name not in layer.lora_A:
+            raise KeyError(f"adapter {name!r} is not on {module_name}; adapters: {list(layer.lora_A)}")
+        state[f"{module_name}.lora_A.weight"] = layer.lora_A[name].weight.detach().clone()
+        state[f"{module_name}.lora_B.weight"] = layer.lora_B[name].weight.detach().clone()
+    return state
+
+
+@torch.no_grad()
+def load_adapter_state(transformer, name: str, state: dict[str, Tensor]) -> None:
+    """Copy `state` (adapter_state's key format) into adapter `name`; keys must match exactly."""
+    targets = {}
+    for module_name, layer in _lora_layers(transformer):
+        targets[f"{module_name}.lora_A.weight"] = layer.lora_A[name].weight
+        targets[f"{module_name}.lora_B.weight"] = layer.lora_B[name].weight
+    missing, unexpected = sorted(set(targets) - set(state)), sorted(set(state) - set(targets))
+    if missing or unexpected:
+        raise KeyError(f"adapter state for {name!r} does not match the model: "
+                       f"missing {missing[:3]}{'...' if len(missing) > 3 else ''}, "
+                       f"unexpected {unexpected[:3]}{'...' if len(unexpected) > 3 else ''}")
+    for key, param in targets.items():
+        param.copy_(state[key].to(dtype=param.dtype, device=param.device))
+
+
+@torch.no_grad()
+def blend_adapter(transformer, dst: str = OLD, src: str = TRAINABLE, decay: float = 0.0) -> None:
+    """dst <- decay * dst + (1 - decay) * src, in place (old-policy update, spec A.8)."""
+    for _, layer in _lora_layers(transformer):
+        for bank in (layer.lora_A, layer.lora_B):
+            bank[dst].weight.mul_(decay).add_(bank[src].weight, alpha=1.0 - decay)
+
+
+@contextlib.contextmanager
+def use_adapter(transformer, name: str):
+    """Run the transformer with adapter `name` active; restore the previous one after."""
+    previous = list(transformer.active_adapters())
+    transformer.set_adapter(name)
+    _fix_requires_grad(transformer)
+    try:
+        yield transformer
+    finally:
+        transformer.set_adapter(previous[0] if len(previous) == 1 else previous)
+        _fix_requires_grad(transformer)
+
+
+@contextlib.contextmanager
+def adapters_disabled(transformer):
+    """Run the frozen base model (the KL reference policy, spec A.8)."""
+    transformer.disable_adapters()
+    try:
+        yield transformer
+    finally:
+        transformer.enable_adapters()
+        _fix_requires_grad(transformer)
+
+
+def lora_config_dict(transformer, adapter: str = TRAINABLE) -> dict:
+    """The peft LoraConfig of `adapter` as a JSON-able dict (rank, alpha, targets)."""
+    config = transformer.peft_config[adapter].to_dict()
+    return json.loads(json.dumps(config, default=lambda o: sorted(o) if isinstance(o, set) else str(o)))
+
+
+def save_lora_diffusers(transformer, out_dir: str | os.PathLike, adapter: str = TRAINABLE,
+                        state: dict[str, Tensor] | None = None) -> Path:
+    """Write `pytorch_lora_weights.safetensors` that `pipe.load_lora_weights(out_dir)` loads.
+
+    `state` (adapter_state format) overrides the live weights, e.g. EMA weights. The
+    rank/alpha go in the file's metadata, so diffusers scales by alpha/r as we do.
+    """
+    from diffusers import StableDiffusion3Pipeline
+
+    weights = {k: v.detach().cpu().contiguous()
+               for k, v in (state if state is not None else adapter_state(transformer, adapter)).items()}
+    out = Path(out_dir)
+    with atomic_path(out) as tmp:
+        StableDiffusion3Pipeline.save_lora_weights(
+            tmp, transformer_lora_layers=weights,
+            transformer_lora_adapter_metadata=lora_config_dict(transformer, adapter))
+    return out
+
+
+def _load_peft_folder(pipe, folder: Path, adapter_name: str) -> None:
+    from peft import LoraConfig
+    from safetensors.torch import load_file
+
+    config = json.loads((folder / PEFT_CONFIG_FILE).read_text())
+    known = set(LoraConfig.__dataclass_fields__)
+    lora_config = LoraConfig(**{k: v for k, v in config.items() if k in known and k != "peft_type"})
+    raw = load_file(str(folder / PEFT_WEIGHTS_FILE))
+    # peft's save_pretrained prefixes keys with "base_model.model." and drops the adapter name.
+    state = {k.removeprefix("base_model.model.").replace(f".{adapter_name}.", "."): v
+             for k, v in raw.items()}
+    pipe.transformer.add_adapter(lora_config, adapter_name=adapter_name)
+    load_adapter_state(pipe.transformer, adapter_name, state)
+    pipe.transformer.set_adapter(adapter_name)
+
+
+def load_lora_into_pipeline(pipe, path: str | os.PathLike, adapter_name: str = "marble"):
+    """Load a LoRA into `pipe` and activate it, from one of three folder kinds:
+
+    a marble checkpoint (has `lora/`), a diffusers LoRA folder
+    (`pytorch_lora_weights.safetensors`) or a peft folder (`adapter_config.json` +
+    `adapter_model.safetensors`).
+    """
+    folder = Path(path).expanduser()
+    if (folder / "lora").is_dir():
+        folder = folder / "lora"
+    if (folder / DIFFUSERS_LORA_FILE).is_file():
+        pipe.load_lora_weights(str(folder), adapter_name=adapter_name)
+        return pipe
+    if (folder / PEFT_CONFIG_FILE).is_file() and (folder / PEFT_WEIGHTS_FILE).is_file():
+        _load_peft_folder(pipe, folder, adapter_name)
+        return pipe
+    raise FileNotFoundError(
+        f"no LoRA found in {str(path)!r}: looked for a marble checkpoint (lora/ subfolder), "
+        f"{DIFFUSERS_LORA_FILE} (diffusers) or {PEFT_CONFIG_FILE} + {PEFT_WEIGHTS_FILE} (peft)"
+        + ("" if folder.is_dir() else " — the folder does not exist"))

@@ -1,0 +1,3 @@
+from marble.report import main
+
+raise SystemExit(main())

@@ -1,0 +1,217 @@
+"""Assemble the report: load inputs, compute tables, draw figures, write md/html/csv."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+from tqdm import tqdm
+
+from marble.io import atomic_path
+from marble.report import figures, tables
+from marble.report.loading import RunData, eval_samples, load_bench, load_eval_summary, load_runs
+from marble.report.render import Figure, Section, Table, Text, to_html, to_markdown
+from marble.report.verdict import RunTrend, Verdict, reward_changes, specialist_rewards, verdict
+
+TITLE = "MARBLE report"
+
+
+@dataclass
+class ReportInputs:
+    runs_dir: Path
+    out: Path
+    eval_summary: Path | None = None
+    bench: Path | None = None
+    eval_dir: Path | None = None
+    images_per_dataset: int = 4
+    window: int | None = None  # epochs averaged at each end for the verdict (None: auto)
+    min_gain: float = 0.0  # a reward "improves" when its change exceeds this
+    smooth: int = 5
+
+
+class Builder:
+    """Collects sections while writing figures and CSVs into the (temporary) report dir."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.sections: list[Section] = []
+        (root / "figures").mkdir(parents=True, exist_ok=True)
+        (root / "tables").mkdir(parents=True, exist_ok=True)
+
+    def section(self, title: str) -> Section:
+        self.sections.append(Section(title))
+        return self.sections[-1]
+
+    def table(self, section: Section, name: str, caption: str, frame: pd.DataFrame) -> None:
+        frame.to_csv(self.root / "tables" / f"{name}.csv")
+        section.blocks.append(Table(f"{caption} (`tables/{name}.csv`)", frame))
+
+    def figure(self, section: Section, written: Path | None, caption: str, missing: str) -> None:
+        if written is None:
+            section.blocks.append(Text(missing))
+        else:
+            section.blocks.append(Figure(caption, written.relative_to(self.root)))
+
+
+def run_trends(runs: list[RunData], window: int | None, min_gain: float) -> list[RunTrend]:
+    return [RunTrend(r.name, r.balancer, reward_changes(r.metrics, r.reward_names, window, min_gain))
+            for r in runs]
+
+
+def all_specialists(runs: list[RunData]) -> dict[str, float]:
+    found: dict[str, float] = {}
+    for run in runs:
+        for name, share in specialist_rewards(run.metrics, run.reward_names).items():
+            found[name] = min(share, found.get(name, 1.0))
+    return found
+
+
+def _verdict_section(b: Builder, runs, trends, specialists, inp: ReportInputs) -> Verdict:
+    result = verdict(trends, specialists)
+    s = b.section("Verdict")
+    s.blocks.append(Text(result.text))
+    spec = ", ".join(f"`{k}` ({v:.0%} of rollouts)" for k, v in specialists.items()) or "none"
+    s.blocks.append(Text(
+        f"Specialist rewards (applicable to a strict subset of rollouts): {spec}. A reward's "
+        f"change is the mean of its last logged epochs minus the mean of its first "
+        f"({'auto: a quarter of the epochs, 1 to 5' if inp.window is None else inp.window} epochs); "
+        f"it counts as improving when the change exceeds {inp.min_gain:g}."
+    ))
+    for line in result.run_lines:
+        s.blocks.append(Text(line))
+    if trends:
+        b.table(s, "training_reward_change", "Training reward change per run",
+                tables.training_change_table(trends))
+    return result
+
+
+def _eval_section(b: Builder, inp: ReportInputs) -> pd.DataFrame | None:
+    s = b.section("Evaluation scores (Table 1 style)")
+    summary = load_eval_summary(inp.eval_summary)
+    if summary is None or summary.empty:
+        s.blocks.append(Text(
+            f"Missing: no evaluation summary at `{inp.eval_summary or '(not given: --eval-summary)'}`. "
+            "Make it with `marble evaluate ...` per run and checkpoint, then `python -m "
+            "marble.eval_summary --eval-dir results/eval --out-csv results/eval/summary.csv "
+            "--out-md results/eval/table.md` (or `snakemake eval_only`)."
+        ))
+        return None
+    wide = tables.eval_table(summary)
+    b.table(s, "eval_scores", "Per-reward eval scores of each run's latest evaluated checkpoint; "
+            "composite = mean of column-wise z-scores (population std) over these rows", wide)
+    if tables.composite_function() is None:
+        s.blocks.append(Text("Composite unavailable: `marble.eval_summary.composite_zscore` "
+                             "could not be imported."))
+    s.blocks.append(Text("Paper (SD3.5-M, Table 1): composite MARBLE +1.12, sequential +1.02, weighted sum +0.18."))
+    return wide
+
+
+def _training_sections(b: Builder, runs: list[RunData], inp: ReportInputs) -> None:
+    s = b.section("Training curves")
+    b.figure(s, figures.training_curves(runs, b.root / "figures" / "training_rewards.png", inp.smooth),
+             "Per-reward training reward, one panel per reward, one line per run (line style = balancer)",
+             "No `reward/<name>` values in any metrics.jsonl.")
+    s = b.section("Reward weights (alpha)")
+    b.figure(s, figures.alpha_trajectories(runs, b.root / "figures" / "alpha.png"),
+             "alpha_k per logged step, one panel per run",
+             "No run logged `alpha/<name>` (set `balancer.diagnostics_every` > 0).")
+
+
+def _harmony_section(b: Builder, runs: list[RunData]) -> None:
+    s = b.section("Gradient harmony")
+    by_run = tables.harmony_by_run(runs)
+    if by_run.empty or by_run["logged_steps"].sum() == 0:
+        s.blocks.append(Text("Missing: no run logged `cos_min` (diagnostic steps come every "
+                             "`balancer.diagnostics_every` optimizer steps; 0 turns them off)."))
+        return
+    b.figure(s, figures.cosine_curves(runs, b.root / "figures" / "worst_cosine.png"),
+             "Worst-reward cosine min_k cos(d, g_k) per logged step", "")
+    b.figure(s, figures.anti_aligned_bars(by_run, b.root / "figures" / "anti_aligned.png"),
+             "Fraction of logged steps with an anti-aligned reward", "")
+    b.table(s, "harmony_by_run", "Per run: mean worst-reward cosine, mean across-reward variance "
+            "of the cosine, anti-aligned fraction; `applied` = the direction the balancer applied, "
+            "`ws_dir` = the weighted-sum direction on the same batches", by_run)
+    b.table(s, "harmony_by_balancer", "Pooled per balancer, beside the paper's values "
+            "(weighted sum 80% anti-aligned, min cos -0.13, var 0.161; MARBLE 0%, +0.37, 0.006)",
+            tables.harmony_by_balancer(runs))
+
+
+def _cost_section(b: Builder, inp: ReportInputs) -> None:
+    s = b.section("Training cost")
+    bench = load_bench(inp.bench)
+    if bench is None:
+        s.blocks.append(Text(
+            f"Missing: no bench results at `{inp.bench or '(not given: --bench)'}`. Make them with "
+            "`marble bench step --preset tiny --json results/bench/step.json`."
+        ))
+        return
+    b.table(s, "cost", "Step time and peak memory; relative speed = 1 / time ratio vs the weighted "
+            "sum; paper (8xH200, K = 5): MARBLE 0.97x speed / 1.14x memory, MGDA without "
+            "amortization 0.56x / 1.14x", tables.cost_table(bench))
+
+
+def _rho_section(b: Builder, runs, trends, evals) -> None:
+    s = b.section("rho ablation")
+    groups = tables.rho_groups(runs)
+    if not groups:
+        s.blocks.append(Text("Not applicable: no two MARBLE runs differ only in `balancer.alpha_ema`. "
+                             "Configure runs such as rho_05 / rho_07 / rho_09 to get this table. "
+                             "Paper: rho = 0.7 is best on every metric (0.1 worst)."))
+        return
+    by_name = {t.run: t for t in trends}
+    for i, group in enumerate(groups):
+        b.table(s, f"rho_ablation_{i}", "Runs differing only in rho = `balancer.alpha_ema` "
+                "(eval scores when evaluated, else the last training rewards)",
+                tables.rho_table(group, by_name, evals))
+
+
+def _samples_section(b: Builder, runs: list[RunData], inp: ReportInputs) -> None:
+    s = b.section("Samples")
+    if inp.eval_dir is None or not inp.eval_dir.is_dir():
+        s.blocks.append(Text(
+            f"Missing: no eval folder at `{inp.eval_dir or '(not given: --eval-dir)'}`. Evaluate "
+            "with `marble evaluate ... --save_images --output_dir results/eval/<run>/<ckpt>/<dataset>`."
+        ))
+        return
+    for run in tqdm(runs, desc="image grids", disable=len(runs) < 2):
+        samples = eval_samples(inp.eval_dir, run.name, inp.images_per_dataset)
+        b.figure(s, figures.image_grid(run.name, samples, b.root / "figures" / f"samples_{run.name}.png"),
+                 f"`{run.name}`: first {inp.images_per_dataset} eval images per dataset (latest checkpoint)",
+                 f"Missing: no eval images for `{run.name}` under `{inp.eval_dir / run.name}`.")
+
+
+def build_report(inp: ReportInputs) -> Verdict:
+    """Write report.md, report.html, figures/, tables/ and verdict.json under `inp.out`,
+    all at once (built in a temporary sibling, then renamed)."""
+    _check_out(inp.out)
+    runs = load_runs(inp.runs_dir)
+    trends = run_trends(runs, inp.window, inp.min_gain)
+    specialists = all_specialists(runs)
+    with atomic_path(inp.out) as tmp:
+        b = Builder(tmp)
+        if not runs:
+            b.section("Runs").blocks.append(Text(
+                f"Missing: no run folder with a metrics.jsonl under `{inp.runs_dir}`. Train with "
+                "`marble train --preset tiny --output-dir results/runs/<run>`."))
+        result = _verdict_section(b, runs, trends, specialists, inp)
+        evals = _eval_section(b, inp)
+        _training_sections(b, runs, inp)
+        _harmony_section(b, runs)
+        _cost_section(b, inp)
+        _rho_section(b, runs, trends, evals)
+        _samples_section(b, runs, inp)
+        (tmp / "report.md").write_text(to_markdown(TITLE, b.sections), encoding="utf-8")
+        (tmp / "report.html").write_text(to_html(TITLE, b.sections, tmp), encoding="utf-8")
+        (tmp / "verdict.json").write_text(json.dumps(
+            {"outcomes": result.outcomes, "text": result.text, "specialists": specialists,
+             "runs": result.run_lines}, indent=2) + "\n", encoding="utf-8")
+    return result
+
+
+def _check_out(out: Path) -> None:
+    # The whole folder is replaced: refuse one that holds something other than a report.
+    if out.is_dir() and any(out.iterdir()) and not (out / "report.md").is_file():
+        raise FileExistsError(f"--out {out}: exists, is not empty and holds no report.md; "
+                              "refusing to replace it")

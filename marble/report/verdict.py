@@ -1,0 +1,166 @@
+"""The verdict: did MARBLE keep every reward improving where the weighted sum diluted
+the specialist? Pure functions on metrics frames, so every outcome is unit-tested.
+
+A reward's change is the mean of its last `window` logged values minus the mean of its
+first `window` (NaN-aware). A specialist is a reward applicable to a strict subset of
+the rollouts: its `reward_applicable/<name>` count is below the largest count of any
+reward (a general reward applies to every rollout; no total is logged, so the largest
+count stands for it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class RewardChange:
+    reward: str
+    first: float
+    last: float
+    delta: float
+    improved: bool  # delta > min_gain; False when not measurable (NaN)
+
+
+@dataclass(frozen=True)
+class RunTrend:
+    run: str
+    balancer: str
+    changes: dict[str, RewardChange]
+
+    @property
+    def all_improved(self) -> bool:
+        return bool(self.changes) and all(c.improved for c in self.changes.values())
+
+
+@dataclass
+class Verdict:
+    outcomes: dict[str, str]  # marble run -> outcome code
+    text: str
+    run_lines: list[str] = field(default_factory=list)
+
+
+def auto_window(n_values: int) -> int:
+    """A quarter of the logged values, at least 1 and at most 5 epochs."""
+    return max(1, min(5, n_values // 4))
+
+
+def reward_changes(
+    metrics: pd.DataFrame, rewards: list[str], window: int | None = None, min_gain: float = 0.0
+) -> dict[str, RewardChange]:
+    out = {}
+    for name in rewards:
+        col = f"reward/{name}"
+        values = metrics[col].to_numpy(dtype=float) if col in metrics else np.array([])
+        values = values[np.isfinite(values)]
+        if len(values) < 2:
+            out[name] = RewardChange(name, math.nan, math.nan, math.nan, False)
+            continue
+        w = window or auto_window(len(values))
+        first, last = float(values[:w].mean()), float(values[-w:].mean())
+        delta = last - first
+        out[name] = RewardChange(name, first, last, delta, bool(delta > min_gain))
+    return out
+
+
+def specialist_rewards(metrics: pd.DataFrame, rewards: list[str]) -> dict[str, float]:
+    """Specialist reward -> its median share of the rollouts (vs the widest reward)."""
+    counts = {}
+    for name in rewards:
+        col = f"reward_applicable/{name}"
+        if col in metrics and metrics[col].notna().any():
+            counts[name] = float(metrics[col].median())
+    if not counts:
+        return {}
+    widest = max(counts.values())
+    if widest <= 0:
+        return {}
+    return {name: c / widest for name, c in counts.items() if c < widest}
+
+
+def _fmt(x: float) -> str:
+    return "n/a" if not math.isfinite(x) else f"{x:+.4g}"
+
+
+def run_line(trend: RunTrend, specialists: dict[str, float]) -> str:
+    parts = []
+    for c in trend.changes.values():
+        tag = " (specialist)" if c.reward in specialists else ""
+        parts.append(f"{c.reward}{tag} {_fmt(c.delta)} ({c.first:.4g} -> {c.last:.4g})")
+    falling = [c.reward for c in trend.changes.values() if not c.improved]
+    state = "Every reward improved" if not falling else "Not improving: " + ", ".join(falling)
+    return f"`{trend.run}` ({trend.balancer}): " + "; ".join(parts) + f". {state}."
+
+
+def _spec_changes(trend: RunTrend, specialists: dict[str, float]) -> str:
+    return ", ".join(f"{s} {_fmt(trend.changes[s].delta)}" for s in specialists if s in trend.changes)
+
+
+def compare(marble: RunTrend, ws: RunTrend, specialists: dict[str, float]) -> tuple[str, str]:
+    """(outcome code, sentence) for one MARBLE run against one weighted-sum run."""
+    names = ", ".join(f"{s} ({share:.0%} of rollouts)" for s, share in specialists.items())
+    m_spec = all(marble.changes[s].improved for s in specialists if s in marble.changes)
+    ws_spec = all(ws.changes[s].improved for s in specialists if s in ws.changes)
+    m_spec_txt, ws_spec_txt = _spec_changes(marble, specialists), _spec_changes(ws, specialists)
+    falling = [c.reward for c in marble.changes.values() if not c.improved]
+    if marble.all_improved and not ws_spec:
+        return "marble_keeps_all_ws_dilutes", (
+            f"Yes: MARBLE (`{marble.run}`) kept every reward improving while the weighted sum "
+            f"(`{ws.run}`) diluted the specialist {names}: specialist change {m_spec_txt} under "
+            f"MARBLE vs {ws_spec_txt} under the weighted sum."
+        )
+    if marble.all_improved and ws_spec:
+        return "both_fine", (
+            f"No dilution seen: both MARBLE (`{marble.run}`) and the weighted sum (`{ws.run}`) "
+            f"improved the specialist {names} ({m_spec_txt} vs {ws_spec_txt}); MARBLE kept every "
+            f"reward improving."
+        )
+    if not m_spec and not ws_spec:
+        return "marble_also_dilutes", (
+            f"No: MARBLE (`{marble.run}`) also diluted the specialist {names}: it did not improve "
+            f"under MARBLE ({m_spec_txt}) nor under the weighted sum (`{ws.run}`, {ws_spec_txt})."
+        )
+    if not m_spec:
+        return "ws_fine_marble_dilutes", (
+            f"No, the reverse: the specialist {names} improved under the weighted sum "
+            f"(`{ws.run}`, {ws_spec_txt}) but not under MARBLE (`{marble.run}`, {m_spec_txt})."
+        )
+    ws_state = "diluted it" if not ws_spec else "improved it too"
+    return "marble_not_all", (
+        f"Partly: MARBLE (`{marble.run}`) improved the specialist {names} ({m_spec_txt}) but not "
+        f"every reward (not improving: {', '.join(falling)}); the weighted sum (`{ws.run}`) "
+        f"{ws_state} ({ws_spec_txt})."
+    )
+
+
+def verdict(trends: list[RunTrend], specialists: dict[str, float]) -> Verdict:
+    """Compare each MARBLE run with the first weighted-sum run (runs in the given order)."""
+    lines = [run_line(t, specialists) for t in trends]
+    marbles = [t for t in trends if t.balancer == "marble"]
+    wss = [t for t in trends if t.balancer == "weighted_sum"]
+    if not marbles or not wss:
+        missing = "a MARBLE run" if not marbles else "a weighted-sum run"
+        text = f"No verdict: it needs {missing} to compare (runs: {', '.join(t.run for t in trends) or 'none'})."
+        return Verdict({t.run: "incomplete" for t in marbles}, text, lines)
+    if not specialists:
+        outcomes, sentences = {}, []
+        for m in marbles:
+            outcomes[m.run] = "no_specialist"
+            state = "kept every reward improving" if m.all_improved else "did not keep every reward improving"
+            sentences.append(f"MARBLE (`{m.run}`) {state}.")
+        ws_state = "kept" if wss[0].all_improved else "did not keep"
+        text = (
+            "No specialist reward found (every reward applied to the same number of rollouts), so "
+            f"dilution cannot be judged. {' '.join(sentences)} The weighted sum (`{wss[0].run}`) "
+            f"{ws_state} every reward improving."
+        )
+        return Verdict(outcomes, text, lines)
+    outcomes, sentences = {}, []
+    for m in marbles:
+        outcomes[m.run], sentence = compare(m, wss[0], specialists)
+        sentences.append(sentence)
+    return Verdict(outcomes, " ".join(sentences), lines)

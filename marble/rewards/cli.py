@@ -1,0 +1,64 @@
+"""`marble rewards list` and `marble rewards score --reward NAME --image F --prompt P`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import yaml
+
+
+def parse_options(pairs: list[str]) -> dict:
+    """`key=value` pairs; values parsed as YAML scalars (numbers, booleans, lists)."""
+    options = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise SystemExit(f"marble rewards: --option expects key=value, got {pair!r}")
+        key, value = pair.split("=", 1)
+        options[key] = yaml.safe_load(value)
+    return options
+
+
+def load_image(path: str):
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    with Image.open(path) as im:
+        arr = np.array(im.convert("RGB"))
+    return torch.from_numpy(arr).permute(2, 0, 1).float().div(255.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="marble rewards", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list", help="print the registered reward names")
+    score = sub.add_parser("score", help="score images with one reward, print JSON lines")
+    score.add_argument("--reward", required=True)
+    score.add_argument("--image", required=True, nargs="+", help="image files")
+    score.add_argument("--prompt", required=True, help="the prompt (same for every image)")
+    score.add_argument("--metadata", default="{}", help="JSON metadata record (e.g. a GenEval line)")
+    score.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                       help="reward option, repeatable (e.g. model=openai/clip-vit-large-patch14)")
+    args = parser.parse_args(argv)
+
+    from marble.rewards import available, build
+
+    if args.cmd == "list":
+        print("\n".join(available()))
+        return 0
+    try:
+        metadata = json.loads(args.metadata)
+    except json.JSONDecodeError as err:
+        parser.error(f"--metadata is not JSON: {err}")
+    reward = build(args.reward, **parse_options(args.option))
+    for path in args.image:  # one at a time: files may differ in size
+        value = reward(load_image(path)[None], [args.prompt], [metadata])[0].item()
+        print(json.dumps({"image": path, "reward": args.reward, "score": None if value != value else value}))
+    print(json.dumps({"counters": reward.counters()}), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

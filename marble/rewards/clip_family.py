@@ -1,0 +1,125 @@
+"""PickScore, CLIPScore and the LAION aesthetic predictor on transformers' CLIP.
+
+Each loads `CLIPModel` + `CLIPProcessor` from a hub id or a local folder (`model=`,
+`processor=`), scores a batch in chunks of `batch_size`, and applies to every prompt.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from marble.rewards.base import Reward, ckpt_dir as resolve_ckpt_dir, require_file, to_pil
+
+PICKSCORE_MODEL = "yuvalkirstain/PickScore_v1"
+PICKSCORE_PROCESSOR = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
+OPENAI_L14 = "openai/clip-vit-large-patch14"
+AESTHETIC_HEAD = "sac+logos+ava1-l14-linearMSE.pth"
+
+
+def _projected(out) -> torch.Tensor:
+    """transformers 4 returns the projected features; 5 returns an output whose pooler_output is."""
+    return out if isinstance(out, torch.Tensor) else out.pooler_output
+
+
+def load_clip(model: str, processor: str | None, device: str):
+    from transformers import CLIPModel, CLIPProcessor
+
+    clip = CLIPModel.from_pretrained(model).to(device).eval()
+    return clip, CLIPProcessor.from_pretrained(processor or model)
+
+
+class _ClipReward(Reward):
+    default_model = OPENAI_L14
+    default_processor: str | None = None
+
+    def __init__(self, model: str | None = None, processor: str | None = None, device: str = "cpu",
+                 batch_size: int = 32, **kw):
+        super().__init__(**kw)
+        self.device, self.batch_size = device, int(batch_size)
+        self.model, self.processor = load_clip(
+            model or self.default_model, processor or (None if model else self.default_processor), device
+        )
+
+    def image_embeds(self, images: torch.Tensor) -> torch.Tensor:
+        inputs = self.processor(images=to_pil(images), return_tensors="pt").to(self.device)
+        return nn.functional.normalize(_projected(self.model.get_image_features(**inputs)).float(), dim=-1)
+
+    def text_embeds(self, prompts: list[str]) -> torch.Tensor:
+        max_len = self.model.config.text_config.max_position_embeddings
+        inputs = self.processor(text=prompts, padding=True, truncation=True, max_length=max_len,
+                                return_tensors="pt").to(self.device)
+        return nn.functional.normalize(_projected(self.model.get_text_features(**inputs)).float(), dim=-1)
+
+    def score_chunk(self, images, prompts) -> torch.Tensor:
+        raise NotImplementedError
+
+    def score(self, images, prompts, metadata):
+        chunks = [
+            self.score_chunk(images[i : i + self.batch_size], prompts[i : i + self.batch_size])
+            for i in range(0, len(prompts), self.batch_size)
+        ]
+        return torch.cat(chunks).cpu()
+
+
+class PickScore(_ClipReward):
+    """logit_scale * cos(text, image) / 26 (the reference's scale: ~0.8-0.92)."""
+
+    name = "pickscore"
+    default_model, default_processor = PICKSCORE_MODEL, PICKSCORE_PROCESSOR
+
+    def score_chunk(self, images, prompts):
+        cos = (self.image_embeds(images) * self.text_embeds(prompts)).sum(-1)
+        return self.model.logit_scale.exp().float() * cos / 26.0
+
+
+class ClipScore(_ClipReward):
+    """cos(text, image): the reference's logits/100, exact for OpenAI CLIP (logit scale 100)."""
+
+    name = "clipscore"
+
+    def score_chunk(self, images, prompts):
+        return (self.image_embeds(images) * self.text_embeds(prompts)).sum(-1)
+
+
+class AestheticMLP(nn.Module):
+    """The LAION improved-aesthetic-predictor head (layer indices match its state dict)."""
+
+    def __init__(self, input_dim: int = 768):
+        super().__init__()
+        self.layers = nn.Sequential(
+            nn.Linear(input_dim, 1024), nn.Dropout(0.2), nn.Linear(1024, 128), nn.Dropout(0.2),
+            nn.Linear(128, 64), nn.Dropout(0.1), nn.Linear(64, 16), nn.Linear(16, 1),
+        )
+
+    def forward(self, embeds: torch.Tensor) -> torch.Tensor:
+        return self.layers(embeds)
+
+
+def load_aesthetic_head(path) -> AestheticMLP:
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = state.get("state_dict", state)
+    if "layers.0.weight" not in state:
+        raise ValueError(f"{path}: not an aesthetic MLP state dict (no 'layers.0.weight'; keys {sorted(state)[:5]})")
+    head = AestheticMLP(state["layers.0.weight"].shape[1])
+    head.load_state_dict(state)
+    return head.eval()
+
+
+class Aesthetic(_ClipReward):
+    """LAION aesthetic score (~1-10, raw) from the L2-normalised CLIP ViT-L/14 image embedding."""
+
+    name = "aesthetic"
+
+    def __init__(self, head: str | None = None, ckpt_dir: str | None = None, **kw):
+        folder = resolve_ckpt_dir(ckpt_dir)
+        head_path = require_file(self.name, head or AESTHETIC_HEAD, folder)
+        super().__init__(**kw)
+        self.head = load_aesthetic_head(head_path).to(self.device)
+        dim = self.model.config.projection_dim
+        if self.head.layers[0].in_features != dim:
+            raise ValueError(f"{head_path}: head expects {self.head.layers[0].in_features}-d embeddings, CLIP gives {dim}")
+
+    def score_chunk(self, images, prompts):
+        return self.head(self.image_embeds(images)).squeeze(-1)
+

@@ -1,0 +1,114 @@
+"""Cheap pixel-statistic rewards for the `tiny` preset: no downloads, milliseconds per batch.
+
+They stand in for the paper's reward mix at toy scale, keeping its structure: two
+generalists that apply to every prompt and partly conflict (brightness pushes towards
+white, which has zero saturation), and two specialists that apply only to a subset of
+prompts by content, as GenEval and OCR do. The tiny run then shows whether a balancer
+keeps the specialists improving while the generalists pull elsewhere.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from marble.rewards.base import Reward, quoted_target
+
+# Fixed RGB (0-255) table of the 10 GenEval colours (CSS values).
+GENEVAL_COLORS: dict[str, tuple[int, int, int]] = {
+    "red": (255, 0, 0),
+    "orange": (255, 165, 0),
+    "yellow": (255, 255, 0),
+    "green": (0, 128, 0),
+    "blue": (0, 0, 255),
+    "purple": (128, 0, 128),
+    "pink": (255, 192, 203),
+    "brown": (139, 69, 19),
+    "black": (0, 0, 0),
+    "white": (255, 255, 255),
+}
+
+_LUMA = torch.tensor([0.299, 0.587, 0.114])  # Rec. 601 weights
+
+
+def luminance(images: torch.Tensor) -> torch.Tensor:
+    """[N,3,H,W] in [0,1] -> [N,H,W] Rec. 601 luma."""
+    return torch.einsum("nchw,c->nhw", images.float(), _LUMA)
+
+
+def hsv_saturation(images: torch.Tensor) -> torch.Tensor:
+    """[N,3,H,W] -> [N,H,W] HSV saturation (max-min)/max, 0 where max is 0 (black)."""
+    hi = images.float().amax(dim=1)
+    lo = images.float().amin(dim=1)
+    return torch.where(hi > 0, (hi - lo) / hi.clamp_min(1e-12), torch.zeros_like(hi))
+
+
+def first_named_color(metadata: dict) -> str | None:
+    """The colour of the first `include` clause that names one (GenEval records), else None."""
+    for clause in metadata.get("include") or []:
+        if isinstance(clause, dict) and clause.get("color"):
+            return str(clause["color"])
+    return None
+
+
+def color_match(images: torch.Tensor, color: str) -> torch.Tensor:
+    """1 - ||mean RGB - colour RGB|| / sqrt(3), in [0,1] (1: the mean colour is exactly it)."""
+    if color not in GENEVAL_COLORS:
+        raise KeyError(f"unknown GenEval colour {color!r} (known: {', '.join(GENEVAL_COLORS)})")
+    target = torch.tensor(GENEVAL_COLORS[color], dtype=torch.float32) / 255.0
+    mean_rgb = images.float().mean(dim=(2, 3))
+    return 1.0 - torch.linalg.vector_norm(mean_rgb - target, dim=1) / 3**0.5
+
+
+def edge_density(images: torch.Tensor) -> torch.Tensor:
+    """(mean |dx| + mean |dy|) / 2 of the luma, in [0,1]: high for sharp, high-contrast strokes."""
+    y = luminance(images)
+    dx = (y[:, :, 1:] - y[:, :, :-1]).abs().mean(dim=(1, 2))
+    dy = (y[:, 1:, :] - y[:, :-1, :]).abs().mean(dim=(1, 2))
+    return (dx + dy) / 2
+
+
+class ToyBrightness(Reward):
+    """Mean luma in [0,1]. Generalist (all prompts); maximised by white, which the
+    saturation reward scores 0: the intended conflict."""
+
+    name = "toy_brightness"
+
+    def score(self, images, prompts, metadata):
+        return luminance(images).mean(dim=(1, 2))
+
+
+class ToySaturation(Reward):
+    """Mean HSV saturation in [0,1]. Generalist (all prompts); pure hues score 1, white
+    and grey 0, so it partly conflicts with brightness."""
+
+    name = "toy_saturation"
+
+    def score(self, images, prompts, metadata):
+        return hsv_saturation(images).mean(dim=(1, 2))
+
+
+class ToyColorMatch(Reward):
+    """Specialist like GenEval: applies only to records whose `include` clauses name a
+    colour, and scores how close the image's mean colour is to the first named one."""
+
+    name = "toy_color_match"
+
+    def applies_by_content(self, prompt, metadata):
+        return first_named_color(metadata) in GENEVAL_COLORS
+
+    def score(self, images, prompts, metadata):
+        colors = [first_named_color(m) for m in metadata]
+        return torch.stack([color_match(images[i : i + 1], c)[0] for i, c in enumerate(colors)])
+
+
+class ToyTextContrast(Reward):
+    """Specialist like OCR: applies only to prompts with a quoted span, and scores local
+    contrast (edge density), which legible text raises."""
+
+    name = "toy_text_contrast"
+
+    def applies_by_content(self, prompt, metadata):
+        return quoted_target(prompt) is not None
+
+    def score(self, images, prompts, metadata):
+        return edge_density(images)

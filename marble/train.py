@@ -1,0 +1,141 @@
+"""`marble train`: DiffusionNFT + a reward balancer, resumable, torchrun-aware.
+
+    marble train --preset tiny --output-dir runs/tiny [--config FILE ...] [--max-steps N]
+                 [--set key=value ...]
+    torchrun --nproc_per_node 2 -m marble.train --preset tiny --output-dir runs/tiny
+
+DIR/config.yaml holds the resolved config; a DIR that already has one must agree with
+the requested config on every key that changes the result (see RESULT_NEUTRAL_KEYS),
+otherwise the run refuses to start rather than silently mixing two experiments.
+Errors are one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+from marble.config import ConfigError, RunConfig, dump_yaml, load_config, to_dict
+
+# Keys that may differ between a run folder's config.yaml and a resumed invocation:
+# they change how long / how often, not what is computed.
+RESULT_NEUTRAL_KEYS = {
+    "preset", "train.max_steps", "train.save_every", "train.log_every",
+    "sampling.eval_num_steps", "data.test", "data.embed_cache",
+}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class TrainError(RuntimeError):
+    """A user-facing problem (bad folder, mismatched config); one clear line."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="marble train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", required=True, help="named config in marble/presets (e.g. tiny)")
+    p.add_argument("--output-dir", required=True, type=Path, help="run folder (resumes if present)")
+    p.add_argument("--config", action="append", default=[], metavar="FILE",
+                   help="YAML merged over the preset (repeatable)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                   help="override one key, e.g. --set train.lr=1e-4 (repeatable)")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this optimizer step")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="force a device (default: cuda when available)")
+    p.add_argument("--no-progress", action="store_true", help="hide the tqdm bars")
+    return p
+
+
+def resolve_config(args: argparse.Namespace) -> RunConfig:
+    overrides = list(args.overrides)
+    if args.max_steps is not None:
+        overrides.append(f"train.max_steps={args.max_steps}")
+    return load_config(args.preset, args.config, overrides)
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in d.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and key != "options":
+            out.update(_flat(value, path + "."))
+        else:
+            out[path] = value
+    return out
+
+
+def config_differences(saved: dict, wanted: dict) -> list[str]:
+    """Keys (dotted) whose values differ and that change the result."""
+    a, b = _flat(saved), _flat(wanted)
+    keys = sorted(set(a) | set(b))
+    return [k for k in keys if k not in RESULT_NEUTRAL_KEYS and a.get(k, "<absent>") != b.get(k, "<absent>")]
+
+
+def check_run_dir(out_dir: Path, cfg: RunConfig) -> None:
+    """Refuse a run folder whose config.yaml disagrees with `cfg` on keys that matter."""
+    saved_path = out_dir / "config.yaml"
+    if not saved_path.is_file():
+        return
+    try:
+        saved = yaml.safe_load(saved_path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise TrainError(f"{saved_path}: unreadable config ({exc})") from exc
+    # Round-trip through YAML so tuples/lists and floats compare like the saved file.
+    wanted = yaml.safe_load(dump_yaml(cfg))
+    diff = config_differences(saved, wanted)
+    if diff:
+        shown = ", ".join(f"{k} ({_flat(saved).get(k, '<absent>')!r} -> "
+                          f"{_flat(wanted).get(k, '<absent>')!r})" for k in diff[:6])
+        raise TrainError(
+            f"{saved_path} was written by a different config; differing keys: {shown}"
+            f"{' ...' if len(diff) > 6 else ''}. Use another --output-dir or the same config."
+        )
+
+
+def check_model_path(cfg: RunConfig) -> None:
+    path = cfg.model.path
+    if path.startswith("random:") or Path(path).is_dir():
+        return
+    if _HUB_ID.match(path) and not Path(path).exists():
+        return  # a hub id: resolved (or refused offline) by from_pretrained
+    raise TrainError(
+        f"model folder not found: `model.path` = {path!r} (build the tiny model with "
+        f"`marble models tiny --out {path}` or point model.path at a diffusers folder)"
+    )
+
+
+def check_data_path(cfg: RunConfig) -> None:
+    if not Path(cfg.data.train).is_file():
+        raise TrainError(
+            f"training table not found: `data.train` = {cfg.data.train!r} "
+            f"(assemble it with `marble data assemble`)"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = resolve_config(args)
+        check_model_path(cfg)
+        check_data_path(cfg)
+        check_run_dir(args.output_dir, cfg)
+    except (ConfigError, TrainError) as exc:
+        print(f"marble train: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    from marble.trainer import run_training  # heavy imports only once the config is sound
+
+    summary = run_training(cfg, args.output_dir, device=args.device,
+                           progress=not args.no_progress)
+    print(f"marble train: done at step {summary['final_step']} -> "
+          f"{args.output_dir / 'train_summary.json'}")
+    return 0
+
+
+__all__ = ["RESULT_NEUTRAL_KEYS", "TrainError", "build_parser", "check_run_dir",
+           "config_differences", "main", "resolve_config", "to_dict"]
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""Weight EMA, alpha EMA and old-policy decay against hand values."""
+
+import numpy as np
+import pytest
+import torch
+
+from marble.ema import (
+    WeightEMA, blend_params_, ema_decay, old_policy_decay, update_alpha_cache,
+)
+
+
+def test_ema_decay_schedule():
+    assert ema_decay(0, 0.9) == pytest.approx(0.1)
+    assert ema_decay(5, 0.9) == pytest.approx(6 / 15)
+    assert ema_decay(100, 0.9) == pytest.approx(0.9)  # 101/110 > 0.9 is capped
+    with pytest.raises(ValueError):
+        ema_decay(-1, 0.9)
+
+
+def test_weight_ema_update_swap_and_state():
+    p = torch.nn.Parameter(torch.tensor([1.0, -1.0]))
+    ema = WeightEMA([p], max_decay=0.9)
+    with torch.no_grad():
+        p.copy_(torch.tensor([2.0, 3.0]))
+    assert ema.update(0) == pytest.approx(0.1)
+    expected = 0.1 * torch.tensor([1.0, -1.0]) + 0.9 * torch.tensor([2.0, 3.0])
+    torch.testing.assert_close(ema.shadow[0], expected)
+    with ema.swapped():
+        torch.testing.assert_close(p.detach(), expected)
+    torch.testing.assert_close(p.detach(), torch.tensor([2.0, 3.0]))
+    other = WeightEMA([torch.nn.Parameter(torch.zeros(2))], max_decay=0.5)
+    other.load_state_dict(ema.state_dict())
+    assert other.max_decay == 0.9
+    torch.testing.assert_close(other.shadow[0], expected)
+    with pytest.raises(ValueError, match="shape"):
+        WeightEMA([torch.nn.Parameter(torch.zeros(3))]).load_state_dict(ema.state_dict())
+
+
+def test_alpha_cache_ema_by_hand():
+    cache = update_alpha_cache(None, [0.2, 0.8], rho=0.7)
+    np.testing.assert_allclose(cache, [0.2, 0.8])
+    cache = update_alpha_cache(cache, [0.6, 0.4], rho=0.7)
+    np.testing.assert_allclose(cache, [0.7 * 0.2 + 0.3 * 0.6, 0.7 * 0.8 + 0.3 * 0.4])
+    assert cache.sum() == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="entries"):
+        update_alpha_cache(cache, [1.0], rho=0.7)
+
+
+def test_old_policy_decay_types():
+    assert old_policy_decay(500, 0, 0.95) == 0.0
+    assert old_policy_decay(100, 1, 0.95) == pytest.approx(0.1)
+    assert old_policy_decay(2000, 1, 0.95) == pytest.approx(0.95)
+    assert old_policy_decay(2000, 1, 0.5) == pytest.approx(0.5)
+    assert old_policy_decay(74, 2, 0.95) == 0.0
+    assert old_policy_decay(100, 2, 0.95) == pytest.approx(0.1875)
+    assert old_policy_decay(1000, 2, 0.95) == pytest.approx(0.999)
+    with pytest.raises(ValueError, match="decay_type"):
+        old_policy_decay(1, 3, 0.5)
+
+
+def test_blend_params():
+    old = [torch.tensor([1.0, 1.0])]
+    blend_params_(old, [torch.tensor([3.0, -1.0])], decay=0.25)
+    torch.testing.assert_close(old[0], torch.tensor([2.5, -0.5]))

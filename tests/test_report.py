@@ -1,0 +1,252 @@
+"""`marble report` on synthetic run folders with known metrics: table values, figures,
+self-contained HTML, missing-input sections, the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from PIL import Image
+
+from marble.report import main
+from marble.report.loading import ReportInputError, read_metrics
+from marble.report.tables import composite_function, eval_table
+
+REWARDS = ["bright", "sat", "color"]
+APPLICABLE = {"bright": 24, "sat": 24, "color": 8}  # color: the specialist (1/3 of rollouts)
+UP = [0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45]
+DOWN = UP[::-1]
+DIAG_STEPS = [2, 4, 6, 8]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def write_run(root: Path, name: str, method: str, curves: dict, rho: float = 0.7,
+              diag: dict | None = None, alphas: bool = False) -> None:
+    run = root / name
+    run.mkdir(parents=True)
+    config = {"preset": name, "balancer": {"method": method, "alpha_ema": rho, "amortize_every": 5},
+              "train": {"lr": 0.003}, "rewards": [{"name": r} for r in REWARDS]}
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    lines = []
+    for i, step in enumerate(range(1, 9)):
+        rec = {"step": step, "epoch": step - 1, "balancer": method, "loss/policy": 0.5,
+               "loss/kl": 0.0, "time/step_s": 1.0}
+        for r in REWARDS:
+            rec[f"reward/{r}"] = curves[r][i]
+            rec[f"reward_applicable/{r}"] = APPLICABLE[r]
+        if diag and step in DIAG_STEPS:
+            j = DIAG_STEPS.index(step)
+            rec.update({k: v[j] for k, v in diag.items()})
+            if alphas:
+                rec.update({"alpha/bright": 0.2, "alpha/sat": 0.3, "alpha/color": 0.5})
+                rec.update({"alpha_cache/bright": 0.25, "alpha_cache/sat": 0.3, "alpha_cache/color": 0.45})
+        lines.append(json.dumps(rec))
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    (run / "train_summary.json").write_text(json.dumps({"final_step": 8}))
+
+
+WS_DIAG = {"cos_min": [-0.2, 0.1, -0.1, 0.3], "cos_var": [0.1, 0.2, 0.1, 0.2], "anti_aligned": [1, 0, 1, 0],
+           "cos_ws_min": [-0.2, 0.1, -0.1, 0.3], "cos_ws_var": [0.1, 0.2, 0.1, 0.2], "anti_aligned_ws": [1, 0, 1, 0]}
+MARBLE_DIAG = {"cos_min": [0.3, 0.4, 0.35, 0.45], "cos_var": [0.01, 0.02, 0.01, 0.0], "anti_aligned": [0, 0, 0, 0],
+               "cos_ws_min": [-0.3, 0.2, -0.1, -0.05], "cos_ws_var": [0.2, 0.1, 0.3, 0.2],
+               "anti_aligned_ws": [1, 0, 1, 1]}
+LATEST = {"weighted_sum": (0.5, 0.4, 0.2), "marble": (0.6, 0.5, 0.6), "rho_05": (0.55, 0.45, 0.4)}
+
+
+def write_eval(root: Path) -> Path:
+    rows = []
+    for run, values in LATEST.items():
+        for ckpt, vals in (("checkpoint-5", (9.0, 9.0, 9.0)), ("checkpoint-10", values)):
+            for (dataset, metric), value in zip(
+                [("drawbench", "bright"), ("drawbench", "sat"), ("geneval", "color")], vals
+            ):
+                rows.append({"run": run, "checkpoint": ckpt, "dataset": dataset, "metric": metric, "value": value})
+        for dataset in ("drawbench", "geneval"):
+            images = root / "eval" / run / "checkpoint-10" / dataset / "images"
+            images.mkdir(parents=True)
+            with open(images.parent / "evaluation_results.jsonl", "w") as fh:
+                for k in range(6):
+                    Image.new("RGB", (32, 32), (40 * k, 100, 200)).save(images / f"{k:04d}.png")
+                    fh.write(json.dumps({"sample_id": k, "prompt": f"a {dataset} prompt number {k}",
+                                         "scores": {"bright": 0.1 * k, "color": None},
+                                         "image_path": f"images/{k:04d}.png"}) + "\n")
+    summary = root / "eval" / "summary.csv"
+    pd.DataFrame(rows).to_csv(summary, index=False)
+    return summary
+
+
+BENCH = {"balancers": {"weighted_sum": {"step_s": 2.0, "peak_mb": 1000.0},
+                       "marble": {"step_s": 2.5, "peak_mb": 1100.0},
+                       "mgda": {"step_s": 4.0, "peak_mb": 1200.0}},
+         "ratios": {"marble": {"time": 1.25, "memory": 1.1}, "mgda": {"time": 2.0, "memory": 1.2}}}
+
+
+@pytest.fixture(scope="module")
+def full_report(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("results")
+    runs = root / "runs"
+    write_run(runs, "weighted_sum", "weighted_sum", {"bright": UP, "sat": UP, "color": DOWN}, diag=WS_DIAG)
+    write_run(runs, "marble", "marble", {"bright": UP, "sat": UP, "color": UP}, diag=MARBLE_DIAG, alphas=True)
+    write_run(runs, "rho_05", "marble", {"bright": UP, "sat": UP, "color": UP}, rho=0.5)
+    write_run(runs, "rho_09", "marble", {"bright": UP, "sat": DOWN, "color": UP}, rho=0.9)
+    write_run(runs, "equal_alpha", "equal_alpha", {"bright": UP, "sat": UP, "color": UP})
+    summary = write_eval(root)
+    (root / "bench.json").write_text(json.dumps(BENCH))
+    out = root / "report"
+    rc = main(["--runs", str(runs), "--out", str(out), "--eval-summary", str(summary),
+               "--bench", str(root / "bench.json"), "--eval-dir", str(root / "eval"), "--window", "2"])
+    assert rc == 0
+    return out
+
+
+def test_eval_table_latest_checkpoint_and_composite(full_report):
+    table = pd.read_csv(full_report / "tables" / "eval_scores.csv", index_col="run")
+    assert list(table.columns) == ["checkpoint", "bright", "color", "sat", "composite"]
+    assert set(table["checkpoint"]) == {"checkpoint-10"}  # natural sort: 10 after 5
+    assert table.loc["marble", "color"] == pytest.approx(0.6)
+    assert table.loc["weighted_sum", "sat"] == pytest.approx(0.4)
+    if composite_function() is None:
+        pytest.skip("marble.eval_summary not present yet")
+    cols = np.array([LATEST[r] for r in table.index])
+    z = (cols - cols.mean(axis=0)) / cols.std(axis=0)  # population std
+    assert table["composite"].to_numpy() == pytest.approx(z.mean(axis=1))
+
+
+def test_eval_table_shared_metric_names_and_injected_composite():
+    summary = pd.DataFrame({"run": ["a", "a", "b", "b"], "checkpoint": ["c1"] * 4,
+                            "dataset": ["ocr", "geneval"] * 2, "metric": ["bright"] * 4,
+                            "value": [1.0, 2.0, 3.0, 4.0]})
+    table = eval_table(summary, composite=lambda wide: wide.sum(axis=1))
+    assert list(table.columns) == ["checkpoint", "geneval/bright", "ocr/bright", "composite"]
+    assert table.loc["b", "composite"] == pytest.approx(7.0)
+
+
+def test_harmony_tables_hold_the_right_numbers(full_report):
+    by_run = pd.read_csv(full_report / "tables" / "harmony_by_run.csv", index_col="run")
+    ws, mb = by_run.loc["weighted_sum"], by_run.loc["marble"]
+    assert ws["logged_steps"] == 4 and ws["applied_anti_aligned_frac"] == pytest.approx(0.5)
+    assert ws["applied_cos_min_mean"] == pytest.approx(0.025)
+    assert ws["applied_cos_var_mean"] == pytest.approx(0.15)
+    assert mb["applied_anti_aligned_frac"] == 0.0 and mb["applied_cos_min_mean"] == pytest.approx(0.375)
+    assert mb["ws_dir_anti_aligned_frac"] == pytest.approx(0.75)
+    assert mb["ws_dir_cos_min_mean"] == pytest.approx(-0.0625)
+    assert by_run.loc["equal_alpha", "logged_steps"] == 0
+    pooled = pd.read_csv(full_report / "tables" / "harmony_by_balancer.csv", index_col="balancer")
+    assert pooled.loc["marble", "applied_anti_aligned_frac"] == 0.0  # rho runs logged no cosines
+    assert pooled.loc["weighted_sum", "paper_anti_aligned_frac"] == pytest.approx(0.8)
+
+
+def test_cost_table_relative_speed_is_inverse_time_ratio(full_report):
+    cost = pd.read_csv(full_report / "tables" / "cost.csv", index_col="balancer")
+    assert cost.loc["marble", "relative_speed"] == pytest.approx(0.8)
+    assert cost.loc["mgda", "relative_speed"] == pytest.approx(0.5)
+    assert cost.loc["marble", "memory_ratio"] == pytest.approx(1.1)
+    assert cost.loc["weighted_sum", "relative_speed"] == pytest.approx(1.0)
+    assert cost.loc["marble", "paper_relative_speed"] == pytest.approx(0.97)
+    assert cost.loc["mgda", "paper_memory_ratio"] == pytest.approx(1.14)
+
+
+def test_rho_ablation_groups_runs_differing_only_in_alpha_ema(full_report):
+    rho = pd.read_csv(full_report / "tables" / "rho_ablation_0.csv")
+    assert list(rho["rho"]) == [0.5, 0.7, 0.9]
+    assert list(rho["run"]) == ["rho_05", "marble", "rho_09"]
+    assert rho.loc[0, "color"] == pytest.approx(0.4)  # evaluated: eval scores
+    assert rho.loc[2, "train/sat"] == pytest.approx(np.mean(DOWN[-2:]))  # not evaluated
+    assert not (full_report / "tables" / "rho_ablation_1.csv").exists()
+
+
+def test_verdict_and_training_changes(full_report):
+    verdict = json.loads((full_report / "verdict.json").read_text())
+    assert verdict["outcomes"] == {"marble": "marble_keeps_all_ws_dilutes", "rho_05": "marble_keeps_all_ws_dilutes",
+                                   "rho_09": "marble_not_all"}
+    assert verdict["specialists"] == {"color": pytest.approx(1 / 3)}
+    changes = pd.read_csv(full_report / "tables" / "training_reward_change.csv")
+    row = changes[(changes.run == "weighted_sum") & (changes.reward == "color")].iloc[0]
+    assert row["change"] == pytest.approx(np.mean(DOWN[-2:]) - np.mean(DOWN[:2]))
+    assert not row["improved"]
+    md = (full_report / "report.md").read_text()
+    assert verdict["text"] in md
+
+
+FIGURES = ["training_rewards", "alpha", "worst_cosine", "anti_aligned", "samples_marble",
+           "samples_weighted_sum", "samples_rho_05"]
+
+
+def test_figures_are_valid_pngs(full_report):
+    for name in FIGURES:
+        path = full_report / "figures" / f"{name}.png"
+        assert path.read_bytes()[:8] == PNG_MAGIC, name
+        with Image.open(path) as img:
+            img.verify()
+        with Image.open(path) as img:
+            assert img.width > 300 and img.height > 200, name
+    # runs without eval images get a missing note instead of a grid
+    assert not (full_report / "figures" / "samples_equal_alpha.png").exists()
+    assert "Missing: no eval images for `equal_alpha`" in (full_report / "report.md").read_text()
+
+
+def test_html_is_self_contained_with_images_and_tables(full_report):
+    html = (full_report / "report.html").read_text()
+    assert html.count("<img src='data:image/png;base64,") == len(FIGURES)
+    assert "src='figures/" not in html and "http" not in html
+    assert "<td>checkpoint-10</td>" in html and "<td>0.8</td>" in html  # eval + cost tables
+    md = (full_report / "report.md").read_text()
+    for name in FIGURES:
+        assert f"(figures/{name}.png)" in md
+    assert "| marble | 2.5 | 1100 | 0.8 | 1.1 | 0.97 | 1.14 |" in md
+
+
+def test_missing_inputs_give_sections_saying_how_to_make_them(tmp_path):
+    write_run(tmp_path / "runs", "ws", "weighted_sum", {"bright": UP, "sat": UP, "color": DOWN})
+    out = tmp_path / "report"
+    assert main(["--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    assert "Missing: no evaluation summary" in md and "python -m marble.eval_summary" in md
+    assert "Missing: no bench results" in md and "marble bench step" in md
+    assert "Missing: no eval folder" in md
+    assert "Missing: no run logged `cos_min`" in md
+    assert "No run logged `alpha/<name>`" in md
+    assert "No verdict: it needs a MARBLE run" in md
+    assert "Not applicable: no two MARBLE runs" in md
+    assert sorted(p.name for p in (out / "figures").iterdir()) == ["training_rewards.png"]
+    # a second run replaces the report folder as a whole
+    assert main(["--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
+
+
+def test_refuses_to_replace_a_folder_that_is_not_a_report(tmp_path):
+    (tmp_path / "runs").mkdir()
+    precious = tmp_path / "results"
+    precious.mkdir()
+    (precious / "keep.txt").write_text("x")
+    with pytest.raises(FileExistsError, match="holds no report.md"):
+        main(["--runs", str(tmp_path / "runs"), "--out", str(precious)])
+    assert (precious / "keep.txt").exists()
+
+
+def test_read_metrics_errors_duplicates_and_torn_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "reward/a": null}\n{"step": 2, "reward/a": NaN}\n'
+                    '{"step": 1, "reward/a": 0.5}\n{"step": 3, "rew')
+    frame = read_metrics(path)
+    assert list(frame["step"]) == [1, 2]
+    assert frame.loc[0, "reward/a"] == 0.5  # the re-logged step after a resume wins
+    assert np.isnan(frame.loc[1, "reward/a"])
+    path.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
+    with pytest.raises(ReportInputError, match=r"metrics.jsonl:2: invalid JSON"):
+        read_metrics(path)
+
+
+def test_python_m_entry_point(full_report, tmp_path):
+    runs = full_report.parent / "runs"
+    out = tmp_path / "r"
+    proc = subprocess.run([sys.executable, "-m", "marble.report", "--runs", str(runs), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "verdict: Yes: MARBLE (`marble`) kept every reward improving" in proc.stdout
+    assert (out / "report.html").is_file()

@@ -1,0 +1,84 @@
+"""Toy rewards on hand-made images, the registry, and score_all."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from marble.rewards import available, build, score_all
+
+COLOR_META = {"source": "geneval", "include": [{"class": "dog", "count": 1, "color": "red"}]}
+
+
+def solid(rgb, size=8):
+    return torch.tensor(rgb, dtype=torch.float32).view(3, 1, 1).expand(3, size, size).clone()
+
+
+def test_registry_lists_every_reward():
+    names = set(available())
+    assert {"toy_brightness", "toy_saturation", "toy_color_match", "toy_text_contrast"} <= names
+    assert {"pickscore", "clipscore", "aesthetic", "hpsv2", "imagereward", "ocr", "geneval", "unifiedreward"} <= names
+    with pytest.raises(KeyError, match="unknown reward 'nope'"):
+        build("nope")
+    with pytest.raises(TypeError, match="unknown options"):
+        build("toy_brightness", bogus=1)
+
+
+def test_brightness_and_saturation_by_hand():
+    images = torch.stack([solid([1, 1, 1]), solid([1, 0, 0]), solid([0, 0, 0]), solid([0.5, 0.25, 0.5])])
+    bright = build("toy_brightness")(images, ["p"] * 4)
+    sat = build("toy_saturation")(images, ["p"] * 4)
+    expected_bright = [1.0, 0.299, 0.0, 0.299 * 0.5 + 0.587 * 0.25 + 0.114 * 0.5]
+    assert torch.allclose(bright, torch.tensor(expected_bright), atol=1e-6)
+    assert torch.allclose(sat, torch.tensor([0.0, 1.0, 0.0, 0.5]), atol=1e-6)
+    assert bright.dtype == torch.float32 and sat.shape == (4,)
+    # The conflict: white wins brightness, loses saturation.
+    assert bright[0] > bright[1] and sat[0] < sat[1]
+
+
+def test_color_match_mask_and_values():
+    reward = build("toy_color_match")
+    images = torch.stack([solid([1, 0, 0]), solid([0, 0, 1]), solid([1, 0, 0])])
+    meta = [COLOR_META, COLOR_META, {"source": "pickscore"}]
+    out = reward(images, ["a red dog"] * 3, meta)
+    assert out[0].item() == pytest.approx(1.0)
+    # blue vs red: distance sqrt(2) -> 1 - sqrt(2)/sqrt(3)
+    assert out[1].item() == pytest.approx(1 - math.sqrt(2 / 3), abs=1e-6)
+    assert math.isnan(out[2].item())
+    no_color = {"include": [{"class": "dog", "count": 2}]}
+    assert not reward.applies("two dogs", no_color)
+    assert reward.failures == 0 and reward.scored == 2
+
+
+def test_text_contrast_mask_and_values():
+    reward = build("toy_text_contrast")
+    stripes = torch.zeros(3, 8, 8)
+    stripes[:, :, ::2] = 1.0  # alternate columns: |dx| = 1 everywhere, |dy| = 0
+    images = torch.stack([stripes, solid([0.3, 0.3, 0.3]), stripes])
+    out = reward(images, ['a sign "hi"', 'a sign "x"', "no quotes"], None)
+    assert out[0].item() == pytest.approx(0.5, abs=1e-6)
+    assert out[1].item() == pytest.approx(0.0, abs=1e-6)
+    assert math.isnan(out[2].item())
+
+
+def test_applies_to_overrides_content_rule():
+    reward = build("toy_text_contrast", applies_to=["ocr"])
+    assert reward.applies("no quotes here", {"source": "ocr"})
+    assert not reward.applies('quoted "x"', {"source": "pickscore"})
+
+
+def test_score_all_runs_each_reward_and_times_it():
+    rewards = {n: build(n) for n in ["toy_brightness", "toy_saturation", "toy_color_match"]}
+    images = torch.stack([solid([1, 0, 0]), solid([1, 1, 1])])
+    scores, seconds = score_all(rewards, images, ["a", "b"], [COLOR_META, {}], max_workers=2)
+    assert set(scores) == set(rewards) == set(seconds)
+    assert torch.allclose(scores["toy_saturation"], torch.tensor([1.0, 0.0]))
+    assert math.isnan(scores["toy_color_match"][1].item()) and scores["toy_color_match"][0] == 1.0
+    assert all(s >= 0 for s in seconds.values())
+
+
+def test_score_all_propagates_errors():
+    with pytest.raises(ValueError, match="images must be"):
+        score_all({"b": build("toy_brightness")}, torch.zeros(2, 4, 8, 8), ["a", "b"])

@@ -1,0 +1,198 @@
+"""End-to-end training on the tiny SD3: every balancer, exact resume, torchrun, CLI errors.
+
+Settings are the smallest that still exercise every path: 32 px (4x4 latents), 3
+sampling steps (T_train = 2), 3 prompts x 2 images per epoch, 2 micro-batches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from marble.data.records import PromptRecord, to_frame
+from marble.train import main as train_main
+
+REWARDS = ["toy_brightness", "toy_saturation", "toy_color_match"]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def table_path(tmp_path_factory) -> Path:
+    """Two prompts per source; toy_color_match applies only to the coloured GenEval ones."""
+    rows = [
+        PromptRecord.make("a photo of a red apple", "geneval",
+                          {"tag": "color_attr", "include": [{"class": "apple", "count": 1,
+                                                             "color": "red"}]}),
+        PromptRecord.make("a photo of a dog", "geneval",
+                          {"tag": "single_object", "include": [{"class": "dog", "count": 1}]}),
+        PromptRecord.make('a sign that says "hello"', "ocr"),
+        PromptRecord.make('a shop front reading "open"', "ocr"),
+        PromptRecord.make("a castle at dawn", "pickscore"),
+        PromptRecord.make("a cat on a sofa", "pickscore"),
+    ]
+    masks = {"toy_brightness": [True] * 6, "toy_saturation": [True] * 6,
+             "toy_color_match": [True, False, False, False, False, False]}
+    out = tmp_path_factory.mktemp("data") / "train.parquet"
+    to_frame(rows, masks).to_parquet(out)
+    return out
+
+
+def small_args(model: Path, table: Path, out: Path, method: str = "marble", world: int = 1,
+               extra: tuple[str, ...] = ()) -> list[str]:
+    per_rank = 6 // world  # the same global batch (6 rollouts) whatever the world size
+    sets = [
+        f"model.path={model}", f"data.train={table}", "sampling.num_steps=3",
+        "sampling.resolution=32", "sampling.images_per_prompt=2",
+        f"sampling.batch_size={per_rank}", "sampling.num_batches_per_epoch=1",
+        f"train.batch_size={3 if world == 1 else per_rank}", "train.save_every=2",
+        f"balancer.method={method}", "balancer.amortize_every=2", *extra,
+    ]
+    return ["--preset", "tiny", "--output-dir", str(out), "--no-progress",
+            *[x for s in sets for x in ("--set", s)]]
+
+
+def read_metrics(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
+
+
+def adapters(run: Path, step: int) -> dict:
+    return load_file(str(run / "checkpoints" / f"checkpoint-{step:06d}" / "adapters.safetensors"))
+
+
+@pytest.mark.parametrize("method", ["weighted_sum", "equal_alpha", "mgda", "marble"])
+def test_tiny_training_each_balancer(method, tiny_model_dir, table_path, tmp_path):
+    run = tmp_path / method
+    assert train_main(small_args(tiny_model_dir, table_path, run, method) + ["--max-steps", "3"]) == 0
+    records = read_metrics(run)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    last = records[-1]
+    for key in ["epoch", "balancer", "time/step_s", "time/rollout_s", "loss/policy", "loss/kl",
+                "grad_norm", "old_decay", "ema_decay", "full_solve"] + [
+            f"{p}/{n}" for n in REWARDS for p in ("reward", "reward_applicable", "reward_nan",
+                                                   "adv_std")] + [
+            f"time/reward_{n}_s" for n in REWARDS]:
+        assert key in last, f"{method}: metrics.jsonl lacks {key}"
+    assert last["balancer"] == method
+    assert all(torch.isfinite(torch.tensor(r["loss/policy"])) for r in records)
+    assert last["reward_applicable/toy_brightness"] == 6 and last["reward_nan/toy_brightness"] == 0
+    assert last["reward_applicable/toy_color_match"] in (0, 2)  # only the red-apple prompt
+    if method != "weighted_sum":
+        assert f"alpha/{REWARDS[0]}" in last
+    if method in ("mgda", "marble"):  # full solves log the cosine diagnostics
+        assert "cos_min" in records[0] and "anti_aligned" in records[0]
+        assert records[0]["full_solve"] == 1.0
+    if method == "marble":  # amortize_every=2: step 1 (index 1) runs on the cached alpha
+        assert records[1]["full_solve"] == 0.0
+    ad = adapters(run, 3)
+    moved = [k for k in ad if k.startswith("default::") and "lora_B" in k and ad[k].abs().max() > 0]
+    assert moved, "LoRA B matrices (zero at init) did not move"
+    summary = json.loads((run / "train_summary.json").read_text())
+    assert summary["final_step"] == 3 and summary["last_checkpoint"].endswith("checkpoint-000003")
+    assert set(summary["final_rewards"]) == {f"reward/{n}" for n in REWARDS}
+
+
+def test_checkpoint_lora_loads_into_pipeline(tiny_model_dir, table_path, tmp_path):
+    from diffusers import StableDiffusion3Pipeline
+
+    run = tmp_path / "run"
+    assert train_main(small_args(tiny_model_dir, table_path, run, "equal_alpha") +
+                      ["--max-steps", "1"]) == 0
+    ckpt = run / "checkpoints" / "checkpoint-000001"
+    assert (ckpt / "COMPLETE").is_file() and (ckpt / "optimizer.pt").is_file()
+    state = torch.load(ckpt / "state.pt", weights_only=True)
+    assert state["step"] == 1 and state["epoch"] == 1
+    pipe = StableDiffusion3Pipeline.from_pretrained(str(tiny_model_dir))
+    pipe.load_lora_weights(str(ckpt / "lora"))
+    assert any("lora" in n for n, _ in pipe.transformer.named_parameters())
+
+
+def test_resume_is_bitwise(tiny_model_dir, table_path, tmp_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert train_main(small_args(tiny_model_dir, table_path, straight) + ["--max-steps", "4"]) == 0
+    assert train_main(small_args(tiny_model_dir, table_path, resumed) + ["--max-steps", "2"]) == 0
+    # What a kill after step 2 leaves behind: a metrics line past the checkpoint, a torn
+    # line, and a half-written checkpoint folder. Resume must ignore all three.
+    with open(resumed / "metrics.jsonl", "a") as fh:
+        fh.write(json.dumps({"step": 3, "stale": True}) + "\n" + '{"step": 4, "lo')
+    (resumed / "checkpoints" / "checkpoint-000003").mkdir()
+    assert train_main(small_args(tiny_model_dir, table_path, resumed) + ["--max-steps", "4"]) == 0
+    a, b = adapters(straight, 4), adapters(resumed, 4)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs after resume"
+    ma, mb = read_metrics(straight), read_metrics(resumed)
+    assert [r["step"] for r in mb] == [1, 2, 3, 4]
+    for ra, rb in zip(ma, mb):
+        for key in ("loss/policy", "grad_norm", "reward/toy_brightness", "alpha/toy_saturation"):
+            assert ra[key] == rb[key], f"step {ra['step']}: {key} {ra[key]} != {rb[key]}"
+    summary = json.loads((resumed / "train_summary.json").read_text())
+    assert summary["resumed_from"].endswith("checkpoint-000002")
+
+
+def test_torchrun_two_processes_match_one(tiny_model_dir, table_path, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    extra = ("train.save_every=1",)
+    assert train_main(small_args(tiny_model_dir, table_path, one, "weighted_sum", 1, extra)
+                      + ["--max-steps", "2"]) == 0
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_port", "0", "-m", "marble.train",
+           *small_args(tiny_model_dir, table_path, two, "weighted_sum", 2, extra), "--max-steps", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m1, m2 = read_metrics(one), read_metrics(two)
+    assert [r["step"] for r in m2] == [1, 2]
+    for r1, r2 in zip(m1, m2):
+        for n in REWARDS:
+            assert r1[f"reward_applicable/{n}"] == r2[f"reward_applicable/{n}"]
+        assert r1["reward/toy_brightness"] == pytest.approx(r2["reward/toy_brightness"], rel=1e-5)
+        assert r1["grad_norm"] == pytest.approx(r2["grad_norm"], rel=1e-4)
+    a, b = adapters(one, 2), adapters(two, 2)
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-6, msg=key)
+
+
+def _error_line(capsys, argv) -> str:
+    with pytest.raises(SystemExit) as exc:
+        train_main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def test_cli_errors_name_the_problem(capsys, tiny_model_dir, table_path, tmp_path):
+    base = small_args(tiny_model_dir, table_path, tmp_path / "e")
+    assert "train.nope" in _error_line(capsys, base + ["--set", "train.nope=1"])
+    assert "unknown preset `nope`" in _error_line(
+        capsys, ["--preset", "nope", "--output-dir", str(tmp_path / "x")])
+    missing = tmp_path / "models" / "absent"
+    err = _error_line(capsys, base + ["--set", f"model.path={missing}"])
+    assert "model folder not found" in err and str(missing) in err
+    # A run folder written by another config is refused, naming the differing key.
+    (tmp_path / "e").mkdir()
+    from marble.config import dump_yaml, load_config
+
+    sets = [base[i + 1] for i, x in enumerate(base) if x == "--set"]
+    other = load_config("tiny", overrides=sets + ["train.lr=0.5"])
+    (tmp_path / "e" / "config.yaml").write_text(dump_yaml(other))
+    assert "train.lr" in _error_line(capsys, base)
+
+
+def test_cli_error_in_subprocess(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "marble.train", "--preset", "tiny",
+                           "--output-dir", str(tmp_path / "r"), "--set", "balancer.bogus=1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("marble train: error:")
+    assert "balancer.bogus" in proc.stderr
+    assert not (tmp_path / "r").exists()

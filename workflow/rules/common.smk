@@ -1,0 +1,234 @@
+import glob
+import os
+import re
+from pathlib import Path
+
+from snakemake.utils import min_version, validate
+
+from marble.config import load_config
+
+min_version("8.20")
+
+
+# A --configfile replaces the embedded default instead of merging into it (Snakemake
+# would merge dicts, so the tiny `runs:` would leak into the paper config).
+if not workflow.config_settings.configfiles:
+
+    configfile: "config.yaml"
+
+
+validate(config, "../schemas/config.schema.yaml")
+
+MODE = config["mode"]
+MODEL_DIR = config["model_dir"]
+RAW_DIR = config["raw_dir"]
+DATASET_DIR = f"data/datasets/{config['dataset']['name']}"
+# Inside the dataset folder, so DVC tracks tables and their embeddings as one output.
+EMBED_DIR = f"{DATASET_DIR}/embeddings"
+RUNS = config["runs"]
+EVAL = config["eval"]
+TRAIN = config["train"]
+MARBLE_ENV = "../envs/marble.yaml"
+
+
+wildcard_constraints:
+    run=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
+    ckpt=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
+    dataset=r"geneval|ocr|pickscore|drawbench",
+    split=r"train|test",
+
+
+# ------------------------------------------------------------------ training runs
+
+
+def run_overrides(run):
+    """The `--set` overrides every run gets: this workflow's model and tables win."""
+    sets = [
+        f"model.path={MODEL_DIR}",
+        f"data.train={DATASET_DIR}/train.parquet",
+        f"data.test={DATASET_DIR}/test.parquet",
+    ]
+    if config["dataset"]["embed"]:
+        sets.append(f"data.embed_cache={EMBED_DIR}")
+    return sets + list(RUNS[run]["set"])
+
+
+def run_final_step(run):
+    """The last optimizer step of a run: the name of its final checkpoint folder."""
+    spec = RUNS[run]
+    overrides = run_overrides(run)
+    if spec["max_steps"] is not None:
+        overrides.append(f"train.max_steps={spec['max_steps']}")
+    return load_config(spec["preset"], overrides=overrides).train.max_steps
+
+
+def final_ckpt(run):
+    return f"checkpoint-{run_final_step(run):06d}"
+
+
+def train_args(wildcards):
+    """`marble train` arguments after the preset and output dir, shell-quoted."""
+    spec = RUNS[wildcards.run]
+    args = [f"--set {shlex_quote(s)}" for s in run_overrides(wildcards.run)]
+    if spec["max_steps"] is not None:
+        args.append(f"--max-steps {spec['max_steps']}")
+    return " ".join(args)
+
+
+def shlex_quote(text):
+    import shlex
+
+    return shlex.quote(str(text))
+
+
+def train_resources():
+    """One SLURM job for the whole run: a task per node, torchrun inside each task.
+
+    `mpi` makes the plugin hand the job shell to us instead of `srun -n1` (we call
+    srun ourselves); the plugin refuses `mpi` with a single task, so a one-node run
+    keeps the plain path. `tasks_per_gpu=0` stops GPU jobs turning `tasks` into
+    `--ntasks-per-gpu`. GPUs go through `gres`, which SLURM counts per node.
+    """
+    nodes, gpus = TRAIN["nodes"], TRAIN["gpus_per_node"]
+    tasks = TRAIN["tasks"] or nodes
+    per_node = " --ntasks-per-node=1" if tasks == nodes else ""
+    res = dict(
+        nodes=nodes,
+        tasks=tasks,
+        cpus_per_task=TRAIN["cpus_per_task"],
+        mem_mb=TRAIN["mem_mb"],
+        runtime=TRAIN["runtime"],
+        tasks_per_gpu=0,
+        slurm_extra=f"--requeue --signal=USR1@{TRAIN['requeue_signal_s']}{per_node}",
+    )
+    if gpus:
+        res["gres"] = f"gpu:{gpus}"
+    # "" still keeps the jobstep from wrapping us in `srun -n1` but asks sbatch for nothing.
+    res["mpi"] = "srun" if tasks > 1 else ""
+    return res
+
+
+# ------------------------------------------------------------------ checkpoints to evaluate
+
+
+def scanned_checkpoints():
+    """{(run, ckpt): folder} of complete marble checkpoints under eval.scan_dirs.
+
+    Globbed at every parse, so re-running a target picks up checkpoints saved since.
+    """
+    found = {}
+    for root in EVAL["scan_dirs"]:
+        for marker in sorted(
+            glob.glob(f"{root}/**/checkpoint-*/COMPLETE", recursive=True)
+        ):
+            folder = Path(marker).parent
+            run_dir = (
+                folder.parent.parent
+                if folder.parent.name == "checkpoints"
+                else folder.parent
+            )
+            found[(run_dir.name, folder.name)] = str(folder)
+    return found
+
+
+def named_checkpoints():
+    """{(name, folder name): folder} from eval.checkpoints (marble or plain LoRA folders)."""
+    return {
+        (name, Path(path).name or "lora"): str(path)
+        for name, path in EVAL["checkpoints"].items()
+    }
+
+
+def final_checkpoints(only_trained=False):
+    """{(run, ckpt): folder} of each configured run's final checkpoint."""
+    out = {}
+    for run in RUNS:
+        if only_trained and not os.path.exists(
+            f"results/runs/{run}/train_summary.json"
+        ):
+            continue
+        out[(run, final_ckpt(run))] = (
+            f"results/runs/{run}/checkpoints/{final_ckpt(run)}"
+        )
+    return out
+
+
+def eval_catalogue():
+    """Every checkpoint this workflow knows, with a clear error on a name clash."""
+    catalogue = dict(final_checkpoints())
+    for key, folder in {**scanned_checkpoints(), **named_checkpoints()}.items():
+        if catalogue.get(key, folder) != folder:
+            raise ValueError(
+                f"config: checkpoint {key[0]}/{key[1]} names two folders: "
+                f"{catalogue[key]} and {folder}; rename one in eval.checkpoints"
+            )
+        catalogue[key] = folder
+    return catalogue
+
+
+def eval_outputs(keys):
+    return [
+        f"results/eval/{run}/{ckpt}/{ds}/average_scores.json"
+        for run, ckpt in sorted(keys)
+        for ds in EVAL["datasets"]
+    ]
+
+
+def eval_inputs(wildcards):
+    """A configured run's final checkpoint waits for training; others must exist."""
+    key = (wildcards.run, wildcards.ckpt)
+    if key in final_checkpoints():
+        return {"ready": f"results/runs/{wildcards.run}/train_summary.json"}
+    catalogue = eval_catalogue()
+    if key not in catalogue:
+        raise ValueError(
+            f"no checkpoint {key[0]}/{key[1]}: not a configured run's final checkpoint, "
+            f"not in eval.checkpoints, not found under eval.scan_dirs"
+        )
+    folder = catalogue[key]
+    marker = Path(folder) / "COMPLETE"
+    return {"ready": str(marker) if marker.exists() else folder}
+
+
+def eval_ckpt_path(wildcards):
+    return eval_catalogue().get(
+        (wildcards.run, wildcards.ckpt),
+        f"results/runs/{wildcards.run}/checkpoints/{wildcards.ckpt}",
+    )
+
+
+def eval_args(wildcards):
+    args = [
+        f"--num_inference_steps {EVAL['num_inference_steps']}",
+        f"--guidance_scale {EVAL['guidance_scale']}",
+        f"--mixed_precision {EVAL['mixed_precision']}",
+    ]
+    if EVAL["limit"] is not None:
+        args.append(f"--limit {EVAL['limit']}")
+    if EVAL["resolution"] is not None:
+        args.append(f"--resolution {EVAL['resolution']}")
+    if EVAL["save_images"]:
+        args.append("--save_images")
+    rewards = EVAL["rewards"].get(wildcards.dataset)
+    if rewards:
+        args.append(f"--rewards {shlex_quote(','.join(rewards))}")
+    return " ".join(args)
+
+
+def summary_inputs(wildcards):
+    """`all` trains and evaluates every run; `eval_only` never trains: it takes the
+    runs already trained plus the named and scanned checkpoints."""
+    only_trained = "eval_only" in set(workflow.dag_settings.targets or ())
+    keys = set(final_checkpoints(only_trained))
+    keys |= set(scanned_checkpoints()) | set(named_checkpoints())
+    return eval_outputs(keys)
+
+
+def resources_of(section):
+    res = config[section]["resources"]
+    out = dict(
+        cpus_per_task=res["cpus_per_task"], mem_mb=res["mem_mb"], runtime=res["runtime"]
+    )
+    if res["gpus"]:
+        out["gres"] = f"gpu:{res['gpus']}"
+    return out

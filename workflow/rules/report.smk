@@ -1,0 +1,47 @@
+# Cost of the balancers (one timed step each) and the final report.
+
+
+rule bench_step:
+    output:
+        "results/bench/step.json",
+    log:
+        "logs/bench/step.log",
+    benchmark:
+        "benchmarks/bench/step.tsv"
+    conda:
+        MARBLE_ENV
+    threads: config["bench"]["resources"]["cpus_per_task"]
+    resources:
+        **resources_of("bench"),
+    params:
+        preset=config["bench"]["preset"],
+    shell:
+        "marble bench step --preset {params.preset:q} --json {output:q} > {log:q} 2>&1"
+
+
+rule make_report:
+    input:
+        runs=expand("results/runs/{run}/train_summary.json", run=RUNS),
+        summary="results/eval/summary.csv",
+        bench="results/bench/step.json",
+    output:
+        md="results/report/report.md",
+        html=report(
+            "results/report/report.html",
+            caption="../report/report.rst",
+            category="Report",
+        ),
+    log:
+        "logs/report/report.log",
+    benchmark:
+        "benchmarks/report/report.tsv"
+    conda:
+        MARBLE_ENV
+    resources:
+        **resources_of("report"),
+    params:
+        out_dir=lambda wc, output: os.path.dirname(output.md),
+    shell:
+        "marble report --runs results/runs --eval-summary {input.summary:q}"
+        " --bench {input.bench:q} --eval-dir results/eval --out {params.out_dir:q}"
+        " > {log:q} 2>&1"
