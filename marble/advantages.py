@@ -43,11 +43,12 @@ def group_advantages(rewards, group_ids: Sequence[Hashable], eps: float = 1e-4) 
     out_dtype = r.dtype if r.is_floating_point() else torch.float32
     cols = r.reshape(r.shape[0], -1).to(torch.float64)  # statistics in float64
     gid, n_groups = _group_index(group_ids, cols.shape[0])
+    gid = gid.to(cols.device)
     valid = torch.isfinite(cols)
     vals = torch.where(valid, cols, torch.zeros_like(cols))
     k = cols.shape[1]
-    sums = torch.zeros(n_groups, k, dtype=torch.float64).index_add_(0, gid, vals)
-    counts = torch.zeros(n_groups, k, dtype=torch.float64).index_add_(0, gid, valid.double())
+    sums = cols.new_zeros(n_groups, k).index_add_(0, gid, vals)
+    counts = cols.new_zeros(n_groups, k).index_add_(0, gid, valid.double())
     group_mean = sums / counts.clamp(min=1)
     n_valid = valid.sum(0).double()
     col_mean = vals.sum(0) / n_valid.clamp(min=1)
@@ -68,7 +69,7 @@ def nan_weighted_mean(rewards, weights=None) -> torch.Tensor:
     if r.dim() != 2:
         raise ValueError(f"rewards must be [N, K], got shape {tuple(r.shape)}")
     w = torch.ones(r.shape[1], dtype=torch.float64) if weights is None else _as_tensor(weights)
-    w = w.to(torch.float64).reshape(-1)
+    w = w.to(device=r.device, dtype=torch.float64).reshape(-1)
     if w.numel() != r.shape[1]:
         raise ValueError(f"weights has {w.numel()} entries but rewards has {r.shape[1]} columns")
     r64 = r.to(torch.float64)

@@ -108,10 +108,10 @@ def _cosines(d: torch.Tensor, grads: list, norms: np.ndarray, valid: np.ndarray)
 
 def _masked_mean(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     kept = torch.where(valid, values, torch.zeros_like(values))
-    return kept.sum() / max(int(valid.sum()), 1)
+    return kept.sum() / valid.sum().clamp(min=1).to(kept.dtype)  # a tensor: no device sync
 
 
-def reward_losses(step: MicroStep) -> tuple[list[torch.Tensor], list[int]]:
+def reward_losses(step: MicroStep) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """L_k = sum over valid i of loss_i(r_ki) / max(|V_k|, 1) for every reward (spec D.3)."""
     losses, counts = [], []
     for k in range(step.advantages.shape[1]):
@@ -119,7 +119,7 @@ def reward_losses(step: MicroStep) -> tuple[list[torch.Tensor], list[int]]:
         valid = torch.isfinite(adv)
         r = optimality_prob(torch.nan_to_num(adv, nan=0.0), step.adv_clip)
         losses.append(_masked_mean(step.loss_per_sample(r), valid))
-        counts.append(int(valid.sum()))
+        counts.append(valid.sum())
     return losses, counts
 
 
@@ -250,7 +250,7 @@ class Balancer:
         losses, counts = reward_losses(step)
         grads, nonfinite = [], 0
         for loss, count in zip(losses, counts):
-            local = _flat_grad(step.scale * loss, step.params) if count > 0 else None
+            local = _flat_grad(step.scale * loss, step.params) if int(count) > 0 else None
             if local is None:
                 local = torch.cat([torch.zeros(p.numel(), device=p.device) for p in step.params])
             local, bad = _zero_nonfinite(local)

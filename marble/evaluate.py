@@ -7,8 +7,8 @@ Flags follow the reference `scripts/evaluation.py` (spec C), so its invocations 
     python -m marble.evaluate --checkpoint_path runs/x --dataset ocr --guidance_scale 1.0
 
 Differences from the reference: every sample's noise is seeded from (--seed, prompt id,
-repeat index), so reruns and any rank count give identical images (the reference sets no
-seed); images are PNG; the run resumes, skipping samples already in
+repeat index), so reruns give identical images and any rank count the same noise (the
+reference sets no seed); images are PNG; the run resumes, skipping samples already in
 `evaluation_results.jsonl`, and refuses to mix results of different image-changing flags.
 Outputs: evaluation_results.jsonl, average_scores.json, run_info.json, images/ (when asked).
 """

@@ -129,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
 
     summary = run_training(cfg, args.output_dir, device=args.device,
                            progress=not args.no_progress)
-    print(f"marble train: done at step {summary['final_step']} -> "
-          f"{args.output_dir / 'train_summary.json'}")
+    if summary.get("rank", 0) == 0:
+        print(f"marble train: done at step {summary['final_step']} -> "
+              f"{args.output_dir / 'train_summary.json'}")
     return 0
 
 

@@ -163,7 +163,13 @@ class Trainer:
         self._optimize(ro, averager)
         record = {"step": self.step, "epoch": self.epoch, "balancer": self.cfg.balancer.method}
         record.update(ro.metrics)
-        record.update(averager.result())
+        step_metrics = averager.result()
+        loss_keys = sorted(k for k in step_metrics if k.startswith("loss/"))
+        if loss_keys and self.info.world_size > 1:  # per-rank losses -> global means
+            means = dist.all_reduce_mean_(torch.tensor([step_metrics[k] for k in loss_keys],
+                                                       dtype=torch.float64, device=self.info.device))
+            step_metrics.update(zip(loss_keys, means.tolist()))
+        record.update(step_metrics)
         record["time/step_s"] = time.perf_counter() - t0
         decay = old_policy_decay(self.step, self.cfg.train.old_decay_type,
                                  self.cfg.train.old_decay_cap)
@@ -323,6 +329,7 @@ def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
         "last_checkpoint": str(last) if last else None,
         "resumed_from": str(resumed) if resumed else None,
         "wall_time_s": time.perf_counter() - start, "world_size": info.world_size,
+        "rank": info.rank,
         "balancer": cfg.balancer.method, "final_rewards": _final_rewards(trainer.metrics.read()),
     }
     if info.is_main:

@@ -39,7 +39,7 @@ def test_cache_matches_encoding_and_second_run_encodes_nothing(tiny_model_dir, t
 
     cache = EmbeddingCache(out)
     pipe = load_pipeline(str(tiny_model_dir))
-    prompts = ['a chalkboard with the words "nope"'] + []
+    prompts = ['a chalkboard with the words "nope"']
     assert not cache.contains(prompts[0])
     with pytest.raises(KeyError, match="nope"):
         cache.lookup(prompts)
@@ -56,3 +56,11 @@ def test_cache_matches_encoding_and_second_run_encodes_nothing(tiny_model_dir, t
     print("embed cache timing (tiny, 8 prompts):", timing)
     with pytest.raises(ValueError, match="max_sequence_length"):
         build_cache(tables, str(tiny_model_dir), out, max_sequence_length=32)
+    with pytest.raises(ValueError, match="dtype"):
+        build_cache(tables, str(tiny_model_dir), out, max_sequence_length=16, dtype="float16")
+    # half precision (encoded and stored): close to the fp32 encoding
+    half = build_cache(tables[1:], str(tiny_model_dir), root / "cache16", max_sequence_length=16, dtype="float16")
+    assert half["encoded"] == 12
+    e16, _ = EmbeddingCache(root / "cache16").lookup(sample[:5])
+    assert e16.dtype == torch.float16
+    torch.testing.assert_close(e16.float(), ref_embeds[:5], rtol=1e-2, atol=1e-2)

@@ -24,6 +24,10 @@ GENEVAL = [
     {"tag": "counting", "include": [{"class": "dog", "count": 2}], "prompt": "a photo of two dogs"},
     {"tag": "colors", "include": [{"class": "car", "count": 1, "color": "blue"}], "prompt": "a blue car"},
     {"tag": "single_object", "include": [{"class": "bird", "count": 1}], "prompt": "a bird"},
+    {"tag": "two_object", "include": [{"class": "cup", "count": 1}, {"class": "pen", "count": 1}],
+     "prompt": "a cup and a pen"},
+    {"tag": "position", "include": [{"class": "cat", "count": 1}, {"class": "box", "count": 1,
+     "position": ["left of", 0]}], "prompt": "a cat left of a box"},
 ]
 TEXT = ['a sign that says "hello"', "a mountain at dawn", 'a mug printed "marble"', "a quiet harbour",
         'neon "open" sign', "a bowl of fruit", "a red bicycle", "a foggy forest"]
@@ -92,6 +96,31 @@ def test_each_dataset_writes_results(tiny_model_dir, raw_dir, tmp_path, dataset)
     if dataset == "drawbench":  # samples 0 and 2 share a prompt but not their noise
         images = pixels(out)
         assert not np.array_equal(images["00000.png"], images["00002.png"])
+
+
+class FakeGenEval:
+    """Stands in for the detector-based reward: per-sample detail from the metadata only."""
+
+    def applies(self, prompt, metadata):
+        return "include" in metadata
+
+    def evaluate_detail(self, images, prompts, metadata):
+        acc = [1.0 if m["tag"] in ("counting", "colors") else 0.0 for m in metadata]
+        return [{"score": 0.5 + a / 2, "accuracy": a, "strict_accuracy": a / 2, "tag": m["tag"]}
+                for a, m in zip(acc, metadata)]
+
+
+def test_geneval_detail_and_official_overall(tiny_model_dir, raw_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "build_rewards", lambda names, options: {"geneval": FakeGenEval()})
+    out = tmp_path / "geneval"
+    argv = ["--model_path", str(tiny_model_dir), "--dataset", "geneval", "--data_dir", str(raw_dir),
+            "--output_dir", str(out), "--resolution", "64", "--num_inference_steps", "2", "--batch_size", "3"]
+    assert evaluate.main(argv) == 0  # the default reward list for geneval is ["geneval"]
+    avg = json.loads((out / "average_scores.json").read_text())
+    assert avg["accuracy"] == pytest.approx(2 / 6) and avg["geneval"] == pytest.approx(4 / 6)
+    assert avg["counting_accuracy"] == 1.0 and avg["position_accuracy"] == 0.0
+    assert avg["geneval_overall"] == pytest.approx(2 / 6) and avg["geneval_tags_present"] == 6
+    assert rows(out)[1]["scores"] == {"geneval": 1.0, "accuracy": 1.0, "strict_accuracy": 0.5}
 
 
 def test_identical_runs_and_skip_generation_rescore(tiny_model_dir, raw_dir, tmp_path):
@@ -190,7 +219,7 @@ def test_torchrun_two_ranks_equal_one(tiny_model_dir, raw_dir, tmp_path):
     run_eval(tiny_model_dir, raw_dir, one, "ocr", "--limit", 5, "--save_images")
     two = tmp_path / "two"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=0",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "-m", "marble.evaluate", "--model_path", str(tiny_model_dir), "--dataset", "ocr",
            "--data_dir", str(raw_dir), "--output_dir", str(two), "--resolution", "64",
            "--num_inference_steps", "3", "--batch_size", "2", "--rewards", TOY, "--limit", "5",
@@ -199,8 +228,16 @@ def test_torchrun_two_ranks_equal_one(tiny_model_dir, raw_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     r1, r2 = rows(one), rows(two)
     assert [r["sample_id"] for r in r2] == list(range(5))  # none dropped, none duplicated
-    assert [r["scores"] for r in r1] == [r["scores"] for r in r2]
+    # Same per-sample noise; batches differ ([0,1] vs [0,2]) and so does the thread count,
+    # which changes float reduction order: pixels may move by a level or two, no more.
+    for a, b in zip(r1, r2):
+        assert a["prompt_id"] == b["prompt_id"] and a["scores"].keys() == b["scores"].keys()
+        for name, value in a["scores"].items():
+            assert (value is None and b["scores"][name] is None) or value == pytest.approx(b["scores"][name], abs=1e-4)
     p1, p2 = pixels(one), pixels(two)
-    assert list(p1) == list(p2) and all(np.array_equal(p1[k], p2[k]) for k in p1)
+    assert list(p1) == list(p2)
+    for key in p1:
+        diff = np.abs(p1[key].astype(int) - p2[key].astype(int))
+        assert diff.max() <= 2 and diff.mean() < 0.05, (key, diff.max(), diff.mean())
     assert json.loads((two / "run_info.json").read_text())["world_size"] == 2
     shutil.rmtree(two)

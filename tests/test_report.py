@@ -205,7 +205,9 @@ def test_html_is_self_contained_with_images_and_tables(full_report):
 def test_missing_inputs_give_sections_saying_how_to_make_them(tmp_path):
     write_run(tmp_path / "runs", "ws", "weighted_sum", {"bright": UP, "sat": UP, "color": DOWN})
     out = tmp_path / "report"
-    assert main(["--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    from marble.cli import main as marble_cli
+
+    assert marble_cli(["report", "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
     md = (out / "report.md").read_text()
     assert "Missing: no evaluation summary" in md and "python -m marble.eval_summary" in md
     assert "Missing: no bench results" in md and "marble bench step" in md

@@ -123,6 +123,26 @@ def test_each_marble_run_compared_and_run_lines():
     v = verdict(trends, SPEC)
     assert v.outcomes == {"marble": "marble_keeps_all_ws_dilutes", "rho_09": "marble_also_dilutes"}
     assert len(v.run_lines) == 4
-    assert v.run_lines[1].startswith("`ws` (weighted_sum): bright +0.2 (0.15 -> 0.35)")
+    assert v.run_lines[1].startswith("`ws` (weighted_sum): bright +0.2 ± 0.071 (0.15 -> 0.35)")  # sqrt((.005+.005)/2)
     assert v.run_lines[1].endswith("Not improving: color.")
     assert v.run_lines[3].endswith("Every reward improved.")
+
+
+def test_stderr_and_noise_caution():
+    frame = metrics({"a": [1.0, 3.0, 2.0, 2.0, 3.0, 5.0]})
+    change = reward_changes(frame, ["a"], window=2)["a"]
+    # head [1, 3]: var 2; tail [3, 5]: var 2 -> stderr = sqrt((2 + 2) / 2)
+    assert change.delta == pytest.approx(2.0)
+    assert change.stderr == pytest.approx(math.sqrt(2.0))
+    assert change.within_noise  # 2.0 < 2 * 1.414
+    clear = reward_changes(metrics({"a": [1.0, 1.1, 2.0, 2.0, 3.0, 3.1]}), ["a"], window=2)["a"]
+    assert clear.delta == pytest.approx(2.0) and not clear.within_noise
+    noisy = [0.1, 0.5, 0.2, 0.6]  # +0.1 +- 0.28
+    v = verdict(run_pair({"bright": UP, "sat": UP, "color": noisy},
+                         {"bright": UP, "sat": UP, "color": DOWN}), SPEC)
+    assert v.outcomes == {"marble": "marble_keeps_all_ws_dilutes"}
+    assert "Caution: the specialist's change is within two standard errors" in v.text
+    assert "in `marble`;" in v.text
+    clean = verdict(run_pair({"bright": UP, "sat": UP, "color": UP},
+                             {"bright": UP, "sat": UP, "color": DOWN}), SPEC)
+    assert "Caution" not in clean.text

@@ -82,3 +82,23 @@ def test_score_all_runs_each_reward_and_times_it():
 def test_score_all_propagates_errors():
     with pytest.raises(ValueError, match="images must be"):
         score_all({"b": build("toy_brightness")}, torch.zeros(2, 4, 8, 8), ["a", "b"])
+
+
+def test_cli_list_and_score(tmp_path, capsys):
+    import json
+
+    from PIL import Image
+
+    from marble.rewards.cli import main
+
+    assert main(["list"]) == 0
+    assert "toy_color_match" in capsys.readouterr().out.split()
+    Image.new("RGB", (8, 8), (255, 0, 0)).save(tmp_path / "red.png")
+    meta = json.dumps(COLOR_META)
+    assert main(["score", "--reward", "toy_color_match", "--image", str(tmp_path / "red.png"),
+                 "--prompt", "a red dog", "--metadata", meta]) == 0
+    line = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert line["score"] == pytest.approx(1.0) and line["reward"] == "toy_color_match"
+    assert main(["score", "--reward", "toy_text_contrast", "--image", str(tmp_path / "red.png"),
+                 "--prompt", "no quotes"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["score"] is None  # NaN -> null

@@ -10,6 +10,9 @@ import torch
 from marble.sampling import (dpm2_coefficients, dpm2_step, euler_step, sample_latents,
                              sigma_schedule)
 
+# One intra-op thread: the CI machine is shared, and 2 threads under load run ~8x slower.
+torch.set_num_threads(1)
+
 # Spec A.2's N=10 schedule of SD3.5-M's FlowMatch scheduler (shift 3).
 SPEC_SIGMAS_N10 = [1.0, .960, .913, .858, .790, .707, .602, .465, .278, .0089, 0.0]
 

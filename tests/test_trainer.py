@@ -71,9 +71,9 @@ def adapters(run: Path, step: int) -> dict:
 @pytest.mark.parametrize("method", ["weighted_sum", "equal_alpha", "mgda", "marble"])
 def test_tiny_training_each_balancer(method, tiny_model_dir, table_path, tmp_path):
     run = tmp_path / method
-    assert train_main(small_args(tiny_model_dir, table_path, run, method) + ["--max-steps", "3"]) == 0
+    assert train_main(small_args(tiny_model_dir, table_path, run, method) + ["--max-steps", "2"]) == 0
     records = read_metrics(run)
-    assert [r["step"] for r in records] == [1, 2, 3]
+    assert [r["step"] for r in records] == [1, 2]
     last = records[-1]
     for key in ["epoch", "balancer", "time/step_s", "time/rollout_s", "loss/policy", "loss/kl",
                 "grad_norm", "old_decay", "ema_decay", "full_solve"] + [
@@ -92,11 +92,11 @@ def test_tiny_training_each_balancer(method, tiny_model_dir, table_path, tmp_pat
         assert records[0]["full_solve"] == 1.0
     if method == "marble":  # amortize_every=2: step 1 (index 1) runs on the cached alpha
         assert records[1]["full_solve"] == 0.0
-    ad = adapters(run, 3)
+    ad = adapters(run, 2)
     moved = [k for k in ad if k.startswith("default::") and "lora_B" in k and ad[k].abs().max() > 0]
     assert moved, "LoRA B matrices (zero at init) did not move"
     summary = json.loads((run / "train_summary.json").read_text())
-    assert summary["final_step"] == 3 and summary["last_checkpoint"].endswith("checkpoint-000003")
+    assert summary["final_step"] == 2 and summary["last_checkpoint"].endswith("checkpoint-000002")
     assert set(summary["final_rewards"]) == {f"reward/{n}" for n in REWARDS}
 
 
@@ -144,7 +144,7 @@ def test_torchrun_two_processes_match_one(tiny_model_dir, table_path, tmp_path):
     assert train_main(small_args(tiny_model_dir, table_path, one, "weighted_sum", 1, extra)
                       + ["--max-steps", "2"]) == 0
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_port", "0", "-m", "marble.train",
+           "--standalone", "-m", "marble.train",
            *small_args(tiny_model_dir, table_path, two, "weighted_sum", 2, extra), "--max-steps", "2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -156,9 +156,12 @@ def test_torchrun_two_processes_match_one(tiny_model_dir, table_path, tmp_path):
             assert r1[f"reward_applicable/{n}"] == r2[f"reward_applicable/{n}"]
         assert r1["reward/toy_brightness"] == pytest.approx(r2["reward/toy_brightness"], rel=1e-5)
         assert r1["grad_norm"] == pytest.approx(r2["grad_norm"], rel=1e-4)
+        assert r1["loss/policy"] == pytest.approx(r2["loss/policy"], rel=1e-4)
     a, b = adapters(one, 2), adapters(two, 2)
     for key in a:
-        torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-6, msg=key)
+        # Float32 reduction order differs (gather, grad all-reduce); Adam amplifies that
+        # on near-zero gradients, so the bound is a fraction of one lr-sized update.
+        torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=1e-4, msg=key)
 
 
 def _error_line(capsys, argv) -> str:

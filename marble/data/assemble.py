@@ -173,20 +173,26 @@ def write_assembled(out_dir: str | Path, parts: Sequence[Assembled]) -> list[Pat
 
 
 def build_rewards(names: Sequence[str], specs: Sequence | None = None) -> dict[str, object]:
-    """Reward objects from the registry (constructors are lazy: no weights load here).
+    """Weight-free reward objects that answer `applies(prompt, metadata)`.
 
-    `specs` are config RewardSpecs; a spec's `applies_to` and `options` are honoured.
+    The class comes from the registry, but only the base `Reward.__init__` runs (with the
+    spec's `applies_to` override): scorer constructors load weights, and a mask needs
+    none. A spec's `options` are about scoring, so they are not passed.
     """
+    import importlib
+
     from marble import rewards as registry
+    from marble.rewards.base import Reward
 
     by_name = {s.name: s for s in specs or []}
     out = {}
     for name in names:
+        if name not in registry.REGISTRY:
+            raise KeyError(f"unknown reward {name!r} (available: {', '.join(registry.available())})")
+        module, cls_name = registry.REGISTRY[name].split(":")
+        cls = getattr(importlib.import_module(module), cls_name)
+        reward = cls.__new__(cls)
         spec = by_name.get(name)
-        kwargs = {}
-        if spec is not None:
-            kwargs.update(spec.options or {})
-            if spec.applies_to is not None:
-                kwargs["applies_to"] = list(spec.applies_to)
-        out[name] = registry.build(name, **kwargs)
+        Reward.__init__(reward, applies_to=None if spec is None else spec.applies_to)
+        out[name] = reward
     return out

@@ -35,6 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--max-sequence-length", type=int, default=128)
     e.add_argument("--batch-size", type=int, default=16)
     e.add_argument("--shard-size", type=int, default=1024, help="prompts per safetensors shard")
+    e.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
+                   help="encoder and storage precision (float16 halves the cache)")
+    e.add_argument("--device", default="cpu", help="device of the text encoders (cuda on a GPU node)")
     return p
 
 
@@ -80,7 +83,7 @@ def cmd_embed(args) -> int:
     from marble.data.embed_cache import build_cache
 
     stats = build_cache(args.table, args.model, args.out, args.max_sequence_length,
-                        args.batch_size, args.shard_size)
+                        args.batch_size, args.shard_size, dtype=args.dtype, device=args.device)
     print(f"embed cache {args.out}: {stats['unique']} unique prompts, {stats['encoded']} encoded, "
           f"{stats['cached']} already cached")
     return 0

@@ -115,13 +115,13 @@ class EmbeddingCache:
         return torch.cat(embeds), torch.cat(pooled)
 
 
-def _load_index(out: Path, model_id: str, max_sequence_length: int) -> dict:
+def _load_index(out: Path, model_id: str, max_sequence_length: int, dtype: str) -> dict:
     path = out / INDEX
     if not path.is_file():
         return {"format": FORMAT_VERSION, "model": model_id, "max_sequence_length": max_sequence_length,
-                "shards": [], "entries": {}}
+                "dtype": dtype, "shards": [], "entries": {}}
     index = json.loads(path.read_text(encoding="utf-8"))
-    for key, want in (("model", model_id), ("max_sequence_length", max_sequence_length)):
+    for key, want in (("model", model_id), ("max_sequence_length", max_sequence_length), ("dtype", dtype)):
         if index.get(key) != want:
             raise ValueError(
                 f"{path}: cache built for {key}={index.get(key)!r}, asked for {want!r}; "
@@ -138,11 +138,17 @@ def build_cache(
     batch_size: int = 16,
     shard_size: int = 1024,
     pipe=None,
+    dtype: str = "float32",
+    device: str = "cpu",
 ) -> dict[str, int]:
-    """Encode every prompt of `tables` not yet in `out`; returns counts."""
+    """Encode every prompt of `tables` not yet in `out`; returns counts.
+
+    `dtype` is the encoders' and the stored precision: SD3.5-M embeddings are
+    205 x 4096 per prompt, 3.4 MB in float32, so a full train set wants float16/bfloat16.
+    """
     out = Path(out)
     model_id = model_identity(model)
-    index = _load_index(out, model_id, max_sequence_length)
+    index = _load_index(out, model_id, max_sequence_length, dtype)
     prompts = unique_prompts(tables)
     todo = [p for p in prompts if prompt_key(p, max_sequence_length, model_id) not in index["entries"]]
     stats = {"unique": len(prompts), "encoded": len(todo), "cached": len(prompts) - len(todo)}
@@ -151,7 +157,7 @@ def build_cache(
     if pipe is None:
         from marble.models import load_pipeline
 
-        pipe = load_pipeline(model)
+        pipe = load_pipeline(model, dtype=getattr(torch, dtype), device=device)
     encode = _encode_fn()
     bar = tqdm(total=len(todo), desc="embed prompts", unit="prompt")
     for start in range(0, len(todo), shard_size):
@@ -160,8 +166,9 @@ def build_cache(
         for p in parts:
             bar.update(len(p[0]))
         shard = f"shard-{len(index['shards']):05d}.safetensors"
-        tensors = {"prompt_embeds": torch.cat([p[0] for p in parts]).contiguous().cpu(),
-                   "pooled": torch.cat([p[1] for p in parts]).contiguous().cpu()}
+        store = getattr(torch, dtype)
+        tensors = {"prompt_embeds": torch.cat([p[0] for p in parts]).to("cpu", store).contiguous(),
+                   "pooled": torch.cat([p[1] for p in parts]).to("cpu", store).contiguous()}
         with atomic_path(out / shard) as tmp:
             save_file(tensors, str(tmp))
         index["shards"].append(shard)

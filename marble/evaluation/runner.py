@@ -6,7 +6,9 @@ fp32 while the transformer may run in fp16/bf16, and the stock decode would mix 
 
 Determinism: the reference sets no seed, so its runs differ. Here each sample's initial
 noise comes from its own CPU generator seeded by `sample_seed(seed, prompt_id, repeat)`,
-so images do not depend on batch composition, rank count or device placement of noise.
+so the noise does not depend on batch composition, rank count or device. Pixels are
+bit-identical for identical runs; a different batch composition or thread count changes
+float reduction order and may move a pixel by a level or two (tested).
 """
 
 from __future__ import annotations

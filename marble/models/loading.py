@@ -49,13 +49,26 @@ def build_random_pipeline(name: str, dtype: torch.dtype = torch.float32, device=
         # Build directly on the target device: a 2.2 B-parameter init on the CPU is slow.
         with torch.random.fork_rng(devices=[]), torch.device(device):
             torch.manual_seed(0)
-            pipe.transformer = SD3Transformer2DModel(**SD35M_TRANSFORMER_CONFIG)
-        pipe.register_modules(transformer=pipe.transformer)
+            transformer = SD3Transformer2DModel(**SD35M_TRANSFORMER_CONFIG)
+        pipe.register_modules(transformer=transformer)
     return _place(pipe, dtype, device)
 
 
 def _place(pipe, dtype: torch.dtype, device):
     """Move to device; everything in `dtype` except the VAE, which stays fp32 (spec A.9/C)."""
+    from diffusers.utils import logging as diffusers_logging
+
+    # diffusers warns on every explicit cast of a model; the cast here is deliberate.
+    level = diffusers_logging.get_verbosity()
+    diffusers_logging.set_verbosity_error()
+    try:
+        _move_components(pipe, dtype, device)
+    finally:
+        diffusers_logging.set_verbosity(level)
+    return pipe
+
+
+def _move_components(pipe, dtype: torch.dtype, device) -> None:
     for name in ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3"):
         module = getattr(pipe, name, None)
         if module is None:
@@ -66,7 +79,6 @@ def _place(pipe, dtype: torch.dtype, device):
         if param.dtype != want or param.device != torch.device(device):
             module.to(device=device, dtype=want)
         module.requires_grad_(False)
-    return pipe
 
 
 def load_pipeline(path: str, *, revision: str | None = None, dtype: torch.dtype = torch.float32,

@@ -59,8 +59,11 @@ def add_lora_adapters(transformer, rank: int, alpha: float, targets: list[str],
         with warnings.catch_warnings():  # peft warns that a second adapter is being added: intended
             warnings.filterwarnings("ignore", message=".*multiple adapters.*")
             transformer.add_adapter(config, adapter_name=OLD)
-    if not any(True for _ in _lora_layers(transformer)):
-        raise ValueError(f"LoRA targets {targets} matched no module of {type(transformer).__name__}")
+    # LoRA weights train in fp32 even on a bf16/fp16 base (as the reference's
+    # cast_training_params); peft casts the adapter input/output around them.
+    for _, layer in _lora_layers(transformer):
+        for bank in (layer.lora_A, layer.lora_B):
+            bank.to(torch.float32)
     load_adapter_state(transformer, OLD, adapter_state(transformer, TRAINABLE))
     transformer.set_adapter(TRAINABLE)
     _fix_requires_grad(transformer)

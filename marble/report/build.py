@@ -104,7 +104,8 @@ def _eval_section(b: Builder, inp: ReportInputs) -> pd.DataFrame | None:
     if tables.composite_function() is None:
         s.blocks.append(Text("Composite unavailable: `marble.eval_summary.composite_zscore` "
                              "could not be imported."))
-    s.blocks.append(Text("Paper (SD3.5-M, Table 1): composite MARBLE +1.12, sequential +1.02, weighted sum +0.18."))
+    s.blocks.append(Text("Paper (SD3.5-M, Table 1): composite MARBLE +1.12, sequential +1.02, "
+                         "weighted sum +0.18. Rows here use each run's latest evaluated checkpoint."))
     return wide
 
 
@@ -129,10 +130,11 @@ def _harmony_section(b: Builder, runs: list[RunData]) -> None:
     b.figure(s, figures.cosine_curves(runs, b.root / "figures" / "worst_cosine.png"),
              "Worst-reward cosine min_k cos(d, g_k) per logged step", "")
     b.figure(s, figures.anti_aligned_bars(by_run, b.root / "figures" / "anti_aligned.png"),
-             "Fraction of logged steps with an anti-aligned reward", "")
+             "Fraction of logged batches with an anti-aligned reward", "")
     b.table(s, "harmony_by_run", "Per run: mean worst-reward cosine, mean across-reward variance "
             "of the cosine, anti-aligned fraction; `applied` = the direction the balancer applied, "
-            "`ws_dir` = the weighted-sum direction on the same batches", by_run)
+            "`ws_dir` = the weighted-sum direction on the same batches; a step's `anti_aligned` is "
+            "the mean over its diagnostic micro-batches, so the fraction counts batches", by_run)
     b.table(s, "harmony_by_balancer", "Pooled per balancer, beside the paper's values "
             "(weighted sum 80% anti-aligned, min cos -0.13, var 0.161; MARBLE 0%, +0.37, 0.006)",
             tables.harmony_by_balancer(runs))

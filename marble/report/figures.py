@@ -136,13 +136,14 @@ def anti_aligned_bars(harmony: pd.DataFrame, path: Path) -> Path | None:
     labels = [f"{run}\n({b})" for run, b in zip(harmony.index, harmony["balancer"])]
     x = np.arange(len(labels))
     fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(labels)), 3.6), layout="constrained")
-    for offset, key, label in ((-0.2, "applied", "applied direction"), (0.2, "ws_dir", "weighted-sum direction")):
+    kinds = ((-0.2, "applied", "applied direction"), (0.2, "ws_dir", "weighted-sum direction"))
+    for offset, key, label in kinds:
         bars = ax.bar(x + offset, harmony[f"{key}_anti_aligned_frac"].fillna(0), 0.4, label=label)
         ax.bar_label(bars, fmt="%.2f", fontsize=7)  # a 0 bar is invisible without its number
     ax.set_xticks(x, labels, fontsize=8)
     ax.set_ylim(0, 1.05)
-    ax.set_ylabel("fraction of logged steps")
-    ax.set_title("Steps with at least one anti-aligned reward (min_k cos < 0)")
+    ax.set_ylabel("fraction of logged batches")
+    ax.set_title("Batches with at least one anti-aligned reward (min_k cos < 0)")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)

@@ -24,6 +24,12 @@ class RewardChange:
     last: float
     delta: float
     improved: bool  # delta > min_gain; False when not measurable (NaN)
+    stderr: float = math.nan  # standard error of delta from the epoch-to-epoch spread
+
+    @property
+    def within_noise(self) -> bool:
+        """|delta| below two standard errors: the sign may be noise."""
+        return math.isfinite(self.stderr) and abs(self.delta) < 2 * self.stderr
 
 
 @dataclass(frozen=True)
@@ -61,19 +67,21 @@ def reward_changes(
             out[name] = RewardChange(name, math.nan, math.nan, math.nan, False)
             continue
         w = window or auto_window(len(values))
-        first, last = float(values[:w].mean()), float(values[-w:].mean())
-        delta = last - first
-        out[name] = RewardChange(name, first, last, delta, bool(delta > min_gain))
+        head, tail = values[:w], values[-w:]
+        delta = float(tail.mean() - head.mean())
+        stderr = math.sqrt((head.var(ddof=1) + tail.var(ddof=1)) / w) if w > 1 else math.nan
+        out[name] = RewardChange(name, float(head.mean()), float(tail.mean()), delta,
+                                 bool(delta > min_gain), stderr)
     return out
 
 
 def specialist_rewards(metrics: pd.DataFrame, rewards: list[str]) -> dict[str, float]:
-    """Specialist reward -> its median share of the rollouts (vs the widest reward)."""
+    """Specialist reward -> its share of the rollouts over all steps (vs the widest reward)."""
     counts = {}
     for name in rewards:
         col = f"reward_applicable/{name}"
         if col in metrics and metrics[col].notna().any():
-            counts[name] = float(metrics[col].median())
+            counts[name] = float(metrics[col].sum())  # totals: robust to batches without the source
     if not counts:
         return {}
     widest = max(counts.values())
@@ -90,7 +98,8 @@ def run_line(trend: RunTrend, specialists: dict[str, float]) -> str:
     parts = []
     for c in trend.changes.values():
         tag = " (specialist)" if c.reward in specialists else ""
-        parts.append(f"{c.reward}{tag} {_fmt(c.delta)} ({c.first:.4g} -> {c.last:.4g})")
+        noise = f" ± {c.stderr:.2g}" if math.isfinite(c.stderr) else ""
+        parts.append(f"{c.reward}{tag} {_fmt(c.delta)}{noise} ({c.first:.4g} -> {c.last:.4g})")
     falling = [c.reward for c in trend.changes.values() if not c.improved]
     state = "Every reward improved" if not falling else "Not improving: " + ", ".join(falling)
     return f"`{trend.run}` ({trend.balancer}): " + "; ".join(parts) + f". {state}."
@@ -144,7 +153,8 @@ def verdict(trends: list[RunTrend], specialists: dict[str, float]) -> Verdict:
     wss = [t for t in trends if t.balancer == "weighted_sum"]
     if not marbles or not wss:
         missing = "a MARBLE run" if not marbles else "a weighted-sum run"
-        text = f"No verdict: it needs {missing} to compare (runs: {', '.join(t.run for t in trends) or 'none'})."
+        names = ", ".join(t.run for t in trends) or "none"
+        text = f"No verdict: it needs {missing} to compare (runs: {names})."
         return Verdict({t.run: "incomplete" for t in marbles}, text, lines)
     if not specialists:
         outcomes, sentences = {}, []
@@ -163,4 +173,9 @@ def verdict(trends: list[RunTrend], specialists: dict[str, float]) -> Verdict:
     for m in marbles:
         outcomes[m.run], sentence = compare(m, wss[0], specialists)
         sentences.append(sentence)
+    noisy = sorted({f"`{t.run}`" for t in marbles + wss[:1] for s in specialists
+                    if s in t.changes and t.changes[s].within_noise})
+    if noisy:
+        sentences.append(f"Caution: the specialist's change is within two standard errors of "
+                         f"its epoch-to-epoch noise in {', '.join(noisy)}; train longer to be sure.")
     return Verdict(outcomes, " ".join(sentences), lines)

@@ -51,7 +51,7 @@ class UnifiedReward(Reward):
 
     name = "unifiedreward"
 
-    def __init__(self, base_url: str = "http://127.0.0.1:17140/v1", model: str = "UnifiedReward-7b-v1.5",
+    def __init__(self, base_url: str = "http://127.0.0.1:17140/v1", model: str = "CodeGoat24/UnifiedReward-7b-v1.5",
                  api_key_env: str = "MARBLE_UNIFIEDREWARD_API_KEY", concurrency: int = 16,
                  timeout_s: float = 120.0, retries: int = 2, backoff_s: float = 0.5,
                  max_failure_fraction: float = 0.5, image_size: int = 512, **kw):

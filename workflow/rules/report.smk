@@ -1,7 +1,14 @@
 # Cost of the balancers (one timed step each) and the final report.
 
 
+# Tiny mode times the workflow's own model; the paper preset times a random-init
+# SD3.5M-sized model (no download needed).
+BENCH_MODEL = [MODEL_DIR] if MODE == "tiny" else []
+
+
 rule bench_step:
+    input:
+        model=BENCH_MODEL,
     output:
         "results/bench/step.json",
     log:
@@ -15,8 +22,12 @@ rule bench_step:
         **resources_of("bench"),
     params:
         preset=config["bench"]["preset"],
+        repeats=config["bench"]["repeats"],
+        model=lambda wc, input: f"--model {input.model}" if input.model else "",
     shell:
-        "marble bench step --preset {params.preset:q} --json {output:q} > {log:q} 2>&1"
+        "marble bench step --preset {params.preset:q} {params.model} --repeats {params.repeats}"
+        " --json {output:q}"
+        " > {log:q} 2>&1"
 
 
 rule make_report:

@@ -32,6 +32,8 @@ rule train_run:
         ckpts=f"MARBLE_REWARD_CKPTS={config['reward_ckpt_dir']}",
     shell:
         "{params.ckpts} MARBLE_GPUS_PER_NODE={params.gpus} MARBLE_RDZV_PORT={params.port}"
+        " MARBLE_NODES={resources.nodes} MARBLE_TASKS={resources.tasks}"
+        " MARBLE_CPUS_PER_TASK={resources.cpus_per_task}"
         " bash workflow/scripts/train_launch.sh {resources.mpi:q} --"
         " --preset {params.preset:q} --output-dir {params.run_dir:q} {params.args}"
         " > {log:q} 2>&1"

@@ -12,7 +12,12 @@ set -euo pipefail
 nnodes="${SLURM_STEP_NUM_TASKS:-${SLURM_NTASKS:-${SLURM_NNODES:-1}}}"
 nproc="${MARBLE_GPUS_PER_NODE:-0}"
 [ "$nproc" -gt 0 ] || nproc=1
-head_host="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+nodelist="${SLURM_JOB_NODELIST:-${SLURM_NODELIST:-}}"
+if [ -n "$nodelist" ]; then
+    head_host="$(scontrol show hostnames "$nodelist" | head -n 1)"
+else
+    head_host="$(hostname)"  # one node, started by the jobstep itself (no srun step)
+fi
 port="${MARBLE_RDZV_PORT:-29500}"
 echo "torchrun_slurm: node ${SLURM_NODEID:-0}/$nnodes on $(hostname -s)," \
     "$nproc proc(s), rendezvous $head_host:$port id $SLURM_JOB_ID"

@@ -1,0 +1,129 @@
+"""DVC over the Snakemake workflow: dvc.yaml agrees with the Snakefile, `dvc repro`
+reproduces the tiny tables and a second one does nothing, metrics are declared, and a
+local-folder remote round trip restores every output."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from test_workflow_lib import (  # noqa: F401  (tiny_pipeline is a fixture)
+    copy_workflow, dry_run_outputs, dvc, snakemake, tiny_pipeline,
+)
+
+
+def _render(value, variables: dict):
+    """DVC's `${a.b}` interpolation, enough for our dvc.yaml."""
+    def lookup(match):
+        node = variables
+        for part in match.group(1).split("."):
+            node = node[part]
+        return str(node)
+    if isinstance(value, str):
+        return re.sub(r"\$\{([^}]+)\}", lookup, value)
+    if isinstance(value, list):
+        return [_render(v, variables) for v in value]
+    if isinstance(value, dict):
+        return {_render(k, variables): _render(v, variables) for k, v in value.items()}
+    return value
+
+
+def _paths(entries) -> list[str]:
+    return [next(iter(e)) if isinstance(e, dict) else e for e in entries]
+
+
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _rule_graph(work: Path, targets: list[str]) -> dict[str, set[str]]:
+    """{rule: the rules it needs, transitively}, from one `snakemake --rulegraph`."""
+    dot = snakemake(["--rulegraph", "--forceall", *targets], work).stdout
+    names = dict(re.findall(r'^\s*(\d+)\[label = "([^"]+)"', dot, re.M))
+    needs: dict[str, set[str]] = {n: set() for n in names.values()}
+    for src, dst in re.findall(r"^\s*(\d+) -> (\d+)", dot, re.M):
+        needs[names[dst]].add(names[src])
+    def closure(rule: str) -> set[str]:
+        out = set(needs[rule])
+        for r in needs[rule]:
+            out |= closure(r)
+        return out
+    return {rule: closure(rule) | {rule} for rule in needs}
+
+
+def test_dvc_stages_match_snakefile(tmp_path):
+    """Each stage runs one Snakemake target; its outs hold exactly the files that target
+    adds to the previous stages; data deps are upstream outs; params are config keys."""
+    work = copy_workflow(tmp_path / "repo", config=None)
+    config = yaml.safe_load((work / "config.yaml").read_text())
+    spec = yaml.safe_load((work / "dvc.yaml").read_text())
+    assert spec["vars"] == ["config.yaml"]
+    stages = _render(spec["stages"], config)
+    targets = [stage["cmd"].split()[-1] for stage in stages.values()]
+    graph = _rule_graph(work, targets + ["all"])
+    rule_outputs = dry_run_outputs(work, "all", extra=targets)  # one dry run, every target
+    schema = yaml.safe_load((work / "workflow/schemas/config.schema.yaml").read_text())
+    produced: set[str] = set()
+    upstream_outs: list[str] = []
+    for name, stage in stages.items():
+        cmd = stage["cmd"].split()
+        assert cmd[:2] == ["snakemake", "-c2"] and len(cmd) == 3, f"stage {name}: {stage['cmd']}"
+        target = cmd[2]
+        assert target in graph, f"stage {name} runs `{target}`, not a rule of the Snakefile"
+        outputs = set().union(*(rule_outputs.get(r, set()) for r in graph[target])) - produced
+        outs = _paths(stage["outs"])
+        for out in sorted(outputs):
+            assert any(_under(out, o) for o in outs), f"stage {name}: {out} is in no DVC out {outs}"
+        for out in outs:
+            assert any(_under(o, out) for o in outputs), f"stage {name}: out {out} holds no output of `{target}`"
+        for dep in stage["deps"]:
+            if (work / dep).exists():
+                continue  # code: Snakefile, rules, scripts, marble/
+            assert any(_under(dep, o) for o in upstream_outs), f"stage {name}: dep {dep} is nobody's out"
+        for entry in stage.get("params", []):
+            for file, keys in entry.items():
+                assert file == "config.yaml"
+                for key in keys:
+                    assert key.split(".")[0] in schema["properties"], f"stage {name}: param {key}"
+        produced |= outputs
+        upstream_outs += outs
+    everything = set().union(*(rule_outputs.get(r, set()) for r in graph["all"]))
+    assert everything and everything <= produced, f"`all` makes files no stage declares: {everything - produced}"
+    persisted = [e for e in stages["train"]["outs"] if isinstance(e, dict)]
+    assert persisted and all(next(iter(e.values()))["persist"] for e in persisted)
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.slow
+def test_dvc_repro_twice_metrics_and_remote_round_trip(tiny_pipeline, tmp_path):
+    work = tiny_pipeline["dir"]
+    assert (work / "dvc.lock").is_file()
+    again = dvc(["repro"], work)
+    text = again.stdout + again.stderr
+    assert "Running stage" not in text, text[-2000:]
+    assert "up to date" in dvc(["status"], work).stdout
+    metrics = json.loads(dvc(["metrics", "show", "--json"], work).stdout)
+    flat = json.dumps(metrics)
+    assert "average_scores.json" in flat and "toy_brightness" in flat
+    # Round trip through a local-folder remote.
+    tracked = [work / "results/eval/summary.csv", work / "results/report/report.md",
+               work / "data/datasets/tiny/train.parquet"]
+    before = {p: _sha(p) for p in tracked}
+    remote = tmp_path / "remote"
+    dvc(["remote", "add", "-d", "local", str(remote)], work)
+    dvc(["push"], work)
+    shutil.rmtree(work / ".dvc/cache")
+    for sub in ["results", "data"]:
+        shutil.rmtree(work / sub)
+    dvc(["pull"], work)
+    assert {p: _sha(p) for p in tracked} == before
+    assert "up to date" in dvc(["status"], work).stdout

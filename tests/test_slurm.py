@@ -1,0 +1,130 @@
+"""The SLURM profile: the sbatch call the plugin builds for the paper-scale training job
+(stub sbatch on PATH), and the tiny pipeline through a real localhost SLURM with the
+training job as 2 tasks = 2 torchrun nodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from test_workflow_lib import BIN, ROOT, copy_workflow, env, run, snakemake
+
+SLURM_SCRIPTS = ROOT / "tests" / "slurm"
+
+STUB = """#!/bin/sh
+# stub {name}: records its argv (and stdin for sbatch) under $STUB_DIR
+printf '%s\\n' "$@" > "$STUB_DIR/{name}.argv"
+case {name} in
+  sbatch) cat > "$STUB_DIR/sbatch.stdin"; echo 4242 ;;
+  scontrol) echo "MinJobAge = 600 sec" ;;
+esac
+exit 0
+"""
+
+
+def _paper_inputs(work: Path) -> None:
+    """Placeholders for the training rule's inputs, so the DAG is just the train job."""
+    for d in ["data/models/sd35m", "data/reward_ckpts", "data/datasets/paper/embeddings"]:
+        (work / d).mkdir(parents=True, exist_ok=True)
+    for f in ["data/datasets/paper/train.parquet", "data/datasets/paper/test.parquet"]:
+        (work / f).write_bytes(b"placeholder")
+    old = time.time() - 3600
+    for p in (work / "data").rglob("*"):
+        os.utime(p, (old, old))
+
+
+def test_sbatch_call_for_paper_training(tmp_path):
+    """The real plugin builds the sbatch call for one paper run: 2 nodes x 8 GPUs, one
+    task per node, no --ntasks-per-gpu, requeue + signal, and the job is left to our srun."""
+    work = copy_workflow(tmp_path / "repo", config="config/paper.yaml")
+    _paper_inputs(work)
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    for name in ["sbatch", "squeue", "sinfo", "scontrol", "sacct", "scancel"]:
+        (stubs / name).write_text(STUB.format(name=name))
+        (stubs / name).chmod(0o755)
+    environ = env()
+    environ.update(PATH=f"{stubs}:{environ['PATH']}", STUB_DIR=str(stubs))
+    proc = subprocess.Popen(
+        [str(BIN / "snakemake"), "--profile", "slurm", "results/runs/rho_07/train_summary.json"],
+        cwd=work, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while not (stubs / "sbatch.stdin").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(0.5)
+    proc.kill()  # SIGTERM would wait for the (never ending) stub job
+    out, _ = proc.communicate(timeout=60)
+    assert (stubs / "sbatch.argv").exists(), f"sbatch never called:\n{out[-3000:]}"
+    argv = (stubs / "sbatch.argv").read_text().split("\n")
+    call = " ".join(argv)
+    for expected in ["--nodes=2", "--ntasks=2", "--gres=gpu:8", "--requeue",
+                     "--signal=USR1@600", "--ntasks-per-node=1", "--mem", "480000", "2880"]:
+        assert expected in call, f"{expected} missing from: sbatch {call}"
+    assert "--ntasks-per-gpu" not in call and "-A" not in argv and "--account" not in call
+    # The job runs Snakemake's own jobstep for exactly this rule.
+    assert "--target-jobs" in call and "train_run:run=rho_07" in call
+    print("sbatch", shlex.join(argv))
+    shell = snakemake(["-n", "-p", "--nolock", "results/runs/rho_07/train_summary.json",
+                       "--configfile", "config/paper.yaml"], work).stdout
+    assert "train_launch.sh srun --" in shell
+
+
+def _slurm_ready() -> str | None:
+    """None when a localhost SLURM is (or was just) started, else why not."""
+    if os.geteuid() != 0:
+        return "needs root to install and start slurm"
+    proc = subprocess.run(["bash", str(SLURM_SCRIPTS / "start_slurm.sh")], capture_output=True,
+                          text=True, timeout=900)
+    if proc.returncode == 3:  # the script's "cannot install" status
+        return f"slurm cannot be installed here: {proc.stdout[-500:]}{proc.stderr[-500:]}"
+    if proc.returncode != 0:
+        raise AssertionError(f"start_slurm.sh failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_tiny_pipeline_through_real_slurm(tiny_pipeline_inputs, tmp_path):
+    reason = _slurm_ready()
+    if reason:
+        pytest.skip(reason)
+    work = tiny_pipeline_inputs(tmp_path)
+    cfg = yaml.safe_load((work / "config.yaml").read_text())
+    cfg["runs"] = {"marble": {"preset": "tiny", "max_steps": 2, "set": ["train.save_every=1"]}}
+    cfg["train"].update(nodes=1, tasks=2, cpus_per_task=1, mem_mb=2000, runtime=20)
+    cfg["eval"].update(datasets=["pickscore"], limit=2)
+    (work / "config.yaml").write_text(yaml.safe_dump(cfg))
+    start = time.perf_counter()
+    snakemake(["--profile", "slurm", "all", "--jobs", "4", "--latency-wait", "5"], work,
+              timeout=1500)
+    print(f"\n[bench] tiny DAG through localhost SLURM: {time.perf_counter() - start:.1f} s")
+    summary = json.loads((work / "results/runs/marble/train_summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["final_step"] == 2
+    log = (work / "logs/train/marble.log").read_text()
+    assert log.count("torchrun_slurm: node") == 2 and "rendezvous" in log
+    assert (work / "results/report/report.md").is_file()
+    assert (work / "results/eval/summary.csv").is_file()
+    jobs = list((work / ".snakemake/slurm_logs").rglob("*.log"))
+    assert any("train_run" in str(p) for p in jobs), "the train job did not go through sbatch"
+
+
+@pytest.fixture
+def tiny_pipeline_inputs(tiny_pipeline):
+    """A fresh workdir with the CI pipeline's model and tables (SLURM runs the rest)."""
+    def make(tmp_path: Path) -> Path:
+        work = copy_workflow(tmp_path / "repo")
+        for sub in ["data/models", "data/raw-tiny", "data/datasets"]:
+            shutil.copytree(tiny_pipeline["dir"] / sub, work / sub)
+        return work
+    return make
+
+
+from test_workflow_lib import tiny_pipeline  # noqa: E402,F401  (fixture)

@@ -1,0 +1,198 @@
+"""The Snakemake workflow: dry runs, lint, format, config schema, the tiny pipeline end
+to end, eval_only picking up new checkpoints, and resume after a killed training job."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from test_workflow_lib import (  # noqa: F401  (tiny_pipeline is a fixture)
+    BIN, ROOT, copy_workflow, env, run, snakemake, tiny_pipeline,
+)
+
+SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
+
+
+# ------------------------------------------------------------------ static checks
+
+
+@pytest.mark.parametrize("target", ["all", "eval_only"])
+def test_dry_run(target):
+    proc = snakemake(["-n", target], ROOT)
+    assert "This was a dry-run" in proc.stdout or "Nothing to be done" in proc.stdout
+
+
+def test_dry_run_paper_config_is_one_switch():
+    """The paper config replaces (not merges into) the tiny default."""
+    proc = snakemake(["-n", "all", "--configfile", "config/paper.yaml"], ROOT)
+    runs = {line.split("results/runs/")[1].split("/")[0]
+            for line in proc.stdout.splitlines() if "output: results/runs/" in line}
+    assert runs == {"rho_07", "equal_alpha", "weighted_sum"}
+    assert "rule download_model" in proc.stdout and "rule embed_prompts" in proc.stdout
+    assert "rule build_tiny_model" not in proc.stdout
+
+
+def test_lint_clean():
+    proc = snakemake(["--lint"], ROOT)
+    assert "Congratulations, your workflow is in a good condition!" in proc.stdout + proc.stderr
+
+
+def test_snakefmt_clean():
+    run([str(BIN / "snakefmt"), "--check", "Snakefile", "workflow"], ROOT)
+
+
+def _validate(cfg: dict) -> dict:
+    from snakemake.utils import validate
+
+    validate(cfg, str(SCHEMA))
+    return cfg
+
+
+def test_schema_fills_defaults_and_accepts_shipped_configs():
+    cfg = _validate({})
+    assert cfg["mode"] == "tiny" and set(cfg["runs"]) == {"weighted_sum", "equal_alpha", "marble"}
+    assert cfg["train"]["nodes"] == 1 and cfg["eval"]["num_inference_steps"] == 40
+    for name in ["config.yaml", "config/paper.yaml", ".test/config.yaml"]:
+        _validate(yaml.safe_load((ROOT / name).read_text()))
+
+
+@pytest.mark.parametrize("cfg, named", [
+    ({"eval": {"limt": 3}}, "limt"),
+    ({"bogus_top": 1}, "bogus_top"),
+    ({"runs": {"a": {"preset": "tiny", "max_step": 3}}}, "max_step"),
+    ({"train": {"nodes": "two"}}, "nodes"),
+    ({"eval": {"datasets": ["imagenet"]}}, "imagenet"),
+])
+def test_schema_rejects_bad_key_and_wrong_type(cfg, named):
+    from snakemake.exceptions import WorkflowError
+
+    with pytest.raises(WorkflowError) as err:
+        _validate(cfg)
+    assert named in str(err.value)
+
+
+# ------------------------------------------------------------------ the tiny pipeline
+
+
+@pytest.mark.slow
+def test_tiny_pipeline_end_to_end(tiny_pipeline):
+    work = tiny_pipeline["dir"]
+    cfg = yaml.safe_load((work / "config.yaml").read_text())
+    for run_name, spec in cfg["runs"].items():
+        summary = json.loads((work / f"results/runs/{run_name}/train_summary.json").read_text())
+        assert summary["final_step"] == spec["max_steps"]
+    with open(work / "results/eval/summary.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert {r["run"] for r in rows} >= set(cfg["runs"])
+    assert {r["dataset"] for r in rows} >= set(cfg["eval"]["datasets"])
+    report = work / "results/report/report.md"
+    assert report.is_file() and "weighted_sum" in report.read_text()
+    assert (work / "results/report/report.html").is_file()
+    assert (work / "results/bench/step.json").is_file()
+    # The DVC stages cover the whole `all` target: Snakemake finds nothing left to do.
+    assert "Nothing to be done" in tiny_pipeline["dry_all"]
+
+
+def _eval_workdir(tmp_path: Path, pipeline_dir: Path, scan: Path, datasets: list[str]) -> Path:
+    work = copy_workflow(tmp_path / "repo")
+    for sub in ["data/models", "data/raw-tiny"]:
+        shutil.copytree(pipeline_dir / sub, work / sub)
+    cfg = yaml.safe_load((work / "config.yaml").read_text())
+    cfg["runs"] = {}
+    cfg["eval"].update(datasets=datasets, limit=2, scan_dirs=[str(scan)])
+    (work / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return work
+
+
+def _evaluated_jobs(stdout: str) -> list[str]:
+    return [line.split("results/eval/")[1] for line in stdout.splitlines()
+            if "output: results/eval/" in line and "average_scores.json" in line]
+
+
+@pytest.mark.slow
+def test_eval_only_picks_up_new_checkpoints(tiny_pipeline, tmp_path):
+    """Two checkpoints evaluated; a third added later: re-running evaluates only it."""
+    src = tiny_pipeline["dir"] / "results/runs"
+    scan = tmp_path / "ckpts"
+    for run_name, step in [("marble", 2), ("marble", 4)]:
+        name = f"checkpoint-{step:06d}"
+        shutil.copytree(src / run_name / "checkpoints" / name, scan / run_name / "checkpoints" / name)
+    work = _eval_workdir(tmp_path, tiny_pipeline["dir"], scan, ["pickscore"])
+    first = snakemake(["-c2", "eval_only"], work)
+    assert sorted(_evaluated_jobs(first.stdout)) == [
+        "marble/checkpoint-000002/pickscore/average_scores.json, "
+        "results/eval/marble/checkpoint-000002/pickscore/evaluation_results.jsonl",
+        "marble/checkpoint-000004/pickscore/average_scores.json, "
+        "results/eval/marble/checkpoint-000004/pickscore/evaluation_results.jsonl",
+    ]
+    done = work / "results/eval/marble/checkpoint-000002/pickscore/average_scores.json"
+    mtime = done.stat().st_mtime_ns
+    name = "checkpoint-000004"
+    shutil.copytree(src / "weighted_sum/checkpoints" / name, scan / "weighted_sum/checkpoints" / name)
+    second = snakemake(["-c2", "eval_only"], work)
+    jobs = _evaluated_jobs(second.stdout)
+    assert len(jobs) == 1 and jobs[0].startswith("weighted_sum/checkpoint-000004/pickscore/")
+    assert done.stat().st_mtime_ns == mtime
+    with open(work / "results/eval/summary.csv", newline="") as fh:
+        runs = {(r["run"], r["checkpoint"]) for r in csv.DictReader(fh)}
+    assert ("weighted_sum", name) in runs and ("marble", "checkpoint-000002") in runs
+    assert "Nothing to be done" in snakemake(["-n", "eval_only"], work).stdout
+
+
+def _train_pids(work: Path) -> list[int]:
+    """Our `marble train` process for this workdir (cwd = the temp repo, `--output-dir`)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            args = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            cwd = os.path.realpath(proc / "cwd")
+        except (OSError, ValueError):
+            continue
+        if cwd == str(work.resolve()) and "train" in args and "--output-dir" in args:
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.slow
+def test_killed_training_resumes_from_last_checkpoint(tiny_pipeline, tmp_path):
+    work = copy_workflow(tmp_path / "repo")
+    for sub in ["data/models", "data/raw-tiny", "data/datasets"]:
+        shutil.copytree(tiny_pipeline["dir"] / sub, work / sub)
+    cfg = yaml.safe_load((work / "config.yaml").read_text())
+    cfg["runs"] = {"marble": {"preset": "tiny", "max_steps": 6, "set": ["train.save_every=2"]}}
+    (work / "config.yaml").write_text(yaml.safe_dump(cfg))
+    run_dir = (work / "results/runs/marble").resolve()
+    target = "results/runs/marble/train_summary.json"
+    job = subprocess.Popen([str(BIN / "snakemake"), "-c2", target], cwd=work, env=env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    marker = run_dir / "checkpoints/checkpoint-000002/COMPLETE"
+    deadline = time.time() + 600
+    while not marker.exists() and job.poll() is None and time.time() < deadline:
+        time.sleep(0.5)
+    assert marker.exists(), "no checkpoint-000002 before the deadline"
+    pids = _train_pids(work)
+    assert pids, "training process not found"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    out, _ = job.communicate(timeout=120)
+    assert job.returncode != 0, out[-2000:]
+    assert not (run_dir / "checkpoints/checkpoint-000006").exists()
+    steps_before = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()
+                    if x.strip() and "step" in json.loads(x)]
+    snakemake(["-c2", target], work)
+    summary = json.loads((run_dir / "train_summary.json").read_text())
+    assert summary["final_step"] == 6
+    assert summary["resumed_from"] and Path(summary["resumed_from"]).name in (
+        "checkpoint-000002", "checkpoint-000004")
+    resumed_at = int(Path(summary["resumed_from"]).name.split("-")[1])
+    assert resumed_at >= 2 and max(steps_before, default=0) >= 2
+    assert (run_dir / "checkpoints/checkpoint-000006/COMPLETE").is_file()
