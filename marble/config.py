@@ -71,6 +71,7 @@ class TrainConfig:
     old_decay_cap: float = 0.95  # MARBLE raised the type-1 cap from 0.5 to 0.95
     max_steps: int = 1000
     save_every: int = 30
+    keep_checkpoints: int = 3  # newest complete checkpoints kept in RUN/checkpoints
     log_every: int = 1
     seed: int = 42
 

@@ -84,6 +84,13 @@ def _active() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+def _to_comm(tensor: torch.Tensor) -> torch.Tensor:
+    """NCCL moves only CUDA tensors (and no bool): stage CPU/bool tensors accordingly."""
+    if dist.get_backend() == "nccl":
+        tensor = tensor.to(world().device if world().device.type == "cuda" else "cuda")
+    return tensor.to(torch.uint8) if tensor.dtype == torch.bool else tensor
+
+
 def is_main() -> bool:
     return world().rank == 0
 
@@ -96,8 +103,11 @@ def barrier() -> None:
 def all_reduce_mean_(tensor: torch.Tensor) -> torch.Tensor:
     """In-place mean over ranks; returns the tensor (identity on one process)."""
     if _active():
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        tensor.div_(dist.get_world_size())
+        staged = _to_comm(tensor)
+        dist.all_reduce(staged, op=dist.ReduceOp.SUM)
+        staged.div_(dist.get_world_size())
+        if staged is not tensor:
+            tensor.copy_(staged)
     return tensor
 
 
@@ -108,7 +118,10 @@ def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
 
 def all_reduce_sum_(tensor: torch.Tensor) -> torch.Tensor:
     if _active():
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        staged = _to_comm(tensor)
+        dist.all_reduce(staged, op=dist.ReduceOp.SUM)
+        if staged is not tensor:
+            tensor.copy_(staged)
     return tensor
 
 
@@ -116,9 +129,10 @@ def all_gather_cat(tensor: torch.Tensor, dim: int = 0) -> torch.Tensor:
     """Concatenate every rank's tensor along `dim`, in rank order (same shapes required)."""
     if not _active():
         return tensor
-    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, tensor.contiguous())
-    return torch.cat(parts, dim=dim)
+    staged = _to_comm(tensor).contiguous()
+    parts = [torch.empty_like(staged) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, staged)
+    return torch.cat(parts, dim=dim).to(device=tensor.device, dtype=tensor.dtype)
 
 
 def all_gather_objects(obj: Any) -> list:

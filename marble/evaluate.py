@@ -125,44 +125,64 @@ def versions() -> dict:
             "diffusers": diffusers.__version__, "python": platform.python_version()}
 
 
+def refusal(args, info, run_identity) -> str | None:
+    """Rank 0 checks the output folder; every rank gets its verdict (no rank left waiting)."""
+    from marble import distributed as dist
+
+    message = None
+    if info.is_main:
+        try:
+            check_same_run(Path(args.output_dir) / "run_info.json", run_identity)
+        except ResultsError as exc:
+            message = str(exc)
+    return dist.broadcast_object(message)
+
+
+def finish(args, samples, names, record, timing) -> dict:
+    """Rank 0: averages over the current sample set, then the final run_info."""
+    from marble.evaluation.runner import RESULTS_FILE
+
+    output_dir = Path(args.output_dir)
+    rows = read_results(output_dir / RESULTS_FILE)
+    current = [rows[s.sample_id] for s in samples if s.sample_id in rows]
+    averages = average_scores(current, [] if args.no_score else names)
+    write_json(output_dir / "average_scores.json", json_safe(averages))
+    write_json(output_dir / "run_info.json", {**record, "versions": versions(), "timing": timing})
+    return averages
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     from marble import distributed as dist
     from marble.evaluation import runner
+    from marble.evaluation.checkpoints import CheckpointError
 
     names = reward_names(args)
     options = read_reward_options(args.reward_options)
     try:
         lora, checkpoint = resolve_checkpoint(args)
-    except ValueError as exc:
+        samples = load_samples(args.data_dir, args.dataset)[: args.limit]
+    except (CheckpointError, FileNotFoundError, ValueError) as exc:
         print(f"marble evaluate: {exc}", file=sys.stderr)
         return 2
     info = dist.init_distributed()
-    output_dir = Path(args.output_dir)
-    flags = {k: v for k, v in vars(args).items()}
+    flags = dict(vars(args))
     run_identity = identity({**flags, "checkpoint": checkpoint})
-    try:
-        if info.is_main:
-            check_same_run(output_dir / "run_info.json", run_identity)
-    except ResultsError as exc:
-        print(f"marble evaluate: {exc}", file=sys.stderr)
+    message = refusal(args, info, run_identity)
+    if message is not None:
+        print(f"marble evaluate: {message}", file=sys.stderr)
+        dist.cleanup()
         return 2
-    samples = load_samples(args.data_dir, args.dataset)[: args.limit]
     record = {"identity": run_identity, "flags": flags, "rewards": names,
               "lora": str(lora) if lora else None, "world_size": info.world_size, "argv": argv}
     if info.is_main:  # written first, so even a crashed run guards its results
-        write_json(output_dir / "run_info.json", record)
+        write_json(Path(args.output_dir) / "run_info.json", record)
     start = time.perf_counter()
     timing = runner.run(samples, names, options, lora, args)
     dist.barrier()
     if info.is_main:
-        rows = read_results(output_dir / runner.RESULTS_FILE)
-        current = [rows[s.sample_id] for s in samples if s.sample_id in rows]
-        averages = average_scores(current, [] if args.no_score else names)
-        write_json(output_dir / "average_scores.json", json_safe(averages))
-        write_json(output_dir / "run_info.json", {
-            **record, "versions": versions(), "timing": {**timing, "wall_s": time.perf_counter() - start}})
+        averages = finish(args, samples, names, record, {**timing, "wall_s": time.perf_counter() - start})
         print(json.dumps({k: v for k, v in averages.items() if not k.startswith(("n_", "nan_", "na_"))},
                          indent=1, default=str))
     dist.cleanup()

@@ -24,7 +24,8 @@ from marble.config import RunConfig
 from marble.metrics import advantage_std, reward_stats
 
 # Streams of the keyed generators: one per use, so changing one never shifts another.
-STREAM_ROLLOUT_NOISE, STREAM_SHUFFLE, STREAM_TIMESTEPS, STREAM_TRAIN_NOISE = 1, 2, 3, 4
+# STREAM_TIMESTEPS draws a sample's timestep subset, then its fresh training noise.
+STREAM_ROLLOUT_NOISE, STREAM_SHUFFLE, STREAM_TIMESTEPS = 1, 2, 3
 
 
 def keyed_generator(*key: int, device: str | torch.device = "cpu") -> torch.Generator:
@@ -58,7 +59,8 @@ class RewardScorer:
     def __init__(self, rewards: dict, masks: dict[str, torch.Tensor]):
         self.rewards = rewards  # name -> callable reward
         self.masks = masks  # name -> [rows] bool applicability from the table (may be absent)
-        self.pool = ThreadPoolExecutor(max_workers=max(1, len(rewards)), thread_name_prefix="reward")
+        self.pool = ThreadPoolExecutor(max_workers=max(1, len(rewards)),
+                                       thread_name_prefix="reward")
         self.seconds = {name: 0.0 for name in rewards}
 
     def _score_one(self, name: str, images, prompts, metadata, rows) -> torch.Tensor:
@@ -151,8 +153,10 @@ class RolloutEngine:
         """Initial latents keyed by global position: identical for any world size."""
         s, w = self.cfg.sampling, self.info.world_size
         start = batch_i * w * s.batch_size + self.info.rank * s.batch_size
-        noise = [torch.randn(shape, generator=keyed_generator(
-            self.cfg.train.seed, STREAM_ROLLOUT_NOISE, epoch, start + j)) for j in range(s.batch_size)]
+        seed = self.cfg.train.seed
+        noise = [torch.randn(shape, generator=keyed_generator(seed, STREAM_ROLLOUT_NOISE, epoch,
+                                                              start + j))
+                 for j in range(s.batch_size)]
         return torch.stack(noise), torch.arange(start, start + s.batch_size)
 
     @torch.no_grad()
@@ -167,7 +171,8 @@ class RolloutEngine:
         prompts = [self.table["prompt"].iat[int(r)] for r in rows]
         metadata = [self.metadata[int(r)] for r in rows]
         embeds, pooled = self.embed(prompts)
-        noise, gidx = self.rollout_noise(epoch, batch_i, tuple(latent_shape(self.pipe, s.resolution)))
+        shape = tuple(latent_shape(self.pipe, s.resolution))
+        noise, gidx = self.rollout_noise(epoch, batch_i, shape)
         transformer = self.pipe.transformer
         with use_adapter(transformer, "old"), self.autocast():
             x0 = sample_latents(transformer, noise.to(self.info.device, torch.float32), embeds,

@@ -24,7 +24,7 @@ from marble.config import ConfigError, RunConfig, dump_yaml, load_config, to_dic
 # Keys that may differ between a run folder's config.yaml and a resumed invocation:
 # they change how long / how often, not what is computed.
 RESULT_NEUTRAL_KEYS = {
-    "preset", "train.max_steps", "train.save_every", "train.log_every",
+    "preset", "train.max_steps", "train.save_every", "train.log_every", "train.keep_checkpoints",
     "sampling.eval_num_steps", "data.test", "data.embed_cache",
 }
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -71,7 +71,8 @@ def config_differences(saved: dict, wanted: dict) -> list[str]:
     """Keys (dotted) whose values differ and that change the result."""
     a, b = _flat(saved), _flat(wanted)
     keys = sorted(set(a) | set(b))
-    return [k for k in keys if k not in RESULT_NEUTRAL_KEYS and a.get(k, "<absent>") != b.get(k, "<absent>")]
+    return [k for k in keys
+            if k not in RESULT_NEUTRAL_KEYS and a.get(k, "<absent>") != b.get(k, "<absent>")]
 
 
 def check_run_dir(out_dir: Path, cfg: RunConfig) -> None:

@@ -25,8 +25,8 @@ from marble.ema import WeightEMA, old_policy_decay
 from marble.io import write_json, write_text
 from marble.metrics import MetricsLog, StepAverager
 from marble.nft import nft_loss_from_terms, nft_terms, kl_loss, optimality_prob
-from marble.rollout import (STREAM_SHUFFLE, STREAM_TIMESTEPS, STREAM_TRAIN_NOISE,
-                            RolloutEngine, Rollouts, keyed_generator)
+from marble.rollout import (STREAM_SHUFFLE, STREAM_TIMESTEPS, RolloutEngine, Rollouts,
+                            keyed_generator)
 
 _DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -43,6 +43,15 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (1 << 32))
     torch.manual_seed(seed)
+
+
+@torch.no_grad()
+def upcast_lora_(transformer) -> None:
+    """Adapter weights in fp32 over fp16/bf16 base weights: AdamW and GradScaler.unscale_
+    need fp32 master weights (a no-op on the CPU, where everything is fp32)."""
+    for name, param in transformer.named_parameters():
+        if "lora_" in name and param.dtype != torch.float32:
+            param.data = param.data.float()
 
 
 def build_rewards(cfg: RunConfig) -> dict:
@@ -74,6 +83,7 @@ class Trainer:
         seed_everything(t.seed)  # same LoRA init on every rank
         add_lora_adapters(self.pipe.transformer, rank=m.lora_rank, alpha=m.lora_alpha,
                           targets=m.lora_targets, seed=t.seed)
+        upcast_lora_(self.pipe.transformer)
         self.params = trainable_lora_parameters(self.pipe.transformer)
         self.optimizer = torch.optim.AdamW(self.params, lr=t.lr, betas=tuple(t.adam_betas),
                                            weight_decay=t.weight_decay, eps=t.adam_eps)
@@ -128,7 +138,7 @@ class Trainer:
                 optimizer_state=self.optimizer.state_dict(),
                 write_lora=lambda d: save_lora_diffusers(self.pipe.transformer, d, "default",
                                                          ema_state),
-                keep=3)
+                keep=self.cfg.train.keep_checkpoints)
         dist.barrier()
         return path
 
@@ -139,12 +149,15 @@ class Trainer:
         path = latest_checkpoint(self.out_dir)
         if path is None:
             return None
-        ckpt = load_checkpoint(path, map_location=self.info.device)
+        # CPU first: RNG states must stay CPU tensors; the optimizer and adapters move
+        # their tensors to the parameters' device on load.
+        ckpt = load_checkpoint(path, map_location="cpu")
         for name, tensors in ckpt["adapters"].items():
             load_adapter_state(self.pipe.transformer, name, tensors)
         self.optimizer.load_state_dict(ckpt["optimizer"])
         state = ckpt["state"]
         self.ema.load_state_dict(state["ema"])
+        self.ema.shadow = [s.to(p.device) for s, p in zip(self.ema.shadow, self.params)]
         self.balancer.load_state_dict(state["balancer"])
         self.sampler.load_state_dict(state["sampler"])
         if self.scaler is not None and state.get("scaler"):
@@ -159,15 +172,18 @@ class Trainer:
     def train_epoch(self) -> dict:
         t0 = time.perf_counter()
         ro = self.rollouts.collect(self.epoch)
-        averager = StepAverager(last_keys=("full_solve",))
+        # Means over micro-steps: `full_solve` is the fraction of micro-steps that solved;
+        # alpha/* keep the last value (the weights in force after the step).
+        averager = StepAverager()
         self._optimize(ro, averager)
         record = {"step": self.step, "epoch": self.epoch, "balancer": self.cfg.balancer.method}
         record.update(ro.metrics)
         step_metrics = averager.result()
         loss_keys = sorted(k for k in step_metrics if k.startswith("loss/"))
         if loss_keys and self.info.world_size > 1:  # per-rank losses -> global means
-            means = dist.all_reduce_mean_(torch.tensor([step_metrics[k] for k in loss_keys],
-                                                       dtype=torch.float64, device=self.info.device))
+            values = torch.tensor([step_metrics[k] for k in loss_keys], dtype=torch.float64,
+                                  device=self.info.device)
+            means = dist.all_reduce_mean_(values)
             step_metrics.update(zip(loss_keys, means.tolist()))
         record.update(step_metrics)
         record["time/step_s"] = time.perf_counter() - t0

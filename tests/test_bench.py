@@ -37,3 +37,22 @@ def test_bench_rejects_bad_preset(tmp_path, capsys):
         bench_main(["step", "--preset", "nope", "--json", str(tmp_path / "x.json")])
     assert exc.value.code == 2
     assert "unknown preset `nope`" in capsys.readouterr().err
+
+
+def test_bench_rollout_cache_vs_encode(tiny_model_dir, tmp_path):
+    from marble.data.records import PromptRecord, to_frame
+
+    table = tmp_path / "t.parquet"
+    to_frame([PromptRecord.make("a red cube", "pickscore"),
+              PromptRecord.make('a sign "hi"', "ocr")]).to_parquet(table)
+    out = tmp_path / "roll.json"
+    argv = ["rollout", "--preset", "tiny", "--json", str(out), "--repeats", "1",
+            "--model", str(tiny_model_dir), "--table", str(table),
+            "--set", "sampling.resolution=32", "--set", "sampling.num_steps=2",
+            "--set", "sampling.batch_size=4", "--set", "sampling.images_per_prompt=2",
+            "--set", "train.batch_size=2"]
+    assert bench_main(argv) == 0
+    res = json.loads(out.read_text())
+    assert res["batch_size"] == 4
+    assert res["rollout"]["encode"]["batch_s"] > 0 and res["rollout"]["cache"]["batch_s"] > 0
+    assert res["ratio_cache_to_encode"] > 0

@@ -40,9 +40,11 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     info = dist.init_distributed("cpu")
     mean = dist.all_reduce_mean_(torch.tensor([float(rank), 10.0 * rank]))
     gathered = dist.all_gather_cat(torch.full((2,), float(rank)))
+    flags = dist.all_gather_cat(torch.tensor([rank == 0, True]))
     objects = dist.all_gather_objects({"rank": info.rank})
     bcast = dist.broadcast_object(f"from {info.rank}")
     torch.save({"mean": mean, "gathered": gathered, "objects": objects, "bcast": bcast,
+                "flags": flags,
                 "world": info.world_size, "main": dist.is_main()},
                os.path.join(out_dir, f"r{rank}.pt"))
     dist.barrier()
@@ -59,4 +61,5 @@ def test_two_process_gloo_collectives(tmp_path):
         assert r["gathered"].tolist() == [0.0, 0.0, 1.0, 1.0]
         assert r["objects"] == [{"rank": 0}, {"rank": 1}]
         assert r["bcast"] == "from 0"
+        assert r["flags"].dtype == torch.bool and r["flags"].tolist() == [True, True, False, True]
     assert r0["main"] and not r1["main"]

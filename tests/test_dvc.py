@@ -69,6 +69,7 @@ def test_dvc_stages_match_snakefile(tmp_path):
     graph = _rule_graph(work, targets + ["all"])
     rule_outputs = dry_run_outputs(work, "all", extra=targets)  # one dry run, every target
     schema = yaml.safe_load((work / "workflow/schemas/config.schema.yaml").read_text())
+    shipped_configs = [yaml.safe_load((work / f).read_text()) for f in ["config.yaml", ".test/config.yaml"]]
     produced: set[str] = set()
     upstream_outs: list[str] = []
     for name, stage in stages.items():
@@ -91,6 +92,9 @@ def test_dvc_stages_match_snakefile(tmp_path):
                 assert file == "config.yaml"
                 for key in keys:
                     assert key.split(".")[0] in schema["properties"], f"stage {name}: param {key}"
+                    # DVC reads the raw file: the key must be written out, not defaulted.
+                    for shipped in shipped_configs:
+                        assert key in shipped, f"stage {name}: param {key} missing from a shipped config"
         produced |= outputs
         upstream_outs += outs
     everything = set().union(*(rule_outputs.get(r, set()) for r in graph["all"]))

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -71,7 +69,8 @@ def adapters(run: Path, step: int) -> dict:
 @pytest.mark.parametrize("method", ["weighted_sum", "equal_alpha", "mgda", "marble"])
 def test_tiny_training_each_balancer(method, tiny_model_dir, table_path, tmp_path):
     run = tmp_path / method
-    assert train_main(small_args(tiny_model_dir, table_path, run, method) + ["--max-steps", "2"]) == 0
+    argv = small_args(tiny_model_dir, table_path, run, method) + ["--max-steps", "2"]
+    assert train_main(argv) == 0
     records = read_metrics(run)
     assert [r["step"] for r in records] == [1, 2]
     last = records[-1]
@@ -145,7 +144,8 @@ def test_torchrun_two_processes_match_one(tiny_model_dir, table_path, tmp_path):
                       + ["--max-steps", "2"]) == 0
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
            "--standalone", "-m", "marble.train",
-           *small_args(tiny_model_dir, table_path, two, "weighted_sum", 2, extra), "--max-steps", "2"]
+           *small_args(tiny_model_dir, table_path, two, "weighted_sum", 2, extra),
+           "--max-steps", "2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

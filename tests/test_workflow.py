@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from test_workflow_lib import (  # noqa: F401  (tiny_pipeline is a fixture)
-    BIN, ROOT, copy_workflow, env, run, snakemake, tiny_pipeline,
+    BIN, ROOT, copy_inputs, copy_workflow, env, run, snakemake, tiny_pipeline,
 )
 
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -104,8 +104,7 @@ def test_tiny_pipeline_end_to_end(tiny_pipeline):
 
 def _eval_workdir(tmp_path: Path, pipeline_dir: Path, scan: Path, datasets: list[str]) -> Path:
     work = copy_workflow(tmp_path / "repo")
-    for sub in ["data/models", "data/raw-tiny"]:
-        shutil.copytree(pipeline_dir / sub, work / sub)
+    copy_inputs(pipeline_dir, work, ["data/models", "data/raw-tiny"])
     cfg = yaml.safe_load((work / "config.yaml").read_text())
     cfg["runs"] = {}
     cfg["eval"].update(datasets=datasets, limit=2, scan_dirs=[str(scan)])
@@ -165,8 +164,7 @@ def _train_pids(work: Path) -> list[int]:
 @pytest.mark.slow
 def test_killed_training_resumes_from_last_checkpoint(tiny_pipeline, tmp_path):
     work = copy_workflow(tmp_path / "repo")
-    for sub in ["data/models", "data/raw-tiny", "data/datasets"]:
-        shutil.copytree(tiny_pipeline["dir"] / sub, work / sub)
+    copy_inputs(tiny_pipeline["dir"], work, ["data/models", "data/raw-tiny", "data/datasets"])
     cfg = yaml.safe_load((work / "config.yaml").read_text())
     cfg["runs"] = {"marble": {"preset": "tiny", "max_steps": 6, "set": ["train.save_every=2"]}}
     (work / "config.yaml").write_text(yaml.safe_dump(cfg))

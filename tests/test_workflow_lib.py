@@ -54,6 +54,16 @@ def copy_workflow(dest: Path, config: str | None = ".test/config.yaml") -> Path:
     return dest
 
 
+def copy_inputs(src: Path, dest: Path, subs: list[str]) -> None:
+    """Copy pipeline inputs (model, prompts, tables) with one old mtime for all, so
+    Snakemake takes them as done whatever order a `dvc pull` restored them in."""
+    old = time.time() - 3600
+    for sub in subs:
+        shutil.copytree(src / sub, dest / sub)
+        for path in [dest / sub, *(dest / sub).rglob("*")]:
+            os.utime(path, (old, old))
+
+
 def run(cmd: list[str], cwd: Path, check: bool = True, timeout: float = 900,
         log: Path | None = None) -> subprocess.CompletedProcess:
     """Run a command; on failure the error shows its output (and the tail of `log`)."""
@@ -100,7 +110,16 @@ def init_dvc(cwd: Path) -> None:
 
 @pytest.fixture(scope="session")
 def tiny_pipeline(tmp_path_factory) -> dict:
-    """The CI pipeline run once through `dvc repro` in a temp git copy."""
+    """The CI pipeline run once through `dvc repro` in a temp git copy.
+
+    MARBLE_TEST_PIPELINE_DIR (developers only) reuses a folder a previous session made.
+    """
+    reuse = os.environ.get("MARBLE_TEST_PIPELINE_DIR")
+    if reuse:
+        work = Path(reuse)
+        dry_all = snakemake(["-n", "all"], work)
+        return {"dir": work, "wall_s": float("nan"), "repro": None,
+                "dry_all": dry_all.stdout + dry_all.stderr}
     work = copy_workflow(tmp_path_factory.mktemp("pipeline") / "repo")
     init_dvc(work)
     start = time.perf_counter()

@@ -1,8 +1,10 @@
 """OCR reward: 1 - Levenshtein(recognized, target) / len(target), target = first quoted span.
 
-Two backends: PaddleOCR (the paper's; English, no angle classifier) and rapidocr-onnxruntime
-(PP-OCR ONNX models inside the wheel: runs offline on CPU). `backend="auto"` takes Paddle
-when importable, else rapidocr.
+Backends: PaddleOCR (the paper's; English, no angle classifier), `rapidocr` 3.x (PP-OCRv6 small
+det/rec ONNX models inside the wheel: offline, CPU) and the older `rapidocr_onnxruntime` 1.x
+(PP-OCRv4 in the wheel). `backend="auto"` takes the first importable of paddle, rapidocr,
+rapidocr_onnxruntime. PP-OCRv4 misreads a firework spark in ../shared/images/hello_world.jpg as
+an apostrophe ("Hello'"); PP-OCRv6 reads "Hello" "World!", hence v3 before 1.x.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ import torch
 from marble.rewards.base import Reward, quoted_target, to_uint8_hwc
 
 log = logging.getLogger(__name__)
-BACKENDS = ("auto", "rapidocr", "paddle")
+BACKENDS = ("auto", "paddle", "rapidocr", "rapidocr_onnxruntime")
+# Boxes whose recognition confidence is below this are dropped: PaddleOCR's drop_score default,
+# which the reference inherits; both rapidocr packages use the same default (text_score).
+DROP_SCORE = 0.5
 
 
 def normalize_text(text: str) -> str:
@@ -38,18 +43,42 @@ def ocr_similarity(recognized: str, target: str) -> float:
 def resolve_backend(backend: str) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"ocr: backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "auto":
-        return "paddle" if importlib.util.find_spec("paddleocr") else "rapidocr"
-    return backend
+    if backend != "auto":
+        return backend
+    preference = (("paddle", "paddleocr"), ("rapidocr", "rapidocr"), ("rapidocr_onnxruntime", "rapidocr_onnxruntime"))
+    for name, module in preference:
+        if importlib.util.find_spec(module):
+            return name
+    raise ImportError(
+        "ocr backend 'auto' found none of paddleocr, rapidocr, rapidocr_onnxruntime: `pip install marble[ocr]`"
+    )
 
 
 class _Rapid:
+    """rapidocr 3.x with its bundled PP-OCRv6 models (sha256-checked, never downloaded when present)."""
+
+    def __init__(self):
+        try:
+            from rapidocr import RapidOCR
+        except ImportError as err:
+            raise ImportError("ocr backend 'rapidocr' needs `pip install marble[ocr]` (rapidocr>=3)") from err
+        # No angle classifier, as the reference; "error" log level: empty images would warn per call.
+        params = {"Global.use_cls": False, "Global.text_score": DROP_SCORE, "Global.log_level": "error"}
+        self.engine = RapidOCR(params=params)
+
+    def read(self, bgr: np.ndarray) -> str:
+        return "".join(self.engine(bgr).txts or ())
+
+
+class _RapidOnnxruntime:
+    """rapidocr_onnxruntime 1.x with its bundled PP-OCRv4 models."""
+
     def __init__(self):
         try:
             from rapidocr_onnxruntime import RapidOCR
         except ImportError as err:
-            raise ImportError("ocr backend 'rapidocr' needs `pip install marble[ocr]`") from err
-        self.engine = RapidOCR()
+            raise ImportError("ocr backend 'rapidocr_onnxruntime' needs `pip install rapidocr-onnxruntime`") from err
+        self.engine = RapidOCR(text_score=DROP_SCORE, use_cls=False)
 
     def read(self, bgr: np.ndarray) -> str:
         result, _ = self.engine(bgr)
@@ -63,7 +92,7 @@ class _Paddle:
         except ImportError as err:
             raise ImportError("ocr backend 'paddle' needs `pip install marble[paddle]` (see docs/rewards.md)") from err
         # The reference's settings: English, no angle classifier, CPU.
-        self.engine = PaddleOCR(use_angle_cls=False, lang="en", use_gpu=use_gpu, show_log=False)
+        self.engine = PaddleOCR(use_angle_cls=False, lang="en", use_gpu=use_gpu, show_log=False, drop_score=DROP_SCORE)
 
     def read(self, bgr: np.ndarray) -> str:
         result = self.engine.ocr(bgr, cls=False)
@@ -79,7 +108,8 @@ class OCRReward(Reward):
     def __init__(self, backend: str = "auto", use_gpu: bool = False, **kw):
         super().__init__(**kw)
         self.backend = resolve_backend(backend)
-        self.engine = _Paddle(use_gpu) if self.backend == "paddle" else _Rapid()
+        engines = {"paddle": lambda: _Paddle(use_gpu), "rapidocr": _Rapid, "rapidocr_onnxruntime": _RapidOnnxruntime}
+        self.engine = engines[self.backend]()
         self.errors = 0  # OCR engine exceptions (each one is a NaN sample)
 
     def applies_by_content(self, prompt, metadata):

@@ -92,6 +92,8 @@ def train_resources():
     nodes, gpus = TRAIN["nodes"], TRAIN["gpus_per_node"]
     tasks = TRAIN["tasks"] or nodes
     per_node = " --ntasks-per-node=1" if tasks == nodes else ""
+    # USR1 reaches job steps (our srun tasks), not a single-task job's batch shell.
+    signal = f" --signal=USR1@{TRAIN['requeue_signal_s']}" if tasks > 1 else ""
     res = dict(
         nodes=nodes,
         tasks=tasks,
@@ -99,7 +101,7 @@ def train_resources():
         mem_mb=TRAIN["mem_mb"],
         runtime=TRAIN["runtime"],
         tasks_per_gpu=0,
-        slurm_extra=f"--requeue --signal=USR1@{TRAIN['requeue_signal_s']}{per_node}",
+        slurm_extra=f"--requeue{signal}{per_node}",
     )
     if gpus:
         res["gres"] = f"gpu:{gpus}"

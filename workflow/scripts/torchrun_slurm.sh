@@ -19,7 +19,7 @@ else
     head_host="$(hostname)"  # one node, started by the jobstep itself (no srun step)
 fi
 port="${MARBLE_RDZV_PORT:-29500}"
-echo "torchrun_slurm: node ${SLURM_NODEID:-0}/$nnodes on $(hostname -s)," \
+echo "torchrun_slurm: task ${SLURM_PROCID:-0} of $nnodes on $(hostname -s)," \
     "$nproc proc(s), rendezvous $head_host:$port id $SLURM_JOB_ID"
 
 requeue() {
