@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 EXTRAS ?= dev,workflow,ocr
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test test-clip clean
 
 $(BIN)/marble: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,5 +25,19 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q --timeout=1800 tests
 
+# The open_clip-based scorers (HPSv2.1) need torchvision, which must match torch exactly:
+# a second environment with the torch 2.14.1 / torchvision 0.29.1 pair runs their tests.
+CLIP_VENV ?= .venv-clip
+CLIP_TORCH ?= torch==2.14.1 torchvision==0.29.1
+
+$(CLIP_VENV)/bin/marble: pyproject.toml
+	$(PYTHON) -m venv $(CLIP_VENV)
+	$(CLIP_VENV)/bin/pip install $(CLIP_TORCH)
+	$(CLIP_VENV)/bin/pip install -e ".[dev,clip]" $(CLIP_TORCH)
+	touch $@
+
+test-clip: $(CLIP_VENV)/bin/marble
+	$(CLIP_VENV)/bin/python -m pytest -q tests/test_rewards_hpsv2.py
+
 clean:
-	rm -rf $(VENV) .snakemake results/runs results/eval results/report results/bench logs benchmarks
+	rm -rf $(VENV) $(CLIP_VENV) .snakemake results/runs results/eval results/report results/bench logs benchmarks

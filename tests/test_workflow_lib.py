@@ -110,8 +110,17 @@ def init_dvc(cwd: Path) -> None:
     dvc(["config", "core.analytics", "false"], cwd)
 
 
+_PIPELINE: dict = {}  # one run per session: each importing module gets its own fixture
+
+
 @pytest.fixture(scope="session")
 def tiny_pipeline(tmp_path_factory) -> dict:
+    if not _PIPELINE:
+        _PIPELINE.update(_make_pipeline(tmp_path_factory))
+    return _PIPELINE
+
+
+def _make_pipeline(tmp_path_factory) -> dict:
     """The CI pipeline run once through `dvc repro` in a temp git copy.
 
     MARBLE_TEST_PIPELINE_DIR (developers only) reuses a folder a previous session made.
