@@ -19,11 +19,12 @@ $(BIN)/marble: pyproject.toml
 
 setup: $(BIN)/marble
 
+# Rules call `marble` and `python`: the venv's bin goes first on PATH.
 demo: setup
-	$(BIN)/snakemake -c2 all
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake -c2 all
 
 test: setup
-	$(BIN)/python -m pytest -q --timeout=1800 tests
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q --timeout=1800 tests
 
 # The open_clip-based scorers (HPSv2.1) need torchvision, which must match torch exactly:
 # a second environment with the torch 2.14.1 / torchvision 0.29.1 pair runs their tests.

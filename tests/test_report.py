@@ -127,6 +127,16 @@ def test_eval_table_shared_metric_names_and_injected_composite():
     assert table.loc["b", "composite"] == pytest.approx(7.0)
 
 
+def test_eval_table_leaves_out_count_columns():
+    summary = pd.DataFrame({"run": ["a", "a", "a", "a"], "checkpoint": ["c1"] * 4,
+                            "dataset": ["ocr"] * 4,
+                            "metric": ["ocr", "n_ocr", "nan_ocr", "num_samples"],
+                            "value": [0.5, 10.0, 1.0, 11.0]})
+    table = eval_table(summary, composite=lambda wide: wide.sum(axis=1))
+    assert list(table.columns) == ["checkpoint", "ocr", "composite"]
+    assert table.loc["a", "composite"] == pytest.approx(0.5)
+
+
 def test_harmony_tables_hold_the_right_numbers(full_report):
     by_run = pd.read_csv(full_report / "tables" / "harmony_by_run.csv", index_col="run")
     ws, mb = by_run.loc["weighted_sum"], by_run.loc["marble"]

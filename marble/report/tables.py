@@ -36,9 +36,16 @@ def composite_function() -> Callable[[pd.DataFrame], pd.Series] | None:
     return composite_zscore
 
 
+def is_count_metric(metric: str) -> bool:
+    """average_scores.json's bookkeeping (n_, na_, nan_ counts, num_samples): not scores,
+    so they stay out of the score table and the composite."""
+    return metric == "num_samples" or metric.startswith(("n_", "na_", "nan_"))
+
+
 def eval_table(summary: pd.DataFrame, composite: Callable | None = None) -> pd.DataFrame:
     """Table-1 style: one row per run (its latest evaluated checkpoint), one column per
     metric (`dataset/metric` when a metric name occurs in several datasets), composite."""
+    summary = summary[~summary["metric"].map(is_count_metric)]
     latest = summary.groupby("run")["checkpoint"].agg(lambda s: latest_checkpoint_name(list(s)))
     rows = summary[summary["checkpoint"] == summary["run"].map(latest)].copy()
     datasets_per_metric = rows.groupby("metric")["dataset"].nunique()
