@@ -146,3 +146,21 @@ def test_stderr_and_noise_caution():
     clean = verdict(run_pair({"bright": UP, "sat": UP, "color": UP},
                              {"bright": UP, "sat": UP, "color": DOWN}), SPEC)
     assert "Caution" not in clean.text
+
+
+def test_identical_changes_under_both_balancers_are_not_credited():
+    from marble.report.verdict import RewardChange, indistinguishable
+
+    def run(name, balancer, delta):
+        return RunTrend(name, balancer, {
+            "bright": RewardChange("bright", 0.5, 0.5 + delta, delta, delta > 0, stderr=0.01),
+            "color": RewardChange("color", 0.4, 0.4 + 0.17, 0.17, True, stderr=0.02),
+        })
+
+    same_m, same_w = run("marble", "marble", -0.0001), run("ws", "weighted_sum", -0.0002)
+    assert indistinguishable(same_m, same_w)
+    text = verdict([same_m, same_w], {"color": 0.1}).text
+    assert "cannot tell them apart" in text
+    apart = run("marble", "marble", 0.05)  # bright differs by 0.05 >> stderr 0.01
+    assert not indistinguishable(apart, same_w)
+    assert "cannot tell them apart" not in verdict([apart, same_w], {"color": 0.1}).text

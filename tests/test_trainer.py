@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from marble.data.records import PromptRecord, to_frame
 from marble.train import main as train_main
 
-REWARDS = ["toy_brightness", "toy_saturation", "toy_color_match"]
+REWARDS = ["toy_brightness", "toy_saturation", "toy_text_contrast", "toy_color_match"]
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -38,6 +38,7 @@ def table_path(tmp_path_factory) -> Path:
         PromptRecord.make("a cat on a sofa", "pickscore"),
     ]
     masks = {"toy_brightness": [True] * 6, "toy_saturation": [True] * 6,
+             "toy_text_contrast": [False, False, True, True, False, False],
              "toy_color_match": [True, False, False, False, False, False]}
     out = tmp_path_factory.mktemp("data") / "train.parquet"
     to_frame(rows, masks).to_parquet(out)

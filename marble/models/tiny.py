@@ -177,7 +177,10 @@ def _tiny_vae():
         in_channels=3, out_channels=3, latent_channels=16,
         down_block_types=("DownEncoderBlock2D",) * 4,  # 3 downsamples: x8 like SD3
         up_block_types=("UpDecoderBlock2D",) * 4,
-        block_out_channels=(8, 8, 16, 16), layers_per_block=1, norm_num_groups=8,
+        # One norm group: with one group per channel the decoder's final GroupNorm pins
+        # every channel's mean, so image brightness could not respond to the latents at
+        # all (std 0.0007 over random latents); one group leaves it a range to learn in.
+        block_out_channels=(8, 8, 16, 16), layers_per_block=1, norm_num_groups=1,
         scaling_factor=SD3_VAE_SCALING, shift_factor=SD3_VAE_SHIFT,
         use_quant_conv=False, use_post_quant_conv=False)
 

@@ -146,6 +146,23 @@ def compare(marble: RunTrend, ws: RunTrend, specialists: dict[str, float]) -> tu
     )
 
 
+def indistinguishable(marble: RunTrend, ws: RunTrend) -> bool:
+    """True when every shared reward's change differs between the two runs by less than
+    the changes' own standard error. Runs draw the same prompts per epoch (same seed), so
+    a change that is the same under both balancers comes from the prompt draw, not the
+    balancer, and the verdict must say so rather than credit either."""
+    gaps = []
+    for name, m in marble.changes.items():
+        w = ws.changes.get(name)
+        if w is None or not (math.isfinite(m.delta) and math.isfinite(w.delta)):
+            continue
+        noise = max(m.stderr, w.stderr)
+        if not math.isfinite(noise):
+            return False
+        gaps.append(abs(m.delta - w.delta) < noise)
+    return bool(gaps) and all(gaps)
+
+
 def verdict(trends: list[RunTrend], specialists: dict[str, float]) -> Verdict:
     """Compare each MARBLE run with the first weighted-sum run (runs in the given order)."""
     lines = [run_line(t, specialists) for t in trends]
@@ -173,6 +190,13 @@ def verdict(trends: list[RunTrend], specialists: dict[str, float]) -> Verdict:
     for m in marbles:
         outcomes[m.run], sentence = compare(m, wss[0], specialists)
         sentences.append(sentence)
+    same = [f"`{m.run}`" for m in marbles if indistinguishable(m, wss[0])]
+    if same:
+        sentences.append(
+            f"But {', '.join(same)} and the weighted sum (`{wss[0].run}`) changed every reward "
+            "by the same amount within one standard error: on these identical prompt draws the "
+            "change reflects the prompts, not the balancer, so this run cannot tell them apart "
+            "(train longer, or on a model whose images respond more to the policy).")
     noisy = sorted({f"`{t.run}`" for t in marbles + wss[:1] for s in specialists
                     if s in t.changes and t.changes[s].within_noise})
     if noisy:
