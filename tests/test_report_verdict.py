@@ -91,8 +91,9 @@ def test_marble_also_dilutes():
     v = verdict(run_pair({"bright": UP, "sat": UP, "color": FLAT},
                          {"bright": UP, "sat": UP, "color": DOWN}), SPEC)
     assert v.outcomes == {"marble": "marble_also_dilutes"}
-    assert "MARBLE (`marble`) also diluted the specialist" in v.text
+    assert "under MARBLE (`marble`) the specialist color did not improve either" in v.text
     assert "color +0" in v.text and "color -0.2" in v.text
+    assert "General rewards improving: bright, sat under MARBLE, bright, sat under the weighted sum" in v.text
 
 
 def test_reverse_and_partial_outcomes():

@@ -109,6 +109,15 @@ def _spec_changes(trend: RunTrend, specialists: dict[str, float]) -> str:
     return ", ".join(f"{s} {_fmt(trend.changes[s].delta)}" for s in specialists if s in trend.changes)
 
 
+def _general_clause(marble: RunTrend, ws: RunTrend, specialists: dict[str, float]) -> str:
+    """Which general (non-specialist) rewards improved under each balancer."""
+    def improving(t: RunTrend) -> str:
+        names = [c.reward for c in t.changes.values() if c.reward not in specialists and c.improved]
+        return ", ".join(names) or "none"
+    return (f"General rewards improving: {improving(marble)} under MARBLE, "
+            f"{improving(ws)} under the weighted sum.")
+
+
 def compare(marble: RunTrend, ws: RunTrend, specialists: dict[str, float]) -> tuple[str, str]:
     """(outcome code, sentence) for one MARBLE run against one weighted-sum run."""
     names = ", ".join(f"{s} ({share:.0%} of rollouts)" for s, share in specialists.items())
@@ -129,9 +138,12 @@ def compare(marble: RunTrend, ws: RunTrend, specialists: dict[str, float]) -> tu
             f"reward improving."
         )
     if not m_spec and not ws_spec:
+        failed = ", ".join(s for s in specialists
+                           if s in marble.changes and not marble.changes[s].improved)
         return "marble_also_dilutes", (
-            f"No: MARBLE (`{marble.run}`) also diluted the specialist {names}: it did not improve "
-            f"under MARBLE ({m_spec_txt}) nor under the weighted sum (`{ws.run}`, {ws_spec_txt})."
+            f"No: under MARBLE (`{marble.run}`) the specialist {failed} did not improve either "
+            f"(specialists {names}: {m_spec_txt} under MARBLE, {ws_spec_txt} under the weighted "
+            f"sum `{ws.run}`). {_general_clause(marble, ws, specialists)}"
         )
     if not m_spec:
         return "ws_fine_marble_dilutes", (
