@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -80,3 +81,24 @@ def append_jsonl(path: str | os.PathLike, record: dict) -> None:
         fh.write(json.dumps(record, allow_nan=True) + "\n")
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def read_jsonl(path: str | os.PathLike, error: type[Exception] = ValueError) -> list[tuple[int, Any]]:
+    """(line number, record) for every non-blank line of a JSONL log written by
+    `append_jsonl`. A torn *last* line can only come from a crash mid-append: it is
+    skipped. Any other bad line raises `error` naming file and line."""
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    last = max((i for i, line in enumerate(lines, 1) if line.strip()), default=0)
+    out = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append((lineno, json.loads(line)))
+        except json.JSONDecodeError as exc:
+            if lineno == last:
+                warnings.warn(f"{path}:{lineno}: ignoring a torn last line ({exc.msg})")
+                break
+            raise error(f"{path}:{lineno}: invalid JSON line: {exc.msg}") from exc
+    return out

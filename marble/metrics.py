@@ -16,7 +16,7 @@ from typing import Iterator
 
 import torch
 
-from marble.io import append_jsonl, write_text
+from marble.io import append_jsonl, read_jsonl, write_text
 
 
 def reward_stats(name: str, rewards: torch.Tensor, applicable: torch.Tensor) -> dict[str, float]:
@@ -130,7 +130,7 @@ class MetricsLog:
     def read(self) -> list[dict]:
         if not self.path.is_file():
             return []
-        return [json.loads(x) for x in self.path.read_text(encoding="utf-8").splitlines() if x]
+        return [record for _, record in read_jsonl(self.path)]
 
 
 def _jsonable(record: dict) -> dict:

@@ -173,26 +173,10 @@ def write_assembled(out_dir: str | Path, parts: Sequence[Assembled]) -> list[Pat
 
 
 def build_rewards(names: Sequence[str], specs: Sequence | None = None) -> dict[str, object]:
-    """Weight-free reward objects that answer `applies(prompt, metadata)`.
-
-    The class comes from the registry, but only the base `Reward.__init__` runs (with the
-    spec's `applies_to` override): scorer constructors load weights, and a mask needs
-    none. A spec's `options` are about scoring, so they are not passed.
-    """
-    import importlib
-
+    """Weight-free reward objects that answer `applies(prompt, metadata)`, honouring a
+    spec's `applies_to` override (its scoring `options` play no part in a mask)."""
     from marble import rewards as registry
-    from marble.rewards.base import Reward
 
     by_name = {s.name: s for s in specs or []}
-    out = {}
-    for name in names:
-        if name not in registry.REGISTRY:
-            raise KeyError(f"unknown reward {name!r} (available: {', '.join(registry.available())})")
-        module, cls_name = registry.REGISTRY[name].split(":")
-        cls = getattr(importlib.import_module(module), cls_name)
-        reward = cls.__new__(cls)
-        spec = by_name.get(name)
-        Reward.__init__(reward, applies_to=None if spec is None else spec.applies_to)
-        out[name] = reward
-    return out
+    return {name: registry.applicability(name, getattr(by_name.get(name), "applies_to", None))
+            for name in names}

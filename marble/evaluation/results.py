@@ -13,6 +13,8 @@ import math
 from pathlib import Path
 from typing import Iterable
 
+from marble.io import read_jsonl
+
 GENEVAL_TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
 GENEVAL_DETAIL_KEYS = ("accuracy", "strict_accuracy")
 # Arguments that change the images; a resume with any of them changed would mix two runs.
@@ -45,17 +47,8 @@ def read_results(path: str | Path) -> dict[int, dict]:
     path = Path(path)
     if not path.is_file():
         return {}
-    lines = path.read_text(encoding="utf-8").splitlines()
     rows: dict[int, dict] = {}
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if lineno == len(lines):
-                break
-            raise ResultsError(f"{path}:{lineno}: invalid JSON line: {exc}") from exc
+    for lineno, row in read_jsonl(path, ResultsError):
         if not isinstance(row, dict) or not isinstance(row.get("sample_id"), int):
             raise ResultsError(f"{path}:{lineno}: a result row needs an integer sample_id")
         rows[row["sample_id"]] = row

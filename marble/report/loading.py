@@ -16,6 +16,8 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from marble.io import read_jsonl
+
 
 class ReportInputError(ValueError):
     """An input file exists but cannot be read; the message names file and line."""
@@ -54,21 +56,10 @@ class RunData:
 def read_metrics(path: Path) -> pd.DataFrame:
     """metrics.jsonl -> DataFrame; null -> NaN; a step logged twice (resume) keeps the last."""
     records = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                # A torn last line can only come from a crash mid-append: skip it, say so.
-                if lineno == _count_lines(path):
-                    print(f"warning: {path}:{lineno}: ignoring a torn last line ({exc.msg})")
-                    continue
-                raise ReportInputError(f"{path}:{lineno}: invalid JSON: {exc.msg}") from exc
-            if not isinstance(record, dict) or "step" not in record:
-                raise ReportInputError(f"{path}:{lineno}: expected an object with a `step` key")
-            records.append(record)
+    for lineno, record in read_jsonl(path, ReportInputError):
+        if not isinstance(record, dict) or "step" not in record:
+            raise ReportInputError(f"{path}:{lineno}: expected an object with a `step` key")
+        records.append(record)
     frame = pd.DataFrame.from_records(records)
     if frame.empty:
         return pd.DataFrame({"step": pd.Series(dtype=float)})
@@ -78,10 +69,6 @@ def read_metrics(path: Path) -> pd.DataFrame:
     frame = frame.drop_duplicates("step", keep="last").sort_values("step")
     return frame.reset_index(drop=True)
 
-
-def _count_lines(path: Path) -> int:
-    with open(path, encoding="utf-8") as fh:
-        return sum(1 for line in fh if line.strip())
 
 
 def load_run(path: Path) -> RunData:

@@ -27,11 +27,27 @@ def available() -> list[str]:
     return sorted(REGISTRY)
 
 
-def build(name: str, **options) -> Reward:
+def _reward_class(name: str) -> type[Reward]:
     if name not in REGISTRY:
         raise KeyError(f"unknown reward {name!r} (available: {', '.join(available())})")
     module, cls = REGISTRY[name].split(":")
-    return getattr(importlib.import_module(module), cls)(**options)
+    return getattr(importlib.import_module(module), cls)
+
+
+def applicability(name: str, applies_to=None) -> Reward:
+    """A reward object that answers `applies(prompt, metadata)` without loading weights.
+
+    Only the base `Reward.__init__` runs: scorer constructors load models, and a mask
+    (dataset assembly) needs none of them. Use `build` for a reward that scores.
+    """
+    cls = _reward_class(name)
+    reward = cls.__new__(cls)
+    Reward.__init__(reward, applies_to=applies_to)
+    return reward
+
+
+def build(name: str, **options) -> Reward:
+    return _reward_class(name)(**options)
 
 
 def score_all(
@@ -90,6 +106,7 @@ __all__ = [
     "REGISTRY",
     "Reward",
     "RewardServiceError",
+    "applicability",
     "available",
     "build",
     "quoted_target",
