@@ -27,18 +27,21 @@ GENEVAL_COLORS: dict[str, tuple[int, int, int]] = {
     "white": (255, 255, 255),
 }
 
-_LUMA = torch.tensor([0.299, 0.587, 0.114])  # Rec. 601 weights
+_LUMA = torch.tensor([0.299, 0.587, 0.114], dtype=torch.float64)  # Rec. 601 weights
 
 
+# Why float64: the scorers run in a thread pool, where a torch kernel's thread team (and so
+# its float32 summation order) can differ from run to run; in float64 that order changes a
+# score by ~1e-16 instead of one float32 ulp, so two runs on the same 8-bit images agree.
 def luminance(images: torch.Tensor) -> torch.Tensor:
-    """[N,3,H,W] in [0,1] -> [N,H,W] Rec. 601 luma."""
-    return torch.einsum("nchw,c->nhw", images.float(), _LUMA)
+    """[N,3,H,W] in [0,1] -> [N,H,W] Rec. 601 luma (float64)."""
+    return torch.einsum("nchw,c->nhw", images.double(), _LUMA)
 
 
 def hsv_saturation(images: torch.Tensor) -> torch.Tensor:
     """[N,3,H,W] -> [N,H,W] HSV saturation (max-min)/max, 0 where max is 0 (black)."""
-    hi = images.float().amax(dim=1)
-    lo = images.float().amin(dim=1)
+    hi = images.double().amax(dim=1)
+    lo = images.double().amin(dim=1)
     return torch.where(hi > 0, (hi - lo) / hi.clamp_min(1e-12), torch.zeros_like(hi))
 
 
@@ -54,9 +57,9 @@ def color_match(images: torch.Tensor, color: str) -> torch.Tensor:
     """1 - ||mean RGB - colour RGB|| / sqrt(3), in [0,1] (1: the mean colour is exactly it)."""
     if color not in GENEVAL_COLORS:
         raise KeyError(f"unknown GenEval colour {color!r} (known: {', '.join(GENEVAL_COLORS)})")
-    target = torch.tensor(GENEVAL_COLORS[color], dtype=torch.float32) / 255.0
-    mean_rgb = images.float().mean(dim=(2, 3))
-    return 1.0 - torch.linalg.vector_norm(mean_rgb - target, dim=1) / 3**0.5
+    target = torch.tensor(GENEVAL_COLORS[color], dtype=torch.float64) / 255.0
+    mean_rgb = images.double().mean(dim=(2, 3))
+    return (1.0 - torch.linalg.vector_norm(mean_rgb - target, dim=1) / 3**0.5).float()
 
 
 def edge_density(images: torch.Tensor) -> torch.Tensor:
@@ -64,7 +67,7 @@ def edge_density(images: torch.Tensor) -> torch.Tensor:
     y = luminance(images)
     dx = (y[:, :, 1:] - y[:, :, :-1]).abs().mean(dim=(1, 2))
     dy = (y[:, 1:, :] - y[:, :-1, :]).abs().mean(dim=(1, 2))
-    return (dx + dy) / 2
+    return ((dx + dy) / 2).float()
 
 
 class ToyBrightness(Reward):
@@ -74,7 +77,7 @@ class ToyBrightness(Reward):
     name = "toy_brightness"
 
     def score(self, images, prompts, metadata):
-        return luminance(images).mean(dim=(1, 2))
+        return luminance(images).mean(dim=(1, 2)).float()
 
 
 class ToySaturation(Reward):
@@ -84,7 +87,7 @@ class ToySaturation(Reward):
     name = "toy_saturation"
 
     def score(self, images, prompts, metadata):
-        return hsv_saturation(images).mean(dim=(1, 2))
+        return hsv_saturation(images).mean(dim=(1, 2)).float()
 
 
 class ToyColorMatch(Reward):
