@@ -13,7 +13,11 @@ import pytest
 import torch
 
 from marble.rewards import RewardServiceError, build
-from marble.rewards.unifiedreward import parse_final_score
+from marble.rewards.unifiedreward import QUESTION, parse_final_score
+
+# sha256 of the reference's judge prompt (aim-uofa/MARBLE flow_grpo/rewards.py, `question`),
+# computed from the reference text: the prompt is part of the reward's definition.
+REFERENCE_QUESTION_SHA256 = "d68ab1dcf4dc3a39ec5dfab963d17fe30a6e5f713eb49f743ed88a4c8ce4317f"
 
 
 class Judge(BaseHTTPRequestHandler):
@@ -27,7 +31,10 @@ class Judge(BaseHTTPRequestHandler):
         content = body["messages"][0]["content"]
         assert content[0]["image_url"]["url"].startswith("data:image/png;base64,")
         assert body["temperature"] == 0.0
-        caption = content[1]["text"]
+        text = content[1]["text"]
+        prefix, suffix = QUESTION.split("{prompt}")
+        assert text.startswith(prefix) and text.endswith(suffix)
+        caption = text[len(prefix) : len(text) - len(suffix)]
         if "error" in caption:
             self.send_response(500)
             self.end_headers()
@@ -64,17 +71,51 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
+def test_question_is_the_reference_prompt_verbatim():
+    import hashlib
+
+    assert hashlib.sha256(QUESTION.encode()).hexdigest() == REFERENCE_QUESTION_SHA256
+    assert QUESTION.format(prompt="a cat").endswith("Text Caption: [a cat]")
+
+
 def test_parse_final_score():
     assert parse_final_score("blah\nFinal Score: 3.5") == 3.5
     assert parse_final_score("Final Score: **4**") == 4.0
+    assert parse_final_score("Final Score: 2\nFinal Score: 5") == 5.0  # lenient: the last one
     assert math.isnan(parse_final_score("no score here"))
     assert math.isnan(parse_final_score(""))
+    # The reference's rule: first match, a leading digit 1-5, case-sensitive, no markdown.
+    assert parse_final_score("Final Score: 2\nFinal Score: 5", reference=True) == 2.0
+    assert parse_final_score("Final Score: 4.25", reference=True) == 4.25
+    assert math.isnan(parse_final_score("Final Score: **4**", reference=True))
+    assert math.isnan(parse_final_score("final score: 4", reference=True))
+    assert math.isnan(parse_final_score("Final Score: 7", reference=True))
+
+
+def test_reference_rules_scale_by_five_and_score_failures_zero(server_url, monkeypatch):
+    monkeypatch.setenv("MARBLE_UNIFIEDREWARD_API_KEY", "test-key")
+    monkeypatch.delenv("MARBLE_UNIFIEDREWARD_URL", raising=False)
+    reward = build("unifiedreward", base_url=server_url, timeout_s=0.5, retries=0, max_failure_fraction=0.9,
+                   image_size=32)
+    out = reward(torch.rand(4, 3, 16, 16), ["good dog", "garbage", "error", "good cat"])
+    assert out.tolist() == pytest.approx([0.9, 0.0, 0.0, 0.9])  # 4.5 / 5; failures -> 0 as the reference
+    counters = reward.counters()
+    assert reward.failures == 2 and counters["failed_unparsable"] == 1 and counters["failed_http_500"] == 1
+
+
+def test_base_url_from_environment(server_url, monkeypatch):
+    monkeypatch.setenv("MARBLE_UNIFIEDREWARD_URL", server_url)
+    reward = build("unifiedreward", image_size=32)
+    assert reward.url == server_url + "/chat/completions"
+    assert reward(torch.rand(1, 3, 16, 16), ["good"]).item() == pytest.approx(0.9)
+    with pytest.raises(ValueError, match="score_scale"):
+        build("unifiedreward", score_scale=0)
 
 
 def test_mixed_replies_are_nan_and_counted(server_url, monkeypatch):
     monkeypatch.setenv("MARBLE_UNIFIEDREWARD_API_KEY", "test-key")
     reward = build("unifiedreward", base_url=server_url, timeout_s=0.5, retries=1, backoff_s=0.01,
-                   max_failure_fraction=0.9, image_size=32)
+                   max_failure_fraction=0.9, image_size=32, reference_rules=False, score_scale=1.0)
     prompts = ["good dog", "garbage", "error", "slow good", "good cat"]
     out = reward(torch.rand(5, 3, 16, 16), prompts)
     assert out.dtype == torch.float32 and out.shape == (5,)
@@ -96,7 +137,8 @@ def test_abort_threshold_raises(server_url):
 
 def test_connection_refused_is_counted_then_aborts():
     url = f"http://127.0.0.1:{closed_port()}/v1"
-    lenient = build("unifiedreward", base_url=url, retries=1, backoff_s=0.01, max_failure_fraction=1.0, image_size=32)
+    lenient = build("unifiedreward", base_url=url, retries=1, backoff_s=0.01, max_failure_fraction=1.0, image_size=32,
+                    reference_rules=False)
     out = lenient(torch.rand(2, 3, 16, 16), ["good", "good"])
     assert torch.isnan(out).all() and lenient.counters()["failed_connection"] == 2
     strict = build("unifiedreward", base_url=url, retries=0, image_size=32)

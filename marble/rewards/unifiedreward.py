@@ -1,9 +1,17 @@
 """UnifiedReward: a VLM judge behind an OpenAI-compatible chat endpoint (an sglang server).
 
 One request per image (PNG, resized to 512, base64), temperature 0, bounded concurrency,
-timeout, retries with exponential backoff. The score is the number after "Final Score:"
-on the 1-5 scale, kept raw; an unparsable or failed reply is NaN (never 0) and counted by
-kind. When a call's failures exceed `max_failure_fraction`, RewardServiceError aborts it.
+timeout, retries with exponential backoff. The judge prompt is the reference's, verbatim
+(flow_grpo/rewards.py `unifiedreward_score_sglang`), and the score is the number after
+"Final Score:" divided by `score_scale` (5, as the reference: 0.2..1).
+
+`reference_rules: true` (default) reproduces the reference: the first "Final Score: [1-5]"
+match, and a reply without one scores 0; a request that fails after its retries also
+scores 0 (the reference would crash there). `reference_rules: false`: the last
+"Final Score: <number>" (markdown bold allowed), and failures are NaN (masked). Either way
+failures are counted by kind, and when they exceed `max_failure_fraction` of a call,
+RewardServiceError aborts it. The server URL comes from the `base_url` option, else
+$MARBLE_UNIFIEDREWARD_URL; the key only from the environment variable `api_key_env`.
 """
 
 from __future__ import annotations
@@ -22,20 +30,33 @@ from marble.rewards.base import Reward, RewardServiceError, to_pil
 
 log = logging.getLogger(__name__)
 _FINAL_SCORE = re.compile(r"Final Score:\s*\**\s*([-+]?\d+(?:\.\d+)?)", re.IGNORECASE)
+# The reference's pattern: case-sensitive, a leading digit 1-5, first match only.
+_REFERENCE_FINAL_SCORE = re.compile(r"Final Score:\s*([1-5](?:\.\d+)?)")
 _RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
+DEFAULT_BASE_URL = "http://127.0.0.1:17140/v1"
+BASE_URL_ENV = "MARBLE_UNIFIEDREWARD_URL"
 
+# The reference's judge prompt, character for character (it is part of the reward's definition).
 QUESTION = (
-    "<image>\nYou are given a text caption and an image generated from it. Evaluate the image on two criteria:\n"
-    "1. Alignment with the caption: how accurately the image shows the objects, attributes and relations the "
-    "caption describes.\n"
-    "2. Overall image quality: clarity, detail, colour accuracy and aesthetic appeal.\n"
-    "Considering both, give a score from 1 to 5 after 'Final Score:'.\n"
-    "Text Caption: [{prompt}]"
+    "<image>\nYou are given a text caption and a generated image based on that caption. Your task is to "
+    "evaluate this image based on two key criteria:\n1. Alignment with the Caption: Assess how well this image "
+    "aligns with the provided caption. Consider the accuracy of depicted objects, their relationships, and "
+    "attributes as described in the caption.\n2. Overall Image Quality: Examine the visual quality of this "
+    "image, including clarity, detail preservation, color accuracy, and overall aesthetic appeal.\nBased on "
+    "the above criteria, assign a score from 1 to 5 after 'Final Score:'.\nYour task is provided as follows:"
+    "\nText Caption: [{prompt}]"
 )
 
 
-def parse_final_score(text: str) -> float:
-    """The number after the last 'Final Score:' in a reply, or NaN when there is none."""
+def parse_final_score(text: str, reference: bool = False) -> float:
+    """The number after 'Final Score:' in a reply (raw, 1-5 scale), or NaN when there is none.
+
+    reference=True: the reference's rule (first match of 'Final Score: [1-5](.d+)?');
+    else the last 'Final Score:' number, tolerating markdown bold and any case.
+    """
+    if reference:
+        match = _REFERENCE_FINAL_SCORE.search(text or "")
+        return float(match.group(1)) if match else float("nan")
     matches = _FINAL_SCORE.findall(text or "")
     return float(matches[-1]) if matches else float("nan")
 
@@ -51,12 +72,17 @@ class UnifiedReward(Reward):
 
     name = "unifiedreward"
 
-    def __init__(self, base_url: str = "http://127.0.0.1:17140/v1", model: str = "CodeGoat24/UnifiedReward-7b-v1.5",
+    def __init__(self, base_url: str | None = None, model: str = "CodeGoat24/UnifiedReward-7b-v1.5",
                  api_key_env: str = "MARBLE_UNIFIEDREWARD_API_KEY", concurrency: int = 16,
                  timeout_s: float = 120.0, retries: int = 2, backoff_s: float = 0.5,
-                 max_failure_fraction: float = 0.5, image_size: int = 512, **kw):
+                 max_failure_fraction: float = 0.5, image_size: int = 512, score_scale: float = 5.0,
+                 reference_rules: bool = True, **kw):
         super().__init__(**kw)
+        if float(score_scale) <= 0:
+            raise ValueError(f"unifiedreward: score_scale must be > 0, got {score_scale!r}")
+        base_url = base_url or os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL
         self.url = base_url.rstrip("/") + "/chat/completions"
+        self.score_scale, self.reference_rules = float(score_scale), bool(reference_rules)
         self.model, self.api_key_env = model, api_key_env
         self.concurrency, self.timeout_s = int(concurrency), float(timeout_s)
         self.retries, self.backoff_s = int(retries), float(backoff_s)
@@ -91,7 +117,7 @@ class UnifiedReward(Reward):
                         continue
                     return float("nan"), kind
                 text = resp.json()["choices"][0]["message"]["content"]
-                score = parse_final_score(text)
+                score = parse_final_score(text, reference=self.reference_rules)
                 return (score, None) if score == score else (score, "unparsable")
             except httpx.TimeoutException:
                 kind = "timeout"
@@ -121,7 +147,13 @@ class UnifiedReward(Reward):
                 f"unifiedreward: {failed}/{len(results)} requests to {self.url} failed ({dict(kinds)}), more than "
                 f"max_failure_fraction={self.max_failure_fraction}; is the sglang server up (docs/rewards.md)?"
             )
-        return torch.tensor([s for s, _ in results], dtype=torch.float32)
+        scores = torch.tensor([s for s, _ in results], dtype=torch.float64) / self.score_scale
+        if self.reference_rules and failed:
+            # The reference scores a failed judgement 0; count it here, as the base class
+            # only counts NaN.
+            self.failures += failed
+            scores = torch.nan_to_num(scores, nan=0.0)
+        return scores.to(torch.float32)
 
     def counters(self):
         return {**super().counters(), **{f"failed_{k}": v for k, v in self.failure_kinds.items()}}
