@@ -34,15 +34,20 @@ def _reward_class(name: str) -> type[Reward]:
     return getattr(importlib.import_module(module), cls)
 
 
-def applicability(name: str, applies_to=None) -> Reward:
+def applicability(name: str, applies_to=None, options: Mapping | None = None) -> Reward:
     """A reward object that answers `applies(prompt, metadata)` without loading weights.
 
     Only the base `Reward.__init__` runs: scorer constructors load models, and a mask
-    (dataset assembly) needs none of them. Use `build` for a reward that scores.
+    (dataset assembly) needs none of them. Of `options`, only those the class lists in
+    `MASK_OPTIONS` are applied (e.g. the OCR `reference_rules`, which changes the target
+    rule); the rest are scoring options and play no part in a mask. Use `build` for a
+    reward that scores.
     """
     cls = _reward_class(name)
     reward = cls.__new__(cls)
     Reward.__init__(reward, applies_to=applies_to)
+    for key in set(options or {}) & set(cls.MASK_OPTIONS):
+        setattr(reward, key, options[key])
     return reward
 
 

@@ -33,6 +33,19 @@ def quoted_target(prompt: str) -> str | None:
     return None
 
 
+def reference_quoted_target(prompt: str) -> str | None:
+    """The reference's OCR target: the text between the first and second double quote
+    (to the end when unterminated); None when there is no quote or that text is empty.
+
+    A target of spaces only is None too: the reference divides by its length after
+    removing spaces and crashes there; here such a prompt does not apply (NaN).
+    """
+    parts = prompt.split('"')
+    if len(parts) < 2 or not parts[1].replace(" ", ""):
+        return None
+    return parts[1]
+
+
 def ckpt_dir(option: str | None) -> Path:
     """The reward-checkpoint folder: the option, else $MARBLE_REWARD_CKPTS, else data/reward_ckpts."""
     return Path(option or os.environ.get("MARBLE_REWARD_CKPTS") or DEFAULT_CKPT_DIR)
@@ -67,6 +80,8 @@ class Reward:
     """Base class: subclasses set `name` and implement `score` on the applicable rows."""
 
     name: str = "reward"
+    # Options that change `applies` (set by `marble.rewards.applicability` without a build).
+    MASK_OPTIONS: tuple[str, ...] = ()
 
     def __init__(self, applies_to: Sequence[str] | None = None, **options):
         if options:

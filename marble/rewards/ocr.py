@@ -1,10 +1,16 @@
-"""OCR reward: 1 - Levenshtein(recognized, target) / len(target), target = first quoted span.
+"""OCR reward: 1 - Levenshtein(recognized, target) / len(target).
 
-Backends: PaddleOCR (the paper's; English, no angle classifier), `rapidocr` 3.x (PP-OCRv6 small
-det/rec ONNX models inside the wheel: offline, CPU) and the older `rapidocr_onnxruntime` 1.x
-(PP-OCRv4 in the wheel). `backend="auto"` takes the first importable of paddle, rapidocr,
-rapidocr_onnxruntime. PP-OCRv4 misreads a firework spark in ../shared/images/hello_world.jpg as
-an apostrophe ("Hello'"); PP-OCRv6 reads "Hello" "World!", hence v3 before 1.x.
+Backends: PaddleOCR 2.x (the paper's 2.9.1, PP-OCRv4; English, no angle classifier, CPU),
+`rapidocr_onnxruntime` 1.x (PP-OCRv4 det/rec ONNX models inside the wheel: offline, CPU, the
+paper's recogniser family) and `rapidocr` 3.x (PP-OCRv6 small models in the wheel).
+`backend="auto"` takes the first importable of paddle, rapidocr_onnxruntime, rapidocr.
+Images go to every engine as RGB arrays, as the reference passes them (np.array of a PIL
+image, although the engines expect OpenCV's BGR): the recogniser sees what the paper's saw.
+
+Two target rules: `reference_rules: true` (the paper presets) is the reference's: the text
+after the first double quote up to the next one (`prompt.split('"')[1]`), and an engine
+error scores 0 (its "maximum penalty"). `reference_rules: false` (default, tiny preset):
+the first non-empty "..." span, and an engine error is NaN (masked, counted).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import logging
 import numpy as np
 import torch
 
-from marble.rewards.base import Reward, quoted_target, to_uint8_hwc
+from marble.rewards.base import Reward, quoted_target, reference_quoted_target, to_uint8_hwc
 
 log = logging.getLogger(__name__)
 BACKENDS = ("auto", "paddle", "rapidocr", "rapidocr_onnxruntime")
@@ -45,12 +51,13 @@ def resolve_backend(backend: str) -> str:
         raise ValueError(f"ocr: backend must be one of {BACKENDS}, got {backend!r}")
     if backend != "auto":
         return backend
-    preference = (("paddle", "paddleocr"), ("rapidocr", "rapidocr"), ("rapidocr_onnxruntime", "rapidocr_onnxruntime"))
+    # The paper's recogniser family (PP-OCRv4) first: paddle 2.x, then rapidocr-onnxruntime 1.x.
+    preference = (("paddle", "paddleocr"), ("rapidocr_onnxruntime", "rapidocr_onnxruntime"), ("rapidocr", "rapidocr"))
     for name, module in preference:
         if importlib.util.find_spec(module):
             return name
     raise ImportError(
-        "ocr backend 'auto' found none of paddleocr, rapidocr, rapidocr_onnxruntime: `pip install marble[ocr]`"
+        "ocr backend 'auto' found none of paddleocr, rapidocr_onnxruntime, rapidocr: `pip install marble[ocr]`"
     )
 
 
@@ -66,8 +73,8 @@ class _Rapid:
         params = {"Global.use_cls": False, "Global.text_score": DROP_SCORE, "Global.log_level": "error"}
         self.engine = RapidOCR(params=params)
 
-    def read(self, bgr: np.ndarray) -> str:
-        return "".join(self.engine(bgr).txts or ())
+    def read(self, image: np.ndarray) -> str:
+        return "".join(self.engine(image).txts or ())
 
 
 class _RapidOnnxruntime:
@@ -80,53 +87,72 @@ class _RapidOnnxruntime:
             raise ImportError("ocr backend 'rapidocr_onnxruntime' needs `pip install rapidocr-onnxruntime`") from err
         self.engine = RapidOCR(text_score=DROP_SCORE, use_cls=False)
 
-    def read(self, bgr: np.ndarray) -> str:
-        result, _ = self.engine(bgr)
+    def read(self, image: np.ndarray) -> str:
+        result, _ = self.engine(image)
         return "".join(line[1] for line in result or [])
+
+
+def require_paddleocr_2(version: str) -> None:
+    """The 2.x API is what the reference calls; 3.x rejects `use_gpu`/`show_log`/`drop_score`."""
+    if int(version.split(".")[0]) != 2:
+        raise ImportError(
+            f"ocr backend 'paddle' uses the PaddleOCR 2.x API of the reference (2.9.1); found paddleocr "
+            f"{version}: `pip install marble[paddle]` (pins paddleocr==2.9.1, docs/rewards.md)"
+        )
 
 
 class _Paddle:
     def __init__(self, use_gpu: bool):
         try:
+            import paddleocr
             from paddleocr import PaddleOCR
         except ImportError as err:
             raise ImportError("ocr backend 'paddle' needs `pip install marble[paddle]` (see docs/rewards.md)") from err
+        require_paddleocr_2(getattr(paddleocr, "__version__", "0"))
         # The reference's settings: English, no angle classifier, CPU.
         self.engine = PaddleOCR(use_angle_cls=False, lang="en", use_gpu=use_gpu, show_log=False, drop_score=DROP_SCORE)
 
-    def read(self, bgr: np.ndarray) -> str:
-        result = self.engine.ocr(bgr, cls=False)
+    def read(self, image: np.ndarray) -> str:
+        result = self.engine.ocr(image, cls=False)
         lines = result[0] if result and result[0] else []
         return "".join(text for _, (text, conf) in lines if conf > 0)
 
 
 class OCRReward(Reward):
-    """Applies to prompts with a non-empty double-quoted span; a crash on one image is NaN."""
+    """Applies to prompts with a target (see the module docstring for the two rules)."""
 
     name = "ocr"
+    MASK_OPTIONS = ("reference_rules",)
+    reference_rules = False  # class default, so weight-free `applicability` objects have it
 
-    def __init__(self, backend: str = "auto", use_gpu: bool = False, **kw):
+    def __init__(self, backend: str = "auto", use_gpu: bool = False, reference_rules: bool = False, **kw):
         super().__init__(**kw)
+        self.reference_rules = bool(reference_rules)
         self.backend = resolve_backend(backend)
         engines = {"paddle": lambda: _Paddle(use_gpu), "rapidocr": _Rapid, "rapidocr_onnxruntime": _RapidOnnxruntime}
         self.engine = engines[self.backend]()
-        self.errors = 0  # OCR engine exceptions (each one is a NaN sample)
+        self.errors = 0  # OCR engine exceptions (NaN samples, or 0 under reference_rules)
+
+    def target(self, prompt: str) -> str | None:
+        return reference_quoted_target(prompt) if self.reference_rules else quoted_target(prompt)
 
     def applies_by_content(self, prompt, metadata):
-        return quoted_target(prompt) is not None
+        return self.target(prompt) is not None
 
     def read(self, image_rgb_uint8: np.ndarray) -> str:
-        """Recognized text of one HWC RGB uint8 image (both engines take BGR, cv2 style)."""
-        return self.engine.read(np.ascontiguousarray(image_rgb_uint8[..., ::-1]))
+        """Recognized text of one HWC RGB uint8 image, passed as RGB like the reference."""
+        return self.engine.read(np.ascontiguousarray(image_rgb_uint8))
 
     def score(self, images, prompts, metadata):
         out = torch.full((len(prompts),), float("nan"))
+        on_error = 0.0 if self.reference_rules else float("nan")
         for i, (img, prompt) in enumerate(zip(to_uint8_hwc(images), prompts)):
             try:
-                out[i] = ocr_similarity(self.read(img), quoted_target(prompt))
+                out[i] = ocr_similarity(self.read(img), self.target(prompt))
             except Exception as err:  # noqa: BLE001 - one bad image must not kill the batch
                 self.errors += 1
-                log.warning("ocr: sample %d failed (%s: %s); scored NaN", i, type(err).__name__, err)
+                out[i] = on_error
+                log.warning("ocr: sample %d failed (%s: %s); scored %s", i, type(err).__name__, err, on_error)
         return out
 
     def counters(self):
