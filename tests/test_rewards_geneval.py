@@ -132,3 +132,142 @@ def test_per_tag_lists_and_means():
     lists = R.per_tag_lists(details)
     assert lists["counting"] == [1.0, 0.0, R.TAG_FILLER] and lists["colors"] == [R.TAG_FILLER] * 2 + [1.0]
     assert R.per_tag_means(details) == {"counting": 0.5, "colors": 1.0}
+
+
+# mmdet 2.x CocoDataset.CLASSES, the detector's own label names.
+MMDET_COCO = (
+    "person", "bicycle", "car", "motorcycle", "airplane", "bus", "train", "truck", "boat", "traffic light",
+    "fire hydrant", "stop sign", "parking meter", "bench", "bird", "cat", "dog", "horse", "sheep", "cow",
+    "elephant", "bear", "zebra", "giraffe", "backpack", "umbrella", "handbag", "tie", "suitcase", "frisbee",
+    "skis", "snowboard", "sports ball", "kite", "baseball bat", "baseball glove", "skateboard", "surfboard",
+    "tennis racket", "bottle", "wine glass", "cup", "fork", "knife", "spoon", "bowl", "banana", "apple",
+    "sandwich", "orange", "broccoli", "carrot", "hot dog", "pizza", "donut", "cake", "chair", "couch",
+    "potted plant", "bed", "dining table", "toilet", "tv", "laptop", "mouse", "remote", "keyboard",
+    "cell phone", "microwave", "oven", "toaster", "sink", "refrigerator", "book", "clock", "vase", "scissors",
+    "teddy bear", "hair drier", "toothbrush",
+)
+
+
+def test_detector_labels_get_genevals_names():
+    from marble.rewards.geneval_names import detector_class_names
+
+    names = detector_class_names(MMDET_COCO)
+    assert len(names) == 80 and names[64:67] == ["computer mouse", "tv remote", "computer keyboard"]
+    assert names[:3] == ["person", "bicycle", "car"]
+    with pytest.raises(ValueError, match="detector class 1 is 'car'"):
+        detector_class_names(("person", "car", "bicycle") + MMDET_COCO[3:])
+    with pytest.raises(ValueError, match="has 3 classes"):
+        detector_class_names(MMDET_COCO[:3])
+
+
+def test_mmdet_results_are_named_as_geneval():
+    from marble.rewards.geneval import MMDetDetector
+    from marble.rewards.geneval_names import detector_class_names
+
+    detector = MMDetDetector.__new__(MMDetDetector)  # no model: only the result parsing
+    detector.classes = detector_class_names(MMDET_COCO)
+    bbox = [np.zeros((0, 5), dtype=np.float32) for _ in MMDET_COCO]
+    bbox[64] = np.array([[1, 2, 3, 4, 0.9]], dtype=np.float32)  # mmdet's "mouse"
+    out = detector._per_class((bbox, None))
+    assert list(out) == ["computer mouse"] and out["computer mouse"].scores.tolist() == pytest.approx([0.9])
+
+
+def test_object_names_match_genevals_file(shared_dir):
+    from marble.rewards.geneval_names import GENEVAL_CLASSES
+
+    path = shared_dir / "datasets" / "geneval" / "object_names.txt"
+    if not path.is_file():
+        pytest.skip(f"{path} is absent")
+    assert tuple(path.read_text().splitlines()) == GENEVAL_CLASSES
+
+
+def test_every_metadata_class_is_a_name_the_scorer_outputs(shared_dir):
+    import json
+
+    from marble.rewards.geneval_names import detector_class_names
+
+    path = shared_dir / "datasets" / "geneval" / "test_metadata.jsonl"
+    if not path.is_file():
+        pytest.skip(f"{path} is absent")
+    outputs = set(detector_class_names(MMDET_COCO))
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    named = {c["class"] for r in records for c in r["include"] + r.get("exclude", [])}
+    assert named <= outputs, sorted(named - outputs)
+    renamed = {"computer mouse", "tv remote", "computer keyboard"}
+    assert sum(bool(renamed & {c["class"] for c in r["include"] + r.get("exclude", [])}) for r in records) == 132
+    assert {r["tag"] for r in records} == set(R.TAGS)
+
+
+def test_ties_keep_the_reference_order_and_float32_threshold():
+    boxes = np.array([[0, 0, 1, 1], [10, 0, 11, 1], [20, 0, 21, 1]], dtype=np.float32)
+    raw = {"dog": R.ClassDetections(boxes, np.array([0.8, 0.8, 0.3], dtype=np.float32))}
+    kept = R.select_objects(raw, "position")["dog"]
+    # argsort ascending then reversed: of two equal scores, the later index comes first;
+    # float32 0.3 is not > 0.3 (the comparison stays in the detector's float32).
+    assert [o.box[0] for o in kept] == [10.0, 0.0]
+
+
+class StandInDetector:
+    """Raw per-class detections by image index (the real detector's `detect` interface)."""
+
+    def __init__(self, per_image):
+        self.per_image, self.calls = per_image, 0
+
+    def detect(self, images):
+        out = [self.per_image[self.calls + i] for i in range(len(images))]
+        self.calls += len(images)
+        return out
+
+
+def det(*rows):
+    """ClassDetections from (x1, y1, x2, y2, score) rows, float32 as mmdet returns them."""
+    arr = np.array(rows, dtype=np.float32)
+    return R.ClassDetections(arr[:, :4], arr[:, 4])
+
+
+def test_reference_numbers_on_a_fixed_set_through_the_scorer_class():
+    """Partial credit (training `score`), strict and standard accuracy, per sample, by hand."""
+    import torch
+
+    from marble.rewards.geneval import GenEvalReward
+
+    metadata = [
+        {"tag": "single_object", "include": [{"class": "computer mouse", "count": 1}]},
+        {"tag": "counting", "include": [{"class": "cup", "count": 3}], "exclude": [{"class": "cup", "count": 4}]},
+        {"tag": "colors", "include": [{"class": "car", "count": 1, "color": "red"}]},
+        {"tag": "position", "include": [{"class": "tv remote", "count": 1},
+                                        {"class": "cat", "count": 1, "position": ["below", 0]}]},
+        {"tag": "two_object", "include": [{"class": "dog", "count": 1}, {"class": "computer keyboard", "count": 1}]},
+        {"tag": "color_attr", "include": [{"class": "bus", "count": 1, "color": "yellow"},
+                                          {"class": "tie", "count": 1, "color": "blue"}]},
+    ]
+    detections = [
+        {"computer mouse": det((0, 0, 9, 9, 0.99))},
+        # counting uses the 0.9 threshold: 0.95, 0.92 kept, 0.5 dropped -> 2 of 3
+        {"cup": det((0, 0, 5, 5, 0.95), (10, 0, 15, 5, 0.92), (20, 0, 25, 5, 0.5))},
+        # two cars: strict count fails ([0, 0]); standard colours only the first (red)
+        {"car": det((0, 0, 5, 5, 0.9), (10, 0, 15, 5, 0.8))},
+        # cat above the remote, expected below: [1, 1, 0, 1] (the half-credit quirk)
+        {"tv remote": det((0, 50, 10, 60, 0.9)), "cat": det((0, 0, 10, 10, 0.9))},
+        {"dog": det((0, 0, 5, 5, 0.9))},  # keyboard missing: [1, 0]
+        # bus yellow, tie red: [1, 1, 1, 0]
+        {"bus": det((0, 0, 5, 5, 0.9)), "tie": det((10, 10, 15, 15, 0.9))},
+    ]
+    colours = {(0.0, "car"): "red", (10.0, "car"): "blue", (0.0, "bus"): "yellow", (10.0, "tie"): "red"}
+
+    def colour_classifier(image, objects, classname):
+        return [colours[(float(o.box[0]), classname)] for o in objects]
+
+    reward = GenEvalReward(detector=StandInDetector(detections), color_classifier=colour_classifier, batch_size=4)
+    images = torch.zeros(6, 3, 8, 8)
+    details = reward.evaluate_detail(images, metadata)
+    assert [d["score"] for d in details] == pytest.approx([1.0, 2 / 3, 0.0, 0.75, 0.5, 0.75])
+    assert [d["strict_accuracy"] for d in details] == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert [d["accuracy"] for d in details] == [1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+    assert [d["tag"] for d in details] == [m["tag"] for m in metadata]
+    lists = R.per_tag_lists(details, "strict_accuracy")
+    assert lists["single_object"] == [1.0] + [R.TAG_FILLER] * 5
+    # The training path: strict only, the partial credit as the reward.
+    reward.detector = StandInDetector(detections)
+    prompts = [""] * 6
+    assert reward(images, prompts, metadata).tolist() == pytest.approx([1.0, 2 / 3, 0.0, 0.75, 0.5, 0.75])

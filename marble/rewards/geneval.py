@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from marble.rewards import geneval_rules as rules
+from marble.rewards.geneval_names import detector_class_names
 from marble.rewards.base import Reward, ckpt_dir as resolve_ckpt_dir, require_file, to_uint8_hwc
 
 DETECTOR_CKPT = "mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco_20220504_001756-743b7d99.pth"
@@ -39,7 +40,8 @@ class MMDetDetector:
         self._infer = inference_detector
         self.model = init_detector(config, ckpt, device=device)
         meta = getattr(self.model, "dataset_meta", None) or {}
-        self.classes = list(getattr(self.model, "CLASSES", None) or meta.get("classes"))
+        # GenEval's names ("computer mouse"), not mmdet's ("mouse"): the metadata uses them.
+        self.classes = detector_class_names(getattr(self.model, "CLASSES", None) or meta.get("classes"))
 
     def _per_class(self, result) -> dict[str, rules.ClassDetections]:
         if hasattr(result, "pred_instances"):  # mmdet 3.x

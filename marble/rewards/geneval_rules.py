@@ -23,6 +23,7 @@ THRESHOLD = 0.3
 COUNTING_THRESHOLD = 0.9
 MAX_OBJECTS = 16
 POSITION_MARGIN = 0.1
+# The one definition of GenEval's six tags (metadata `tag`), in the reference's order.
 TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
 COLORS = ("red", "orange", "yellow", "green", "blue", "purple", "pink", "brown", "black", "white")
 TAG_FILLER = -10.0  # the reference's per-tag filler for samples of another tag
@@ -53,8 +54,10 @@ def select_objects(raw: Mapping[str, ClassDetections], tag: str) -> Objects:
     threshold = COUNTING_THRESHOLD if tag == "counting" else THRESHOLD
     objects: Objects = {}
     for name, det in raw.items():
-        scores = np.asarray(det.scores, dtype=np.float64)
-        order = [i for i in np.argsort(-scores, kind="stable") if scores[i] > threshold][:MAX_OBJECTS]
+        scores = np.asarray(det.scores)
+        # The reference's order: ascending argsort reversed, so equal scores come out last index
+        # first (it decides which objects the standard check's first n are).
+        order = [i for i in np.argsort(scores)[::-1] if scores[i] > threshold][:MAX_OBJECTS]
         if order:
             masks = det.masks
             objects[name] = [
