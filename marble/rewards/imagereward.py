@@ -1,41 +1,50 @@
-"""ImageReward v1.0 through the `image-reward` package, loaded from a local checkpoint.
+"""ImageReward v1.0, loaded from local files onto marble's own BLIP (marble/rewards/blip.py).
 
-`pip install image-reward --no-deps` (its dependency pins downgrade timm and break
-open_clip; see docs/rewards.md); imported only when this reward is built. Scores the
-(prompt_i, image_i) pairs directly, which equals the diagonal the reference takes from
-its O(N^2) `inference_rank` call.
+No `image-reward` package needed (it does not import in a current install; see blip.py).
+Scores the (prompt_i, image_i) pairs directly, which equals the diagonal the reference
+takes from its O(N^2) `inference_rank` call: each pair's score depends on that pair only.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
-from marble.rewards.base import Reward, ckpt_dir as resolve_ckpt_dir, require_file, to_pil
+from marble.rewards.base import DOWNLOAD_HINT, Reward, ckpt_dir as resolve_ckpt_dir, require_file, to_pil
 
 IMAGEREWARD_CKPT = "ImageReward.pt"
 MED_CONFIG = "med_config.json"
+TOKENIZER_DIR = "bert-base-uncased"  # BLIP's tokenizer, a folder next to the checkpoint
 
 
 class ImageRewardScorer(Reward):
-    """Applies to every prompt; raw ImageReward (~ -2..+2)."""
+    """Applies to every prompt; raw ImageReward (~ -2..+2). Options: `ckpt`, `med_config`,
+    `tokenizer` (a local BERT tokenizer folder), `ckpt_dir`, `device`, `batch_size`."""
 
     name = "imagereward"
 
-    def __init__(self, ckpt: str | None = None, med_config: str | None = None, ckpt_dir: str | None = None,
-                 device: str = "cpu", **kw):
+    def __init__(self, ckpt: str | None = None, med_config: str | None = None, tokenizer: str | None = None,
+                 ckpt_dir: str | None = None, device: str = "cpu", batch_size: int = 16, **kw):
         super().__init__(**kw)
+        from marble.rewards.blip import load_imagereward
+
         folder = resolve_ckpt_dir(ckpt_dir)
         ckpt_path = require_file(self.name, ckpt or IMAGEREWARD_CKPT, folder)
         config_path = require_file(self.name, med_config or MED_CONFIG, folder)
-        try:
-            import ImageReward as reward_lib
-        except ImportError as err:
-            raise ImportError(
-                "imagereward needs the `image-reward` package: `pip install image-reward --no-deps` "
-                "plus its real needs (docs/rewards.md)"
-            ) from err
-        self.model = reward_lib.load(str(ckpt_path), device=device, med_config=str(config_path)).eval()
+        tokenizer_dir = Path(tokenizer or TOKENIZER_DIR)
+        if not tokenizer_dir.is_absolute() and not tokenizer_dir.is_dir():
+            tokenizer_dir = folder / tokenizer_dir
+        if not tokenizer_dir.is_dir():
+            raise FileNotFoundError(
+                f"reward {self.name!r}: tokenizer folder {tokenizer_dir} is missing; download it with "
+                f"`{DOWNLOAD_HINT.format(dir=folder)}`"
+            )
+        self.model = load_imagereward(ckpt_path, config_path, tokenizer_dir, device=device)
+        self.batch_size = int(batch_size)
 
     def score(self, images, prompts, metadata):
-        scores = [float(self.model.score(prompt, image)) for prompt, image in zip(prompts, to_pil(images))]
-        return torch.tensor(scores, dtype=torch.float32)
+        pil = to_pil(images)
+        out = [self.model.score(prompts[i : i + self.batch_size], pil[i : i + self.batch_size])
+               for i in range(0, len(pil), self.batch_size)]
+        return torch.cat(out).to(torch.float32)
