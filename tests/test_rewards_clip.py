@@ -116,15 +116,3 @@ def test_geneval_reward_with_clip_colours(tiny_clip, images):
 def test_geneval_without_mmdet_names_the_fix(tmp_path):
     with pytest.raises(FileNotFoundError, match="mask2former.*marble download rewards"):
         build("geneval", ckpt_dir=str(tmp_path))
-
-
-def test_imagereward_error_paths(tmp_path):
-    with pytest.raises(FileNotFoundError, match="ImageReward.pt is missing.*marble download rewards"):
-        build("imagereward", ckpt_dir=str(tmp_path))
-    (tmp_path / "ImageReward.pt").write_bytes(b"")
-    (tmp_path / "med_config.json").write_text("{}")
-    try:
-        import ImageReward  # noqa: F401
-    except ImportError:
-        with pytest.raises(ImportError, match="image-reward --no-deps"):
-            build("imagereward", ckpt_dir=str(tmp_path))

@@ -54,10 +54,23 @@ def test_hpsv2_missing_checkpoint_names_the_download(tmp_path):
         build("hpsv2", ckpt_dir=str(tmp_path))
 
 
-def test_clip_preprocess_shape_and_crop():
-    from marble.rewards.hpsv2 import clip_preprocess
+def test_clip_preprocess_resizes_the_long_side_and_pads():
+    """HPSv2's ResizeMaxSize: 64x96 -> 21x32 (round(64/3)), padded 5 above and 6 below with 0."""
+    from marble.rewards.hpsv2 import CLIP_MEAN, CLIP_STD, clip_preprocess
 
     x = torch.ones(2, 3, 64, 96)
     y = clip_preprocess(x, 32)
     assert y.shape == (2, 3, 32, 32)
-    assert torch.allclose(y[0, 0], torch.full((32, 32), (1 - 0.48145466) / 0.26862954), atol=1e-4)
+    one, zero = (1 - CLIP_MEAN[0]) / CLIP_STD[0], (0 - CLIP_MEAN[0]) / CLIP_STD[0]
+    assert torch.allclose(y[0, 0, 5:26], torch.full((21, 32), one), atol=1e-4)
+    assert torch.allclose(y[0, 0, :5], torch.full((5, 32), zero)) and torch.allclose(y[0, 0, 26:], torch.full((6, 32), zero))
+
+
+def test_clip_preprocess_keeps_bicubic_overshoot():
+    """torchvision does not clamp float images after a bicubic resize; neither does the reference."""
+    from marble.rewards.hpsv2 import CLIP_MEAN, CLIP_STD, clip_preprocess
+
+    step = torch.zeros(1, 3, 64, 64)
+    step[..., 32:] = 1.0
+    y = clip_preprocess(step, 24) * torch.tensor(CLIP_STD).view(1, 3, 1, 1) + torch.tensor(CLIP_MEAN).view(1, 3, 1, 1)
+    assert y.max() > 1.0 + 1e-3 and y.min() < -1e-3

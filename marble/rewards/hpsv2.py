@@ -28,13 +28,18 @@ def import_open_clip():
 
 
 def clip_preprocess(images: torch.Tensor, size: int) -> torch.Tensor:
-    """[N,3,H,W] in [0,1] -> bicubic resize of the short side to `size`, centre crop, CLIP normalisation."""
+    """HPSv2's validation transform on [N,3,H,W] floats in [0,1], as the reference applies it to
+    its float rollouts: bicubic (antialiased) resize of the *long* side to `size` (rounded),
+    zero padding to a square (left/top get the smaller half), CLIP normalisation. No clamp
+    after the resize: torchvision does not clamp float images, so overshoot is kept."""
     h, w = images.shape[-2:]
-    scale = size / min(h, w)
-    new_h, new_w = max(size, round(h * scale)), max(size, round(w * scale))
-    x = F.interpolate(images.float(), size=(new_h, new_w), mode="bicubic", align_corners=False, antialias=True)
-    top, left = (new_h - size) // 2, (new_w - size) // 2
-    x = x[..., top : top + size, left : left + size].clamp(0, 1)
+    scale = size / max(h, w)
+    x = images.float()
+    if scale != 1.0:
+        new_h, new_w = round(h * scale), round(w * scale)
+        x = F.interpolate(x, size=(new_h, new_w), mode="bicubic", align_corners=False, antialias=True)
+        pad_h, pad_w = size - new_h, size - new_w
+        x = F.pad(x, (pad_w // 2, pad_w - pad_w // 2, pad_h // 2, pad_h - pad_h // 2), value=0.0)
     mean = torch.tensor(CLIP_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(CLIP_STD).view(1, 3, 1, 1)
     return (x - mean) / std
