@@ -48,9 +48,11 @@ def tiny_state(vocab: int, seed: int = 0) -> dict[str, torch.Tensor]:
     for i in range(T_LAYERS):
         b = f"{t}.encoder.layer.{i}"
         for kind, kv_in in (("attention", T_HIDDEN), ("crossattention", V_WIDTH)):
-            s |= {**linear(f"{b}.{kind}.self.query", T_HIDDEN, T_HIDDEN), **linear(f"{b}.{kind}.self.key", T_HIDDEN, kv_in),
+            s |= {**linear(f"{b}.{kind}.self.query", T_HIDDEN, T_HIDDEN),
+                  **linear(f"{b}.{kind}.self.key", T_HIDDEN, kv_in),
                   **linear(f"{b}.{kind}.self.value", T_HIDDEN, kv_in),
-                  **linear(f"{b}.{kind}.output.dense", T_HIDDEN, T_HIDDEN), **norm(f"{b}.{kind}.output.LayerNorm", T_HIDDEN)}
+                  **linear(f"{b}.{kind}.output.dense", T_HIDDEN, T_HIDDEN),
+                  **norm(f"{b}.{kind}.output.LayerNorm", T_HIDDEN)}
         s |= {**linear(f"{b}.intermediate.dense", T_INTER, T_HIDDEN), **linear(f"{b}.output.dense", T_HIDDEN, T_INTER),
               **norm(f"{b}.output.LayerNorm", T_HIDDEN)}
     s |= {**linear("blip.vision_proj", 256, V_WIDTH), **linear("blip.text_proj", 256, T_HIDDEN)}  # unused by scoring
@@ -108,7 +110,8 @@ def oracle(state, pixels, ids, mask):
         x = x + lin(F.gelu(lin(ln(x, f"{b}.norm2", 1e-6), f"{b}.mlp.fc1")), f"{b}.mlp.fc2")
     image = ln(x, f"{v}.norm", 1e-6)
     t = "blip.text_encoder"
-    e = s[f"{t}.embeddings.word_embeddings.weight"][ids] + s[f"{t}.embeddings.position_embeddings.weight"][: ids.shape[1]]
+    positions = s[f"{t}.embeddings.position_embeddings.weight"][: ids.shape[1]]
+    e = s[f"{t}.embeddings.word_embeddings.weight"][ids] + positions
     e = ln(e, f"{t}.embeddings.LayerNorm", 1e-12)
     add_mask = (1.0 - mask.double())[:, None, None, :] * -10000.0
     for i in range(T_LAYERS):
