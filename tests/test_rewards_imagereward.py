@@ -180,7 +180,23 @@ def test_missing_and_foreign_files_are_clear_errors(ckpt_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match="tokenizer folder .*bert-base-uncased is missing"):
         build("imagereward", ckpt_dir=str(tmp_path))
     state = torch.load(ckpt_dir / "ImageReward.pt", weights_only=True)
-    state["blip.something_else.weight"] = torch.zeros(1)
+    state["blip.visual_encoder.head.weight"] = torch.zeros(1)
     torch.save(state, tmp_path / "ImageReward.pt")
-    with pytest.raises(KeyError, match="unexpected parameter 'blip.something_else.weight'"):
-        build("imagereward", ckpt_dir=str(tmp_path), tokenizer=str(ckpt_dir / "bert-base-uncased"))
+    tokenizer = str(ckpt_dir / "bert-base-uncased")
+    with pytest.raises(KeyError, match="unexpected vision parameter 'head.weight'"):
+        build("imagereward", ckpt_dir=str(tmp_path), tokenizer=tokenizer)
+    del state["blip.visual_encoder.head.weight"], state["mlp.layers.7.bias"]
+    torch.save(state, tmp_path / "ImageReward.pt")
+    with pytest.raises(KeyError, match=r"does not fit the mlp module: missing \['layers.7.bias'\]"):
+        build("imagereward", ckpt_dir=str(tmp_path), tokenizer=tokenizer)
+
+
+def test_unused_checkpoint_entries_are_named_and_ignored(ckpt_dir, caplog):
+    from marble.rewards.blip import map_state_dict
+
+    state = torch.load(ckpt_dir / "ImageReward.pt", weights_only=True)
+    state["blip.visual_encoder_m.cls_token"] = torch.zeros(1)  # e.g. a training-time momentum copy
+    with caplog.at_level("WARNING"):
+        parts = map_state_dict(state)
+    assert "blip.visual_encoder_m.cls_token" in caplog.text
+    assert "embeddings.class_embedding" in parts["visual"] and "layers.7.weight" in parts["mlp"]

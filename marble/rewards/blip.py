@@ -20,6 +20,7 @@ size are read from the checkpoint's shapes (ViT-L/16 at 224 for the real one).
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -32,6 +33,7 @@ CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 MAX_TOKENS = 35
 HEAD_DIM = 64  # BLIP's ViTs use 64-dim heads (ViT-L: 1024/16, ViT-B: 768/12)
+log = logging.getLogger(__name__)
 
 # checkpoint name (regex) -> name in our modules; applied to keys under "blip.visual_encoder."
 _VISION_KEYS = [
@@ -58,10 +60,14 @@ def _vision_name(key: str) -> str:
 def map_state_dict(state: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
     """Split ImageReward.pt's keys into {visual, text, mlp} state dicts with our names.
 
-    Unused parts of the checkpoint (BLIP's contrastive projections, position-id buffers)
-    are dropped; anything else unknown is an error rather than a silently ignored weight.
+    Parts the score does not use are dropped: BLIP's contrastive projections and
+    position-id buffers silently, any other top-level entry (e.g. training-time extras)
+    with a warning naming it, as image-reward's own `load_state_dict(strict=False)` would
+    ignore it. An unknown name inside the vision tower is an error, and so (at load) is a
+    missing one.
     """
     out: dict[str, dict[str, torch.Tensor]] = {"visual": {}, "text": {}, "mlp": {}}
+    ignored = []
     for key, value in state.items():
         if key.startswith("blip.visual_encoder."):
             out["visual"][_vision_name(key[len("blip.visual_encoder."):])] = value
@@ -72,7 +78,10 @@ def map_state_dict(state: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.
         elif key.startswith("mlp.layers."):
             out["mlp"][key[len("mlp."):]] = value
         elif not key.startswith(("blip.vision_proj.", "blip.text_proj.")):
-            raise KeyError(f"imagereward: unexpected parameter {key!r} in the checkpoint")
+            ignored.append(key)
+    if ignored:
+        log.warning("imagereward: ignoring %d checkpoint entries the score does not use: %s",
+                    len(ignored), ", ".join(ignored[:8]))
     return out
 
 
