@@ -103,6 +103,12 @@ def test_reference_rules_scale_by_five_and_score_failures_zero(server_url, monke
     assert reward.failures == 2 and counters["failed_unparsable"] == 1 and counters["failed_http_500"] == 1
 
 
+def test_reference_rules_do_not_abort_on_unparsable_replies(server_url):
+    reward = build("unifiedreward", base_url=server_url, retries=0, max_failure_fraction=0.5, image_size=32)
+    assert reward(torch.rand(3, 3, 16, 16), ["garbage", "garbage", "good"]).tolist() == pytest.approx([0, 0, 0.9])
+    assert reward.counters()["failed_unparsable"] == 2
+
+
 def test_base_url_from_environment(server_url, monkeypatch):
     monkeypatch.setenv("MARBLE_UNIFIEDREWARD_URL", server_url)
     reward = build("unifiedreward", image_size=32)
@@ -130,9 +136,13 @@ def test_mixed_replies_are_nan_and_counted(server_url, monkeypatch):
 
 
 def test_abort_threshold_raises(server_url):
-    reward = build("unifiedreward", base_url=server_url, retries=0, max_failure_fraction=0.5, image_size=32)
+    lenient = build("unifiedreward", base_url=server_url, retries=0, max_failure_fraction=0.5, image_size=32,
+                    reference_rules=False)
     with pytest.raises(RewardServiceError, match="2/3 requests .* failed"):
-        reward(torch.rand(3, 3, 16, 16), ["garbage", "error", "good"])
+        lenient(torch.rand(3, 3, 16, 16), ["garbage", "error", "good"])
+    reference = build("unifiedreward", base_url=server_url, retries=0, max_failure_fraction=0.5, image_size=32)
+    with pytest.raises(RewardServiceError, match="2/3 requests .* failed"):
+        reference(torch.rand(3, 3, 16, 16), ["error", "error", "good"])
 
 
 def test_connection_refused_is_counted_then_aborts():

@@ -9,8 +9,8 @@ timeout, retries with exponential backoff. The judge prompt is the reference's, 
 match, and a reply without one scores 0; a request that fails after its retries also
 scores 0 (the reference would crash there). `reference_rules: false`: the last
 "Final Score: <number>" (markdown bold allowed), and failures are NaN (masked). Either way
-failures are counted by kind, and when they exceed `max_failure_fraction` of a call,
-RewardServiceError aborts it. The server URL comes from the `base_url` option, else
+failures are counted by kind, and when they exceed `max_failure_fraction` of a call
+(failed requests only, under reference_rules), RewardServiceError aborts it. The server URL comes from the `base_url` option, else
 $MARBLE_UNIFIEDREWARD_URL; the key only from the environment variable `api_key_env`.
 """
 
@@ -141,7 +141,10 @@ class UnifiedReward(Reward):
         failed = sum(kinds.values())
         if failed:
             log.warning("unifiedreward: %d/%d requests failed: %s", failed, len(results), dict(kinds))
-        if failed > self.max_failure_fraction * len(results):
+        # Under the reference's rules an unparsable reply is a judgement (scored 0, as there),
+        # not a sign of a dead server: only failed requests count towards the abort.
+        fatal = failed - kinds["unparsable"] if self.reference_rules else failed
+        if fatal > self.max_failure_fraction * len(results):
             self.failures += failed
             raise RewardServiceError(
                 f"unifiedreward: {failed}/{len(results)} requests to {self.url} failed ({dict(kinds)}), more than "
