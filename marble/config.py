@@ -84,8 +84,10 @@ class BalancerConfig:
     alpha_ema: float = 0.7  # rho
     fixed_alphas: list[float] | None = None  # equal_alpha: None means 1/K
     grad_eps: float = 1e-12
-    # True: amortized step backpropagates sum_k alpha_k L_k with masked L_k (exact).
-    # False: the reference's combined advantage with nan -> 0, i.e. r = 1/2 fill (spec D.6).
+    # True (ours): amortized step backpropagates sum_k alpha_k L_k with masked L_k (exact).
+    # False (the reference): combined advantage with nan -> 0, i.e. r = 1/2 fill
+    # (docs/algorithm.md, "Masking modes"). Every preset states its choice: the paper
+    # presets False, the tiny ones and the `rho_07_exact` ablation True.
     exact_masking: bool = True
     # Per-reward gradients and cosines on the first micro-step of every n-th optimizer
     # step, for every balancer (the weighted sum too, so the report can compare).
