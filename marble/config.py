@@ -39,7 +39,7 @@ class ModelConfig:
     lora_alpha: int = 64
     lora_targets: list[str] = field(default_factory=lambda: list(SD3_LORA_TARGETS))
     mixed_precision: Literal["no", "fp16", "bf16"] = "fp16"
-    max_sequence_length: int = 128  # T5 tokens (spec A.2)
+    max_sequence_length: int = 128  # T5 tokens (docs/algorithm.md §2)
 
 
 @dataclass
@@ -58,7 +58,7 @@ class SamplingConfig:
 class TrainConfig:
     batch_size: int = 9  # per rank micro-batch
     timestep_fraction: float = 0.99
-    nft_beta: float = 0.1  # beta of the implicit policies (spec A.6)
+    nft_beta: float = 0.1  # beta of the implicit policies (docs/algorithm.md §4)
     kl_beta: float = 1e-4  # lambda_KL
     adv_clip: float = 5.0  # C
     lr: float = 3e-4
@@ -67,7 +67,7 @@ class TrainConfig:
     adam_eps: float = 1e-8
     max_grad_norm: float = 1.0
     ema_decay: float = 0.9  # weight EMA, effective min((1+s)/(10+s), decay)
-    old_decay_type: int = 1  # 0, 1 or 2 (spec A.8)
+    old_decay_type: int = 1  # 0, 1 or 2 (docs/algorithm.md §5)
     old_decay_cap: float = 0.95  # MARBLE raised the type-1 cap from 0.5 to 0.95
     max_steps: int = 1000
     save_every: int = 30
@@ -304,11 +304,11 @@ def dump_yaml(cfg: RunConfig) -> str:
 
 
 def training_timesteps(cfg: RunConfig) -> int:
-    """T_train = floor(num_steps * timestep_fraction), at least 1 (spec A.7)."""
+    """T_train = floor(num_steps * timestep_fraction), at least 1 (docs/algorithm.md §4)."""
     return max(1, int(cfg.sampling.num_steps * cfg.train.timestep_fraction))
 
 
 def grad_accumulation(cfg: RunConfig) -> int:
-    """Micro-batches per optimizer step: one optimizer step per epoch (spec A.1)."""
+    """Micro-batches per optimizer step: one optimizer step per epoch (docs/algorithm.md §2)."""
     s = cfg.sampling
     return s.batch_size * s.num_batches_per_epoch // cfg.train.batch_size

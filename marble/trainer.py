@@ -1,4 +1,4 @@
-"""The DiffusionNFT optimisation loop with a reward balancer (spec D.11 steps 4-8).
+"""The DiffusionNFT optimisation loop with a reward balancer (docs/algorithm.md §8).
 
 One optimizer step per epoch: G micro-batches x T_train timesteps, each a
 `MicroStep` handed to the balancer, then all-reduce of .grad, clip, AdamW, weight EMA,
@@ -215,7 +215,7 @@ class Trainer:
         return record
 
     def _per_sample_draws(self, global_index: torch.Tensor, n_t: int, shape) -> tuple:
-        """Per sample: a T_train subset of the sigma grid (spec A.7) and fresh noise.
+        """Per sample: a T_train subset of the sigma grid (docs/algorithm.md §4) and fresh noise.
 
         Keyed by the sample's global position, so a sample gets the same draws on any
         number of ranks and whichever micro-batch it lands in.
