@@ -182,14 +182,27 @@ def load_checkpoint(ckpt_dir: str | Path, map_location: str | torch.device = "cp
     if not (ckpt_dir / COMPLETE).is_file():
         raise FileNotFoundError(f"{ckpt_dir}: not a complete checkpoint (no {COMPLETE} marker)")
     out: dict[str, Any] = {"path": ckpt_dir}
-    out["state"] = torch.load(ckpt_dir / "state.pt", map_location=map_location, weights_only=True)
+
+    def read_pt(path: Path):
+        return torch.load(path, map_location=map_location, weights_only=True)
+
+    out["state"] = _read(ckpt_dir / "state.pt", read_pt)
     opt = ckpt_dir / "optimizer.pt"
-    out["optimizer"] = (
-        torch.load(opt, map_location=map_location, weights_only=True) if opt.is_file() else None
-    )
+    out["optimizer"] = _read(opt, read_pt) if opt.is_file() else None
     ad = ckpt_dir / "adapters.safetensors"
-    out["adapters"] = unflatten_adapters(load_file(str(ad))) if ad.is_file() else None
+    out["adapters"] = (unflatten_adapters(_read(ad, lambda x: load_file(str(x))))
+                       if ad.is_file() else None)
     return out
+
+
+def _read(path: Path, reader: Callable[[Path], Any]) -> Any:
+    """reader(path), with any failure to parse reported as a CheckpointError naming the
+    file (torch says only "PytorchStreamReader failed reading zip archive")."""
+    try:
+        return reader(path)
+    except Exception as exc:  # torch, safetensors and pickle raise a zoo of types
+        raise CheckpointError(f"{path}: unreadable checkpoint file ({type(exc).__name__}: "
+                              f"{exc})") from exc
 
 
 # ------------------------------------------------------------------ integrity

@@ -116,6 +116,10 @@ def test_marker_without_hashes_is_accepted_with_a_warning(tmp_path, caplog):
     assert damaged_files(path) is None
     assert resume_checkpoint(tmp_path) == path
     assert "no file hashes" in caplog.text and "checkpoint-000004" in caplog.text
+    # Unverifiable and damaged: loading names the file instead of torch's zip error.
+    _truncate(path / "optimizer.pt")
+    with pytest.raises(CheckpointError, match=r"checkpoint-000004/optimizer\.pt: unreadable"):
+        load_checkpoint(path)
 
 
 def test_rng_state_round_trip(tmp_path):

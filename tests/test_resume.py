@@ -136,8 +136,9 @@ def test_usr1_checkpoints_the_current_step_and_the_rerun_resumes(
     assert not (run / "train_summary.json").exists()  # the workflow must not see "done"
     assert flag.read_text() == f"step {stopped} SIGUSR1\n"
     assert "SIGUSR1" in err and f"exit {EXIT_REQUEUE}" in err
-    # The requeued job: same command; it resumes from the signal's checkpoint.
-    assert train_main(args(tiny_model_dir, table_path, run, 4)) == 0
+    # The requeued job resumes from the signal's checkpoint; one more step equals the
+    # uninterrupted run's (which keeps checkpoints 2-4).
+    assert train_main(args(tiny_model_dir, table_path, run, stopped + 1)) == 0
     summary = json.loads((run / "train_summary.json").read_text())
     assert summary["resumed_from"].endswith(f"checkpoint-{stopped:06d}")
-    assert_same_weights(weights(straight, 4), weights(run, 4))
+    assert_same_weights(weights(straight, stopped + 1), weights(run, stopped + 1))
