@@ -1,4 +1,4 @@
-"""Per-prompt group advantages and the NaN-aware reward mean (spec A.4, D.2).
+"""Per-prompt group advantages and the NaN-aware reward mean (docs/algorithm.md §3).
 
 NaN means "reward not applicable to this sample": it is excluded from every
 statistic and stays NaN in the output, never read as zero.
@@ -62,7 +62,7 @@ def group_advantages(rewards, group_ids: Sequence[Hashable], eps: float = 1e-4) 
 def nan_weighted_mean(rewards, weights=None) -> torch.Tensor:
     """Per row, sum_k w_k R_k / sum_k w_k over the applicable (finite) rewards only.
 
-    The weighted-sum baseline's scalar reward (spec D.2). NaN when no reward applies.
+    The weighted-sum baseline's scalar reward (docs/algorithm.md §3). NaN when no reward applies.
     `rewards` [N, K], `weights` [K] (default all ones). Returns [N] in rewards' dtype.
     """
     r = _as_tensor(rewards)
@@ -86,7 +86,8 @@ nan_mean_reward = nan_weighted_mean
 
 
 def combine_advantages(advantages: torch.Tensor, alpha) -> torch.Tensor:
-    """The reference's amortized advantage A~_i = sum_k alpha_k nan_to_num(A_ki, 0) (spec D.6)."""
+    """The reference's amortized advantage A~_i = sum_k alpha_k nan_to_num(A_ki, 0)
+    (docs/algorithm.md §7.4)."""
     a = torch.as_tensor(np.asarray(alpha, dtype=np.float64)).to(advantages)
     if advantages.dim() != 2 or a.numel() != advantages.shape[1]:
         raise ValueError(

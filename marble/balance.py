@@ -1,4 +1,4 @@
-"""The MGDA min-norm problem on the simplex (spec D.5), solved exactly.
+"""The MGDA min-norm problem on the simplex (docs/algorithm.md §7.3), solved exactly.
 
 min over alpha in the simplex of alpha^T G alpha, G a K x K PSD Gram matrix of (normalised)
 gradients. For K <= ENUM_MAX_K every support S is enumerated: on S the KKT conditions are

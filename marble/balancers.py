@@ -1,4 +1,4 @@
-"""Multi-reward gradient balancers behind one interface (spec D.3-D.9).
+"""Multi-reward gradient balancers behind one interface (docs/algorithm.md §7).
 
 - `weighted_sum`: the DiffusionNFT baseline, one advantage from the NaN-aware mean reward.
 - `equal_alpha`: fixed alpha (1/K by default), per-reward advantages, one backward.
@@ -6,9 +6,9 @@
 - `marble`: full solves during warm-up and every `amortize_every` optimizer steps; the
   EMA-smoothed alpha is cached and used with one backward in between.
 
-A "full solve" (spec D.4): per-reward gradients g_k of the masked losses L_k (LoRA parameters
-only, all-reduced), unit-normalised, min-norm QP on their Gram matrix, d = sum alpha_k g^_k
-rescaled by the mean norm; the KL gradient is added outside the QP.
+A "full solve" (docs/algorithm.md §7.2): per-reward gradients g_k of the masked losses L_k
+(LoRA parameters only, all-reduced), unit-normalised, min-norm QP on their Gram matrix,
+d = sum alpha_k g^_k rescaled by the mean norm; the KL gradient is added outside the QP.
 The amortized step backpropagates scale * (sum_k alpha_k L_k + KL) with masked L_k
 (`exact_masking=True`), or the reference's combined advantage (`exact_masking=False`).
 """
@@ -112,7 +112,8 @@ def _masked_mean(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 
 def reward_losses(step: MicroStep) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """L_k = sum over valid i of loss_i(r_ki) / max(|V_k|, 1) for every reward (spec D.3)."""
+    """L_k = sum over valid i of loss_i(r_ki) / max(|V_k|, 1) for every reward
+    (docs/algorithm.md §7.1)."""
     losses, counts = [], []
     for k in range(step.advantages.shape[1]):
         adv = step.advantages[:, k]
@@ -162,7 +163,7 @@ class Balancer:
     # -------------------------------------------------------------- schedule
 
     def wants_full_solve(self, step: MicroStep) -> bool:
-        """mgda: always; marble: reference rule of spec D.7; the others: never."""
+        """mgda: always; marble: reference rule of docs/algorithm.md §7.5; the others: never."""
         if self.method == "mgda":
             return True
         if self.method != "marble":
@@ -262,7 +263,7 @@ class Balancer:
         return grads, norms, valid, losses, nonfinite
 
     def _combine(self, grads, norms, valid) -> tuple[torch.Tensor, np.ndarray]:
-        """MGDA on unit gradients, rescaled by the mean norm (spec D.4 step 5)."""
+        """MGDA on unit gradients, rescaled by the mean norm (docs/algorithm.md §7.2)."""
         alpha = np.zeros(len(grads))
         idx = [k for k in range(len(grads)) if valid[k]]
         if not idx:

@@ -39,7 +39,7 @@ class ModelConfig:
     lora_alpha: int = 64
     lora_targets: list[str] = field(default_factory=lambda: list(SD3_LORA_TARGETS))
     mixed_precision: Literal["no", "fp16", "bf16"] = "fp16"
-    max_sequence_length: int = 128  # T5 tokens (spec A.2)
+    max_sequence_length: int = 128  # T5 tokens (docs/algorithm.md §2)
 
 
 @dataclass
@@ -58,7 +58,7 @@ class SamplingConfig:
 class TrainConfig:
     batch_size: int = 9  # per rank micro-batch
     timestep_fraction: float = 0.99
-    nft_beta: float = 0.1  # beta of the implicit policies (spec A.6)
+    nft_beta: float = 0.1  # beta of the implicit policies (docs/algorithm.md §4)
     kl_beta: float = 1e-4  # lambda_KL
     adv_clip: float = 5.0  # C
     lr: float = 3e-4
@@ -67,7 +67,7 @@ class TrainConfig:
     adam_eps: float = 1e-8
     max_grad_norm: float = 1.0
     ema_decay: float = 0.9  # weight EMA, effective min((1+s)/(10+s), decay)
-    old_decay_type: int = 1  # 0, 1 or 2 (spec A.8)
+    old_decay_type: int = 1  # 0, 1 or 2 (docs/algorithm.md §5)
     old_decay_cap: float = 0.95  # MARBLE raised the type-1 cap from 0.5 to 0.95
     max_steps: int = 1000
     save_every: int = 30
@@ -84,8 +84,10 @@ class BalancerConfig:
     alpha_ema: float = 0.7  # rho
     fixed_alphas: list[float] | None = None  # equal_alpha: None means 1/K
     grad_eps: float = 1e-12
-    # True: amortized step backpropagates sum_k alpha_k L_k with masked L_k (exact).
-    # False: the reference's combined advantage with nan -> 0, i.e. r = 1/2 fill (spec D.6).
+    # True (ours): amortized step backpropagates sum_k alpha_k L_k with masked L_k (exact).
+    # False (the reference): combined advantage with nan -> 0, i.e. r = 1/2 fill
+    # (docs/algorithm.md, "Masking modes"). Every preset states its choice: the paper
+    # presets False, the tiny ones and the `rho_07_exact` ablation True.
     exact_masking: bool = True
     # Per-reward gradients and cosines on the first micro-step of every n-th optimizer
     # step, for every balancer (the weighted sum too, so the report can compare).
@@ -302,11 +304,11 @@ def dump_yaml(cfg: RunConfig) -> str:
 
 
 def training_timesteps(cfg: RunConfig) -> int:
-    """T_train = floor(num_steps * timestep_fraction), at least 1 (spec A.7)."""
+    """T_train = floor(num_steps * timestep_fraction), at least 1 (docs/algorithm.md §4)."""
     return max(1, int(cfg.sampling.num_steps * cfg.train.timestep_fraction))
 
 
 def grad_accumulation(cfg: RunConfig) -> int:
-    """Micro-batches per optimizer step: one optimizer step per epoch (spec A.1)."""
+    """Micro-batches per optimizer step: one optimizer step per epoch (docs/algorithm.md §2)."""
     s = cfg.sampling
     return s.batch_size * s.num_batches_per_epoch // cfg.train.batch_size

@@ -1,4 +1,5 @@
-"""Moving averages: weight EMA, the alpha-cache EMA and the old-policy decay (spec A.8, D.7)."""
+"""Moving averages: weight EMA, the alpha-cache EMA and the old-policy decay (docs/algorithm.md
+§5, §7.5)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,8 @@
 Input: `<eval-dir>/<run>/<checkpoint>/<dataset>/average_scores.json` (from `marble evaluate`).
 Table rows are run/checkpoint; columns are the paper's metrics that exist, each taken
 from one dataset (below), then any other reward as `<reward> (<dataset>)` (toy rewards).
-Scales follow the paper: PickScore x26 (our scorer returns score/26, spec B), UnifiedReward
+Scales follow the paper: PickScore x26 (our scorer returns score/26, docs/algorithm.md §3),
+UnifiedReward
 x5 (ours returns score/5, the paper reports 1-5). GenEval is the official overall (mean of
 six per-tag accuracies) when all tags were evaluated, else the sample-mean accuracy, else
 the partial-credit score.

@@ -1,6 +1,7 @@
 """`marble evaluate`: generate and score a (LoRA) checkpoint on one benchmark.
 
-Flags follow the reference `scripts/evaluation.py` (spec C), so its invocations work:
+Flags follow the reference `scripts/evaluation.py` (docs/algorithm.md §10), so its
+invocations work:
 
     torchrun --nproc_per_node=8 -m marble.evaluate --lora_hf_path ID --model_type sd3 \
         --dataset geneval --guidance_scale 4.5 --mixed_precision fp16 --save_images

@@ -1,4 +1,5 @@
-"""The DiffusionNFT loss (spec A.5-A.6): implicit positive/negative policies in x0 space.
+"""The DiffusionNFT loss (docs/algorithm.md §3, §4): implicit positive/negative policies in x0
+space.
 
 Shapes: v_theta, v_old, v_ref, x0, x_t are [B, C, H, W] (any trailing dims); t, r are [B].
 All functions return per-sample values [B]; the caller averages and scales.
@@ -64,7 +65,7 @@ def nft_terms(v_theta, v_old, x0, x_t, t, beta: float) -> tuple[torch.Tensor, to
 
 
 def nft_loss_from_terms(l_pos, l_neg, r, beta: float, adv_clip: float = 5.0) -> torch.Tensor:
-    """(C / beta) (r l_pos + (1 - r) l_neg), per sample: affine in r (spec A.6 step 4)."""
+    """(C / beta) (r l_pos + (1 - r) l_neg), per sample: affine in r (docs/algorithm.md §4)."""
     r = torch.as_tensor(r, device=l_pos.device).to(l_pos.dtype)
     if r.shape != l_pos.shape:
         raise ValueError(f"r has shape {tuple(r.shape)}, expected {tuple(l_pos.shape)}")
@@ -72,7 +73,7 @@ def nft_loss_from_terms(l_pos, l_neg, r, beta: float, adv_clip: float = 5.0) -> 
 
 
 def nft_loss(v_theta, v_old, x0, x_t, t, r, beta: float, adv_clip: float = 5.0) -> torch.Tensor:
-    """Per-sample DiffusionNFT policy loss [B], before the batch mean (spec A.6)."""
+    """Per-sample DiffusionNFT policy loss [B], before the batch mean (docs/algorithm.md §4)."""
     l_pos, l_neg = nft_terms(v_theta, v_old, x0, x_t, t, beta)
     return nft_loss_from_terms(l_pos, l_neg, r, beta, adv_clip)
 

@@ -1,4 +1,4 @@
-"""Rollout samplers (spec A.2): deterministic DPM-Solver++(2M) and the Euler flow ODE.
+"""Rollout samplers (docs/algorithm.md §2): deterministic DPM-Solver++(2M) and the Euler flow ODE.
 
 Flow parameterisation: z_sigma = alpha * x0 + sigma * eps with alpha = 1 - sigma, and
 the transformer predicts v ~ eps - x0, so x0_hat = z - sigma * v. DPM-Solver++ works
@@ -104,7 +104,7 @@ def sample_latents(transformer, noise: Tensor, prompt_embeds: Tensor, pooled: Te
     """Integrate from `noise` (at sigmas[0]) to x0 [B, C, h, w] with the active adapter.
 
     Deterministic given `noise`: rollout diversity comes only from the initial latent
-    (spec A.2). The transformer timestep is int(sigma * 1000), as in the reference.
+    (docs/algorithm.md §2). The transformer timestep is int(sigma * 1000), as in the reference.
     """
     if solver not in SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; choose one of {SOLVERS}")
@@ -121,7 +121,7 @@ def sample_latents(transformer, noise: Tensor, prompt_embeds: Tensor, pooled: Te
             z = euler_step(z, v, sigma, sigma_next)
             continue
         x0_hat = z - sigma * v
-        # First and last steps are first order (spec A.2); the last lands on x0_hat.
+        # First and last steps are first order (docs/algorithm.md §2); the last lands on x0_hat.
         first_order = i == 0 or i == num_steps - 1
         z = dpm2_step(z, x0_hat, x0_prev, sigma_prev, sigma, sigma_next, first_order)
         x0_prev, sigma_prev = x0_hat, sigma

@@ -7,7 +7,9 @@
 DIR/config.yaml holds the resolved config; a DIR that already has one must agree with
 the requested config on every key that changes the result (see RESULT_NEUTRAL_KEYS),
 otherwise the run refuses to start rather than silently mixing two experiments.
-Errors are one line on stderr and exit status 2.
+Errors are one line on stderr and exit status 2. SIGUSR1 or SIGTERM stop the run after
+the current optimizer step with a checkpoint and exit status 75 (marble.stopping:
+EXIT_REQUEUE), which the SLURM wrapper turns into a requeue.
 """
 
 from __future__ import annotations
@@ -88,11 +90,13 @@ def check_run_dir(out_dir: Path, cfg: RunConfig) -> None:
     wanted = yaml.safe_load(dump_yaml(cfg))
     diff = config_differences(saved, wanted)
     if diff:
-        shown = ", ".join(f"{k} ({_flat(saved).get(k, '<absent>')!r} -> "
-                          f"{_flat(wanted).get(k, '<absent>')!r})" for k in diff[:6])
+        # Every differing key with both values: the saved run's and the requested one.
+        shown = "; ".join(f"{k}: {_flat(saved).get(k, '<absent>')!r} in the run folder, "
+                          f"{_flat(wanted).get(k, '<absent>')!r} requested" for k in diff)
         raise TrainError(
-            f"{saved_path} was written by a different config; differing keys: {shown}"
-            f"{' ...' if len(diff) > 6 else ''}. Use another --output-dir or the same config."
+            f"{saved_path} was written by a different training config; differing keys: "
+            f"{shown}. Use another --output-dir or the same config (only train.max_steps "
+            f"and logging/checkpoint cadence may change on resume)."
         )
 
 
@@ -126,10 +130,23 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, TrainError) as exc:
         print(f"marble train: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    from marble.checkpoint import CheckpointError
+    from marble.stopping import EXIT_REQUEUE, write_requeue_file
     from marble.trainer import run_training  # heavy imports only once the config is sound
 
-    summary = run_training(cfg, args.output_dir, device=args.device,
-                           progress=not args.no_progress)
+    try:
+        summary = run_training(cfg, args.output_dir, device=args.device,
+                               progress=not args.no_progress)
+    except (TrainError, CheckpointError) as exc:
+        print(f"marble train: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if summary.get("requeue"):
+        write_requeue_file(summary["final_step"], summary.get("stop_signal"))
+        if summary.get("rank", 0) == 0:
+            print(f"marble train: {summary.get('stop_signal')}: stopped after step "
+                  f"{summary['final_step']} with a checkpoint; exit {EXIT_REQUEUE} (requeue)",
+                  file=sys.stderr)
+        return EXIT_REQUEUE
     if summary.get("rank", 0) == 0:
         print(f"marble train: done at step {summary['final_step']} -> "
               f"{args.output_dir / 'train_summary.json'}")

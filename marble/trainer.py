@@ -1,4 +1,4 @@
-"""The DiffusionNFT optimisation loop with a reward balancer (spec D.11 steps 4-8).
+"""The DiffusionNFT optimisation loop with a reward balancer (docs/algorithm.md §8).
 
 One optimizer step per epoch: G micro-batches x T_train timesteps, each a
 `MicroStep` handed to the balancer, then all-reduce of .grad, clip, AdamW, weight EMA,
@@ -18,8 +18,9 @@ import torch
 from tqdm.auto import tqdm
 
 from marble import distributed as dist
-from marble.checkpoint import (capture_rng_state, checkpoint_dir, latest_checkpoint,
-                               load_checkpoint, restore_rng_state, save_checkpoint)
+from marble.checkpoint import (CheckpointError, capture_rng_state, checkpoint_dir,
+                               latest_checkpoint, load_checkpoint, restore_rng_state,
+                               resume_checkpoint, save_checkpoint)
 from marble.config import RunConfig, dump_yaml, grad_accumulation, training_timesteps
 from marble.ema import WeightEMA, old_policy_decay
 from marble.io import write_json, write_text
@@ -27,6 +28,7 @@ from marble.metrics import MetricsLog, StepAverager
 from marble.nft import nft_loss_from_terms, nft_terms, kl_loss, optimality_prob
 from marble.rollout import (STREAM_SHUFFLE, STREAM_TIMESTEPS, RolloutEngine, Rollouts,
                             keyed_generator)
+from marble.stopping import StopRequest
 
 _DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -142,11 +144,25 @@ class Trainer:
         dist.barrier()
         return path
 
+    def _choose_checkpoint(self) -> Path | None:
+        """Rank 0 verifies the files' hashes and picks; every rank gets its answer (or
+        its error), so all ranks load the same checkpoint and none waits forever."""
+        choice = None
+        if self.info.is_main:
+            try:
+                choice = ("path", resume_checkpoint(self.out_dir))
+            except CheckpointError as exc:
+                choice = ("error", str(exc))
+        kind, value = dist.broadcast_object(choice)
+        if kind == "error":
+            raise CheckpointError(value)
+        return value
+
     def resume(self) -> Path | None:
-        """Load the newest complete checkpoint of the run folder, if any."""
+        """Load the newest intact complete checkpoint of the run folder, if any."""
         from marble.models.lora import load_adapter_state
 
-        path = latest_checkpoint(self.out_dir)
+        path = self._choose_checkpoint()
         if path is None:
             return None
         # CPU first: RNG states must stay CPU tensors; the optimizer and adapters move
@@ -199,7 +215,7 @@ class Trainer:
         return record
 
     def _per_sample_draws(self, global_index: torch.Tensor, n_t: int, shape) -> tuple:
-        """Per sample: a T_train subset of the sigma grid (spec A.7) and fresh noise.
+        """Per sample: a T_train subset of the sigma grid (docs/algorithm.md §4) and fresh noise.
 
         Keyed by the sample's global position, so a sample gets the same draws on any
         number of ranks and whichever micro-batch it lands in.
@@ -314,29 +330,49 @@ def _final_rewards(records: list[dict]) -> dict:
     return {k: v for k, v in records[-1].items() if k.startswith("reward/")}
 
 
+def _train_loop(trainer: Trainer, cfg: RunConfig, progress: bool,
+                stop: StopRequest) -> tuple[Path | None, bool]:
+    """Resume, then step and checkpoint to max_steps; (resumed from, stopped to requeue)."""
+    resumed = trainer.resume()
+    max_steps, every = cfg.train.max_steps, max(1, cfg.train.save_every)
+    bar = tqdm(total=max_steps, initial=trainer.step, desc="train", disable=not progress)
+    requeue = False
+    while trainer.step < max_steps:
+        trainer.train_epoch()
+        bar.update(1)
+        # One tiny all-reduce per step, so every rank stops after the same step.
+        requeue = stop.agreed() and trainer.step < max_steps
+        if trainer.step % every == 0 or trainer.step == max_steps or requeue:
+            trainer.save()
+        if requeue:
+            break
+    bar.close()
+    if resumed is None and trainer.step == 0:
+        trainer.save()  # max_steps 0: still leave a loadable checkpoint
+    return resumed, requeue
+
+
 def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
                  progress: bool = True) -> dict:
-    """Train (or resume) to cfg.train.max_steps; write DIR/train_summary.json; return it."""
+    """Train (or resume) to cfg.train.max_steps; write DIR/train_summary.json; return it.
+
+    SIGUSR1/SIGTERM stop the run early (marble.stopping): the step in flight finishes, a
+    checkpoint is written, no train_summary.json, and the summary has `requeue: True`.
+    """
+    from marble.train import check_run_dir
+
     out_dir = Path(out_dir)
+    check_run_dir(out_dir, cfg)  # before config.yaml is replaced: refuse a changed config
     info = dist.init_distributed(device)
     if info.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         write_text(out_dir / "config.yaml", dump_yaml(cfg))
     start = time.perf_counter()
     trainer = Trainer(cfg, out_dir, device=device, progress=progress)
+    stop = StopRequest()
     try:
-        resumed = trainer.resume()
-        max_steps, every = cfg.train.max_steps, max(1, cfg.train.save_every)
-        bar = tqdm(total=max_steps, initial=trainer.step, desc="train", disable=not (
-            progress and info.is_main))
-        while trainer.step < max_steps:
-            trainer.train_epoch()
-            bar.update(1)
-            if trainer.step % every == 0 or trainer.step == max_steps:
-                trainer.save()
-        bar.close()
-        if resumed is None and trainer.step == 0:
-            trainer.save()  # max_steps 0: still leave a loadable checkpoint
+        with stop:
+            resumed, requeue = _train_loop(trainer, cfg, progress and info.is_main, stop)
     finally:
         trainer.close()
     last = latest_checkpoint(out_dir)
@@ -347,8 +383,9 @@ def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
         "wall_time_s": time.perf_counter() - start, "world_size": info.world_size,
         "rank": info.rank,
         "balancer": cfg.balancer.method, "final_rewards": _final_rewards(trainer.metrics.read()),
+        "requeue": requeue, "stop_signal": stop.signal_name,
     }
-    if info.is_main:
+    if info.is_main and not requeue:  # the workflow's output: only for a finished run
         write_json(out_dir / "train_summary.json", summary)
     dist.barrier()
     dist.cleanup()

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from marble.checkpoint import (
-    capture_rng_state, checkpoint_dir, latest_checkpoint, list_checkpoints, load_checkpoint,
-    restore_rng_state, save_checkpoint,
+    COMPLETE, CheckpointError, capture_rng_state, checkpoint_dir, damaged_files,
+    latest_checkpoint, list_checkpoints, load_checkpoint, restore_rng_state, resume_checkpoint,
+    save_checkpoint,
 )
 from marble.metrics import MetricsLog, StepAverager, advantage_std, reward_stats
 
@@ -71,6 +72,54 @@ def test_keep_prunes_oldest(tmp_path):
         _save(tmp_path, step, keep=3)
     assert [s for s, _ in list_checkpoints(tmp_path)] == [3, 4, 5]
     assert latest_checkpoint(tmp_path).name == "checkpoint-000005"
+
+
+def test_marker_records_sha256_of_every_file(tmp_path):
+    import hashlib
+
+    path = _save(tmp_path, 3)
+    marker = json.loads((path / COMPLETE).read_text())
+    assert marker["format"] == 2
+    assert sorted(marker["sha256"]) == ["adapters.safetensors", "lora/w.txt", "optimizer.pt",
+                                        "state.pt"]
+    assert marker["sha256"]["lora/w.txt"] == hashlib.sha256(b"ema").hexdigest()
+    assert damaged_files(path) == []
+
+
+def _truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def test_damaged_newest_checkpoint_falls_back_with_a_warning(tmp_path, caplog):
+    for step in (5, 6):
+        _save(tmp_path, step)
+    _truncate(checkpoint_dir(tmp_path, 6) / "optimizer.pt")
+    (checkpoint_dir(tmp_path, 6) / "lora" / "w.txt").unlink()
+    assert resume_checkpoint(tmp_path) == checkpoint_dir(tmp_path, 5)
+    text = caplog.text
+    assert "checkpoint-000006" in text and "optimizer.pt (sha256 differs" in text
+    assert "lora/w.txt (missing)" in text and "falling back" in text
+
+
+def test_no_intact_checkpoint_is_an_error_naming_the_run(tmp_path):
+    assert resume_checkpoint(tmp_path) is None  # a fresh run folder
+    _save(tmp_path, 2)
+    _truncate(checkpoint_dir(tmp_path, 2) / "state.pt")
+    with pytest.raises(CheckpointError, match=str(tmp_path)):
+        resume_checkpoint(tmp_path)
+
+
+def test_marker_without_hashes_is_accepted_with_a_warning(tmp_path, caplog):
+    path = _save(tmp_path, 4)
+    (path / COMPLETE).write_text("ok\n")  # what markers held before hashes
+    assert damaged_files(path) is None
+    assert resume_checkpoint(tmp_path) == path
+    assert "no file hashes" in caplog.text and "checkpoint-000004" in caplog.text
+    # Unverifiable and damaged: loading names the file instead of torch's zip error.
+    _truncate(path / "optimizer.pt")
+    with pytest.raises(CheckpointError, match=r"checkpoint-000004/optimizer\.pt: unreadable"):
+        load_checkpoint(path)
 
 
 def test_rng_state_round_trip(tmp_path):

@@ -1,4 +1,5 @@
-"""Assemble the mixed prompt tables with one applicability mask per reward (spec A.1, D.1, B).
+"""Assemble the mixed prompt tables with one applicability mask per reward (docs/algorithm.md
+§2, §3).
 
 Reads the raw layout (`pickscore/{split}.txt`, `ocr/{split}.txt`,
 `geneval/{split}_metadata.jsonl`, `drawbench/test.txt`), validates every line, and writes

@@ -1,4 +1,4 @@
-"""Stratified K-repeat sampler (spec A.1, D.1).
+"""Stratified K-repeat sampler (docs/algorithm.md §2).
 
 Per sampling iteration every rank computes the same global plan from (seed, epoch):
 m = world_size * batch_size / k distinct prompts, split evenly over the sorted distinct

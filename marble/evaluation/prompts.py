@@ -1,7 +1,8 @@
 """Benchmark prompts, per-sample seeds and rank sharding for `marble evaluate`.
 
-Raw layout (spec C): `DIR/geneval/test_metadata.jsonl` (one GenEval record per line, the
-prompt under "prompt") and `DIR/{ocr,pickscore,drawbench}/test.txt` (one prompt a line).
+Raw layout (docs/algorithm.md §10): `DIR/geneval/test_metadata.jsonl` (one GenEval record
+per line, the prompt under "prompt") and `DIR/{ocr,pickscore,drawbench}/test.txt` (one
+prompt a line).
 A sample's id is its position among the non-empty lines, so ids stay stable across runs.
 """
 
@@ -16,14 +17,15 @@ from marble.data.records import prompt_id as make_prompt_id
 
 DATASETS = ("geneval", "ocr", "pickscore", "drawbench")
 _SIX = ["imagereward", "pickscore", "aesthetic", "clipscore", "hpsv2"]
-# MARBLE's evaluation.py: pickscore drops unifiedreward, drawbench keeps it (spec C).
+# MARBLE's evaluation.py: pickscore drops unifiedreward, drawbench keeps it
+# (docs/algorithm.md §10).
 DEFAULT_REWARDS: dict[str, list[str]] = {
     "geneval": ["geneval"],
     "ocr": ["ocr"],
     "pickscore": list(_SIX),
     "drawbench": [*_SIX, "unifiedreward"],
 }
-# Per-rank batch sizes of the reference script (spec C).
+# Per-rank batch sizes of the reference script (docs/algorithm.md §10).
 DEFAULT_BATCH_SIZE = {"geneval": 14, "ocr": 16, "pickscore": 16, "drawbench": 5}
 
 

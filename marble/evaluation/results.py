@@ -84,7 +84,7 @@ def geneval_summary(rows: list[dict]) -> dict[str, float]:
     """Per-tag accuracies and the official overall (mean of the six per-tag accuracies).
 
     The reference's `average_scores.json` averages over samples instead; both are kept
-    (`accuracy` is the sample mean, `geneval_overall` the official number, spec C/F).
+    (`accuracy` is the sample mean, `geneval_overall` the official number, docs/algorithm.md §10).
     """
     out: dict[str, float] = {}
     for key in GENEVAL_DETAIL_KEYS:

@@ -1,6 +1,7 @@
 """Generate and score one benchmark: the body of `marble evaluate`.
 
-Sampling is the stock `StableDiffusion3Pipeline.__call__` (FlowMatch Euler, spec C) up to
+Sampling is the stock `StableDiffusion3Pipeline.__call__` (FlowMatch Euler, docs/algorithm.md
+§10) up to
 the latents; we decode them ourselves in fp32 because `load_pipeline` keeps the VAE in
 fp32 while the transformer may run in fp16/bf16, and the stock decode would mix dtypes.
 

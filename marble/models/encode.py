@@ -1,4 +1,4 @@
-"""Prompt encoding, the transformer's velocity, latent decoding (spec A.2, A.6)."""
+"""Prompt encoding, the transformer's velocity, latent decoding (docs/algorithm.md §2, §4)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from torch import Tensor
 def encode_prompts(pipe, prompts: list[str], max_sequence_length: int) -> tuple[Tensor, Tensor]:
     """(prompt_embeds [N, L, D], pooled [N, Dp]) through the pipeline's own encode_prompt.
 
-    No CFG (guidance 1.0, spec A.2): only the positive branch is computed. L is
+    No CFG (guidance 1.0, docs/algorithm.md §2): only the positive branch is computed. L is
     77 CLIP tokens + `max_sequence_length` T5 tokens.
     """
     prompts = list(prompts)
@@ -27,7 +27,7 @@ def timestep_from_sigma(sigma: Tensor | float, batch: int, integer_timestep: boo
     """The transformer's timestep: sigma * 1000, truncated to an integer when sampling.
 
     The reference feeds int(sigma*1000) during rollouts and the float scheduler value
-    during training (spec A.2); `integer_timestep` selects which.
+    during training (docs/algorithm.md §2); `integer_timestep` selects which.
     """
     sigma = torch.as_tensor(sigma, dtype=torch.float32, device=device)
     timestep = sigma * 1000.0
@@ -55,7 +55,8 @@ def velocity(transformer, x_t: Tensor, sigma: Tensor | float, prompt_embeds: Ten
 
 @torch.no_grad()
 def decode_latents(pipe, latents: Tensor) -> Tensor:
-    """Images [N, 3, H, W] float32 in [0, 1] from x0 latents (VAE in fp32, spec C)."""
+    """Images [N, 3, H, W] float32 in [0, 1] from x0 latents (VAE in fp32, docs/algorithm.md
+    §10)."""
     vae = pipe.vae
     cfg = vae.config
     vae_device = next(vae.parameters()).device

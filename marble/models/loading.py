@@ -55,7 +55,8 @@ def build_random_pipeline(name: str, dtype: torch.dtype = torch.float32, device=
 
 
 def _place(pipe, dtype: torch.dtype, device):
-    """Move to device; everything in `dtype` except the VAE, which stays fp32 (spec A.9/C)."""
+    """Move to device; everything in `dtype` except the VAE, which stays fp32
+    (docs/algorithm.md §6, §10)."""
     from diffusers.utils import logging as diffusers_logging
 
     # diffusers warns on every explicit cast of a model; the cast here is deliberate.

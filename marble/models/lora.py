@@ -1,4 +1,4 @@
-"""LoRA adapters on the SD3 transformer (spec A.8-A.9).
+"""LoRA adapters on the SD3 transformer (docs/algorithm.md §5, §6).
 
 Two peft adapters live side by side: "default" (trainable, the policy v_theta) and
 "old" (the rollout policy, a decayed copy of "default"). With adapters disabled the
@@ -109,7 +109,8 @@ def load_adapter_state(transformer, name: str, state: dict[str, Tensor]) -> None
 
 @torch.no_grad()
 def blend_adapter(transformer, dst: str = OLD, src: str = TRAINABLE, decay: float = 0.0) -> None:
-    """dst <- decay * dst + (1 - decay) * src, in place (old-policy update, spec A.8)."""
+    """dst <- decay * dst + (1 - decay) * src, in place (old-policy update, docs/algorithm.md
+    §5)."""
     for _, layer in _lora_layers(transformer):
         for bank in (layer.lora_A, layer.lora_B):
             bank[dst].weight.mul_(decay).add_(bank[src].weight, alpha=1.0 - decay)
@@ -130,7 +131,7 @@ def use_adapter(transformer, name: str):
 
 @contextlib.contextmanager
 def adapters_disabled(transformer):
-    """Run the frozen base model (the KL reference policy, spec A.8)."""
+    """Run the frozen base model (the KL reference policy, docs/algorithm.md §5)."""
     transformer.disable_adapters()
     try:
         yield transformer

@@ -158,13 +158,16 @@ def _rho_section(b: Builder, runs, trends, evals) -> None:
     s = b.section("rho ablation")
     groups = tables.rho_groups(runs)
     if not groups:
-        s.blocks.append(Text("Not applicable: no two MARBLE runs differ only in `balancer.alpha_ema`. "
-                             "Configure runs such as rho_05 / rho_07 / rho_09 to get this table. "
+        s.blocks.append(Text("Not applicable: no two MARBLE runs differ only in `balancer.alpha_ema` "
+                             "(or `balancer.exact_masking`). Configure runs such as rho_05 / rho_07 / "
+                             "rho_07_exact / rho_09 to get this table. "
                              "Paper: rho = 0.7 is best on every metric (0.1 worst)."))
         return
     by_name = {t.run: t for t in trends}
     for i, group in enumerate(groups):
         b.table(s, f"rho_ablation_{i}", "Runs differing only in rho = `balancer.alpha_ema` "
+                "and/or `balancer.exact_masking` (ours; the paper's runs use the reference's "
+                "r = 1/2 fill) "
                 "(eval scores when evaluated, else the last training rewards)",
                 tables.rho_table(group, by_name, evals))
 

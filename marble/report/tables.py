@@ -143,29 +143,48 @@ def _safe_div(a, b) -> float:
     return a / b if math.isfinite(a) and math.isfinite(b) and b != 0 else math.nan
 
 
+# Balancer keys the ablation table varies: rho, and our exact-masking option (the
+# `rho_07_exact` preset), so one table shows rho_05 / rho_07 / rho_07_exact / rho_09.
+ABLATION_KEYS = ("alpha_ema", "exact_masking")
+
+
+def exact_masking(run: RunData) -> bool | None:
+    """The run's `balancer.exact_masking` (None for configs written before the key)."""
+    value = (run.config.get("balancer") or {}).get("exact_masking")
+    return None if value is None else bool(value)
+
+
 def rho_groups(runs: list[RunData]) -> list[list[RunData]]:
-    """Groups of >= 2 MARBLE runs whose configs differ only in `balancer.alpha_ema`."""
+    """Groups of >= 2 MARBLE runs whose configs differ only in `balancer.alpha_ema` and
+    `balancer.exact_masking`, sorted by rho, the reference's masking first."""
     groups: dict[str, list[RunData]] = {}
     for run in runs:
         if run.balancer != "marble" or run.alpha_ema is None or not run.config:
             continue
         rest = copy.deepcopy(run.config)
         rest.pop("preset", None)  # a preset name is a label, not a setting
-        rest.get("balancer", {}).pop("alpha_ema", None)
+        for key in ABLATION_KEYS:
+            rest.get("balancer", {}).pop(key, None)
         key = json.dumps(rest, sort_keys=True, default=str)
         groups.setdefault(key, []).append(run)
     out = []
     for members in groups.values():
-        if len({r.alpha_ema for r in members}) >= 2:
-            out.append(sorted(members, key=lambda r: (r.alpha_ema, r.name)))
+        if len({(r.alpha_ema, exact_masking(r)) for r in members}) >= 2:
+            out.append(sorted(members, key=lambda r: (r.alpha_ema, bool(exact_masking(r)),
+                                                      r.name)))
     return out
 
 
 def rho_table(group: list[RunData], trends: dict[str, RunTrend], evals: pd.DataFrame | None) -> pd.DataFrame:
-    """rho, run, then eval scores when the runs were evaluated, else last training rewards."""
+    """rho, [exact_masking when the group varies it,] run, then eval scores when the runs
+    were evaluated, else last training rewards."""
+    varies_masking = len({exact_masking(r) for r in group}) > 1
     rows = []
     for run in group:
-        row = {"rho": run.alpha_ema, "run": run.name}
+        row = {"rho": run.alpha_ema}
+        if varies_masking:
+            row["exact_masking"] = exact_masking(run)
+        row["run"] = run.name
         if evals is not None and run.name in evals.index:
             row.update(evals.loc[run.name].drop("checkpoint", errors="ignore").to_dict())
         else:

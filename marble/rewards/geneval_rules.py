@@ -4,7 +4,7 @@ Three verdicts per image, as the reference computes them:
 - `strict_evaluation` (training): exact counts on *all* kept detections; returns the
   partial-credit `score` = mean of a credit list (count credit 1 - |n_req - n|/n_req, which
   can be negative; colour credit alike; position entries) and strict correctness. Exclude
-  clauses are not checked here (the reference does not). Quirk kept (spec A.13 (ii)): a
+  clauses are not checked here (the reference does not). Quirk kept (docs/algorithm.md §3): a
   failed position check appends both 0.0 and 1.0 to the credit list.
 - `standard_evaluation` (GenEval's accuracy): ">= count" on the first n detections,
   colour and position on those, and exclude clauses.

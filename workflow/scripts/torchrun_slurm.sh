@@ -2,10 +2,15 @@
 # One SLURM task per node: torchrun with a c10d rendezvous on the allocation's first
 # host (no hard-coded address), one process per GPU (one on CPU, gloo).
 #   torchrun_slurm.sh <marble train arguments>
-# Preemption / time limit: the job is submitted with --requeue --signal=USR1@N; task 0
-# requeues the job on USR1, and the requeued job resumes from the last complete
-# checkpoint (marble train always resumes from its run folder).
+# Preemption / time limit: the job is submitted with --requeue --signal=USR1@N. On USR1
+# (or TERM) this script asks the training processes to stop: they finish the optimizer
+# step in flight, write a checkpoint and exit with 75 (marble.stopping.EXIT_REQUEUE).
+# Because torchrun reports a failed worker as status 1, they also write
+# $MARBLE_REQUEUE_FILE; when torchrun returns with that file present (or status 75),
+# task 0 runs `scontrol requeue`, and the requeued job resumes from that checkpoint
+# (marble train always resumes from its run folder).
 set -euo pipefail
+EXIT_REQUEUE=75
 : "${SLURM_JOB_ID:?torchrun_slurm.sh runs inside a SLURM job}"
 # One torchrun "node" per task of this step: = $SLURM_NNODES on a cluster (one task per
 # node); more than the hosts only when a test packs several tasks onto one machine.
@@ -22,18 +27,27 @@ port="${MARBLE_RDZV_PORT:-29500}"
 echo "torchrun_slurm: task ${SLURM_PROCID:-0} of $nnodes on $(hostname -s)," \
     "$nproc proc(s), rendezvous $head_host:$port id $SLURM_JOB_ID"
 
-requeue() {
-    echo "torchrun_slurm: USR1 (time limit or preemption): requeue job $SLURM_JOB_ID"
-    if [ "${SLURM_PROCID:-0}" = "0" ]; then
-        scontrol requeue "$SLURM_JOB_ID" || true
-    fi
-}
-trap requeue USR1
+requeue_file="${TMPDIR:-/tmp}/marble-requeue.$SLURM_JOB_ID.${SLURM_PROCID:-0}.$$"
+rm -f "$requeue_file"
+export MARBLE_REQUEUE_FILE="$requeue_file"
+child=""
 
+forward() {
+    echo "torchrun_slurm: $1 (time limit or preemption): asking training to checkpoint and stop"
+    # The workers are torchrun's direct children (each in its own session, so a process
+    # group signal would miss them); marble.stopping flags the signal in each of them.
+    [ -n "$child" ] && pkill "-$1" -P "$child" 2>/dev/null || true
+}
+
+# torchrun must survive USR1 (its default action is to die): an ignored signal stays
+# ignored across exec, and the workers install their own handler.
+trap '' USR1
 torchrun --nnodes "$nnodes" --nproc_per_node "$nproc" \
     --rdzv_backend c10d --rdzv_endpoint "$head_host:$port" --rdzv_id "$SLURM_JOB_ID" \
     --max_restarts 0 -m marble.train "$@" &
 child=$!
+trap 'forward USR1' USR1
+trap 'forward TERM' TERM
 # `wait` returns early when a trapped signal arrives: keep waiting for torchrun.
 while true; do
     set +e
@@ -41,6 +55,18 @@ while true; do
     status=$?
     set -e
     if ! kill -0 "$child" 2>/dev/null; then
-        exit "$status"
+        break
     fi
 done
+if [ "$status" = "$EXIT_REQUEUE" ] || [ -e "$requeue_file" ]; then
+    echo "torchrun_slurm: training stopped with a checkpoint" \
+        "($(cat "$requeue_file" 2>/dev/null || echo "status $status")): requeue job $SLURM_JOB_ID"
+    rm -f "$requeue_file"
+    # Task 0 requeues; the others exit 0 so srun --kill-on-bad-exit cannot kill task 0
+    # before it has.
+    if [ "${SLURM_PROCID:-0}" = "0" ]; then
+        scontrol requeue "$SLURM_JOB_ID" || exit "$EXIT_REQUEUE"
+    fi
+    exit 0
+fi
+exit "$status"

@@ -1,0 +1,148 @@
+"""Stop requests (marble.stopping) and the SLURM wrapper's requeue, without SLURM.
+
+The wrapper runs with stand-in `torchrun` and `scontrol` on PATH: the fake torchrun
+starts one fake worker (a python process with marble's stop contract: flag the signal,
+write $MARBLE_REQUEUE_FILE, exit 75) and, like torchrun, exits 1 when a worker fails.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+from marble import distributed as dist
+from marble.stopping import EXIT_REQUEUE, REQUEUE_FILE_ENV, StopRequest, write_requeue_file
+
+ROOT = Path(__file__).resolve().parents[1]
+WRAPPER = ROOT / "workflow" / "scripts" / "torchrun_slurm.sh"
+
+
+def test_stop_request_flags_the_signal_and_restores_handlers(monkeypatch, tmp_path):
+    before = signal.getsignal(signal.SIGUSR1)
+    with StopRequest() as stop:
+        assert not stop.requested and not stop.agreed()
+        os.kill(os.getpid(), signal.SIGUSR1)  # would end the process without the handler
+        os.kill(os.getpid(), signal.SIGTERM)  # a second signal keeps the first's name
+        assert stop.requested and stop.signal_name == "SIGUSR1"
+        assert stop.agreed()  # one process: its own flag
+    assert signal.getsignal(signal.SIGUSR1) == before
+    monkeypatch.delenv(REQUEUE_FILE_ENV, raising=False)
+    assert write_requeue_file(3, "SIGUSR1") is None
+    monkeypatch.setenv(REQUEUE_FILE_ENV, str(tmp_path / "requeue"))
+    assert write_requeue_file(3, "SIGUSR1").read_text() == "step 3 SIGUSR1\n"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _agree_worker(rank: int, port: int, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
+                      RANK=str(rank), LOCAL_RANK=str(rank))
+    dist.init_distributed("cpu")
+    stop = StopRequest()
+    first = stop.agreed()  # nobody signalled
+    if rank == 1:
+        stop.signum = signal.SIGUSR1  # the signal reached rank 1 only
+    second = stop.agreed()
+    torch.save({"first": first, "second": second}, os.path.join(out_dir, f"r{rank}.pt"))
+    dist.cleanup()
+
+
+def test_all_ranks_agree_to_stop_when_one_is_signalled(tmp_path):
+    mp.spawn(_agree_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    for rank in (0, 1):
+        out = torch.load(tmp_path / f"r{rank}.pt", weights_only=True)
+        assert out == {"first": False, "second": True}, rank
+
+
+# ------------------------------------------------------------------ the SLURM wrapper
+
+FAKE_WORKER = """
+import os, signal, sys, time
+mode, log = sys.argv[1], sys.argv[2]
+flag = []
+signal.signal(signal.SIGUSR1, lambda s, f: flag.append(s))
+open(log + ".ready", "w").close()
+if mode == "fail":
+    sys.exit(3)
+while not flag:
+    time.sleep(0.02)
+with open(os.environ["MARBLE_REQUEUE_FILE"], "w") as fh:
+    fh.write("step 7 SIGUSR1\\n")
+with open(log, "a") as fh:
+    fh.write("worker got %d\\n" % flag[0])
+sys.exit(75)
+"""
+
+FAKE_TORCHRUN = """#!/usr/bin/env bash
+# Like torchrun: workers are children; any failed worker makes the agent exit 1.
+echo "torchrun $*" >> "$FAKE_LOG"
+{python} "$FAKE_DIR/worker.py" "$FAKE_MODE" "$FAKE_LOG" &
+wait $!
+rc=$?
+echo "torchrun saw worker exit $rc" >> "$FAKE_LOG"
+[ "$rc" = 0 ] || exit 1
+"""
+
+FAKE_SCONTROL = """#!/usr/bin/env bash
+if [ "$1" = show ]; then echo localhost; exit 0; fi
+echo "scontrol $*" >> "$FAKE_LOG"
+"""
+
+
+def _fake_cluster(tmp_path: Path, mode: str) -> tuple[dict, Path]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "worker.py").write_text(FAKE_WORKER)
+    for name, text in (("torchrun", FAKE_TORCHRUN.format(python=sys.executable)),
+                       ("scontrol", FAKE_SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "log"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242",
+           "SLURM_PROCID": "0", "SLURM_JOB_NODELIST": "localhost", "TMPDIR": str(tmp_path),
+           "FAKE_LOG": str(log), "FAKE_DIR": str(tmp_path), "FAKE_MODE": mode}
+    return env, log
+
+
+def _wait_for(path: Path, proc: subprocess.Popen) -> None:
+    for _ in range(1500):  # polling for readiness only; no timing is asserted
+        if path.exists() or proc.poll() is not None:
+            return
+        time.sleep(0.02)
+
+
+def test_wrapper_turns_usr1_into_checkpoint_exit_and_requeue(tmp_path):
+    env, log = _fake_cluster(tmp_path, "train")
+    proc = subprocess.Popen(["bash", str(WRAPPER), "--preset", "tiny"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _wait_for(Path(str(log) + ".ready"), proc)
+    proc.send_signal(signal.SIGUSR1)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    lines = log.read_text().splitlines()
+    assert f"worker got {int(signal.SIGUSR1)}" in lines  # forwarded to the worker
+    assert "torchrun saw worker exit 75" in lines  # torchrun itself survived USR1
+    assert lines[-1] == "scontrol requeue 4242"
+    assert "step 7 SIGUSR1" in out and "requeue job 4242" in out
+    assert not list(tmp_path.glob("marble-requeue.*"))  # the flag file is cleaned up
+
+
+def test_wrapper_does_not_requeue_a_failed_run(tmp_path):
+    env, log = _fake_cluster(tmp_path, "fail")
+    proc = subprocess.run(["bash", str(WRAPPER), "--preset", "tiny"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "scontrol requeue" not in log.read_text()
+    assert EXIT_REQUEUE == 75  # the documented status (README, workflow/scripts)

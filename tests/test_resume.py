@@ -1,0 +1,144 @@
+"""Resume on the tiny SD3: a damaged newest checkpoint, a changed config, a USR1 stop.
+
+One uninterrupted 4-step run (module fixture) is the reference every interrupted run
+must reproduce bitwise. Settings as in test_trainer: 32 px, 3 sampling steps, 6 rollouts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from marble.checkpoint import checkpoint_dir, damaged_files
+from marble.data.records import PromptRecord, to_frame
+from marble.stopping import EXIT_REQUEUE, REQUEUE_FILE_ENV
+from marble.train import main as train_main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def table_path(tmp_path_factory) -> Path:
+    rows = [
+        PromptRecord.make("a photo of a red apple", "geneval",
+                          {"tag": "color_attr", "include": [{"class": "apple", "count": 1,
+                                                             "color": "red"}]}),
+        PromptRecord.make('a sign that says "hello"', "ocr"),
+        PromptRecord.make("a castle at dawn", "pickscore"),
+    ]
+    masks = {"toy_brightness": [True] * 3, "toy_saturation": [True] * 3,
+             "toy_text_contrast": [False, True, False],
+             "toy_color_match": [True, False, False]}
+    out = tmp_path_factory.mktemp("data") / "train.parquet"
+    to_frame(rows, masks).to_parquet(out)
+    return out
+
+
+def args(model: Path, table: Path, out: Path, max_steps: int, *extra: str) -> list[str]:
+    sets = [f"model.path={model}", f"data.train={table}", "sampling.num_steps=3",
+            "sampling.resolution=32", "sampling.images_per_prompt=2", "sampling.batch_size=6",
+            "sampling.num_batches_per_epoch=1", "train.batch_size=3", "train.save_every=1",
+            "balancer.amortize_every=2", *extra]
+    return ["--preset", "tiny", "--output-dir", str(out), "--no-progress",
+            "--max-steps", str(max_steps), *[x for s in sets for x in ("--set", s)]]
+
+
+def weights(run: Path, step: int) -> dict:
+    return load_file(str(checkpoint_dir(run, step) / "adapters.safetensors"))
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs"
+
+
+@pytest.fixture(scope="module")
+def straight(tiny_model_dir, table_path, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("straight") / "run"
+    assert train_main(args(tiny_model_dir, table_path, run, 4)) == 0
+    return run
+
+
+def test_truncated_newest_checkpoint_falls_back_to_the_previous(
+        straight, tiny_model_dir, table_path, tmp_path, caplog):
+    run = tmp_path / "run"
+    assert train_main(args(tiny_model_dir, table_path, run, 3)) == 0
+    damaged = checkpoint_dir(run, 3) / "adapters.safetensors"
+    damaged.write_bytes(damaged.read_bytes()[:100])  # COMPLETE marker still there
+    with caplog.at_level(logging.WARNING):
+        assert train_main(args(tiny_model_dir, table_path, run, 4)) == 0
+    assert "checkpoint-000003" in caplog.text and "adapters.safetensors" in caplog.text
+    summary = json.loads((run / "train_summary.json").read_text())
+    assert summary["resumed_from"].endswith("checkpoint-000002")
+    assert damaged_files(checkpoint_dir(run, 3)) == []  # rewritten by the resumed run
+    assert_same_weights(weights(straight, 4), weights(run, 4))
+
+
+def test_resume_with_a_changed_training_key_fails_naming_it(straight, tiny_model_dir,
+                                                             table_path, capsys):
+    saved = (straight / "config.yaml").read_text()
+    with pytest.raises(SystemExit) as exc:
+        train_main(args(tiny_model_dir, table_path, straight, 6, "train.kl_beta=0.5",
+                        "train.log_every=2"))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "train.kl_beta: 0.0001 in the run folder, 0.5 requested" in err
+    assert "train.log_every:" not in err and "train.max_steps:" not in err  # may change
+    assert (straight / "config.yaml").read_text() == saved
+    # The library entry point refuses too, before it touches the folder.
+    from marble.train import TrainError, build_parser, resolve_config
+    from marble.trainer import run_training
+
+    cfg = resolve_config(build_parser().parse_args(
+        args(tiny_model_dir, table_path, straight, 4, "balancer.alpha_ema=0.5")))
+    with pytest.raises(TrainError, match="balancer.alpha_ema: 0.7 in the run folder, 0.5"):
+        run_training(cfg, straight)
+    assert (straight / "config.yaml").read_text() == saved
+
+
+def test_usr1_checkpoints_the_current_step_and_the_rerun_resumes(
+        straight, tiny_model_dir, table_path, tmp_path):
+    run, flag = tmp_path / "run", tmp_path / "requeue-flag"
+    # The same intra-op thread count as this process: CPU float sums depend on it.
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()),
+           REQUEUE_FILE_ENV: str(flag),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    # save_every 100: the only checkpoint before the end is the one the signal asks for.
+    cmd = [sys.executable, "-m", "marble", "train",
+           *args(tiny_model_dir, table_path, run, 8, "train.save_every=100")]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    metrics = run / "metrics.jsonl"
+    for _ in range(6000):  # poll until step 1 is logged (readiness only, nothing timed)
+        if proc.poll() is not None or (metrics.is_file() and metrics.read_text().strip()):
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == EXIT_REQUEUE, err[-3000:]
+    steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines() if x]
+    stopped = steps[-1]
+    assert 1 <= stopped < 4, steps
+    ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert ckpts == [f"checkpoint-{stopped:06d}"]
+    assert damaged_files(checkpoint_dir(run, stopped)) == []
+    assert not (run / "train_summary.json").exists()  # the workflow must not see "done"
+    assert flag.read_text() == f"step {stopped} SIGUSR1\n"
+    assert "SIGUSR1" in err and f"exit {EXIT_REQUEUE}" in err
+    # The requeued job resumes from the signal's checkpoint; one more step equals the
+    # uninterrupted run's (which keeps checkpoints 2-4).
+    assert train_main(args(tiny_model_dir, table_path, run, stopped + 1)) == 0
+    summary = json.loads((run / "train_summary.json").read_text())
+    assert summary["resumed_from"].endswith(f"checkpoint-{stopped:06d}")
+    assert_same_weights(weights(straight, stopped + 1), weights(run, stopped + 1))
