@@ -82,7 +82,7 @@ def rows(out) -> list[dict]:
 
 
 def pixels(out) -> dict[str, np.ndarray]:
-    return {p.name: np.asarray(Image.open(p)) for p in sorted((Path(out) / "images").glob("*.png"))}
+    return {p.name: np.asarray(Image.open(p)) for p in sorted((Path(out) / "images").iterdir())}
 
 
 @pytest.fixture
@@ -116,18 +116,27 @@ def test_each_dataset_writes_results(tiny_model_dir, raw_dir, tmp_path, dataset)
     assert avg["n_toy_brightness"] == 4 and avg["na_toy_color_match"] == 4 - sum(applies_color)
     info = json.loads((out / "run_info.json").read_text())
     assert info["identity"]["num_inference_steps"] == 3 and info["timing"]["generated"] == 4
+    # The reference's layout by default: images/<id:05d>.jpg and image_prompts.json.
+    images = pixels(out)
+    assert list(images) == [f"{i:05d}.jpg" for i in range(4)]
+    mapping = json.loads((out / "image_prompts.json").read_text())
+    assert list(mapping) == list(images)
+    assert [m["prompt"] for m in mapping.values()] == [r["prompt"] for r in got]
+    assert [m["scores"] for m in mapping.values()] == [r["scores"] for r in got]
     if dataset == "drawbench":  # samples 0 and 2 share a prompt but not their noise
-        images = pixels(out)
-        assert not np.array_equal(images["00000.png"], images["00002.png"])
+        assert not np.array_equal(images["00000.jpg"], images["00002.jpg"])
 
 
 class FakeGenEval:
-    """Stands in for the detector-based reward: per-sample detail from the metadata only."""
+    """Stands in for the detector-based reward: per-sample detail from the metadata only.
+
+    Same signature as GenEvalReward.evaluate_detail (images, metadata, strict_only)."""
 
     def applies(self, prompt, metadata):
         return "include" in metadata
 
-    def evaluate_detail(self, images, prompts, metadata):
+    def evaluate_detail(self, images, metadata, strict_only=False):
+        assert images.shape[0] == len(metadata) and not strict_only
         acc = [1.0 if m["tag"] in ("counting", "colors") else 0.0 for m in metadata]
         return [{"score": 0.5 + a / 2, "accuracy": a, "strict_accuracy": a / 2, "tag": m["tag"]}
                 for a, m in zip(acc, metadata)]
@@ -146,9 +155,70 @@ def test_geneval_detail_and_official_overall(tiny_model_dir, raw_dir, tmp_path, 
     assert rows(out)[1]["scores"] == {"geneval": 1.0, "accuracy": 1.0, "strict_accuracy": 0.5}
 
 
+class StandInDetector:
+    """The mmdet detector's interface (constructor and `detect`), fixed detections per image:
+    two dogs, a cat on the left, a box on the right, a cup. Checks what the reward feeds it."""
+
+    def __init__(self, config: str, ckpt: str, device: str = "cpu"):
+        assert Path(config).is_file() and Path(ckpt).is_file()
+        self.calls = 0
+
+    def detect(self, images):
+        from marble.rewards.geneval_rules import ClassDetections
+
+        out = []
+        for image in images:  # HWC uint8 RGB, as the reference hands the detector
+            assert image.dtype == np.uint8 and image.shape == (64, 64, 3)
+            box = lambda x: np.array([[x, 20, x + 10, 30]], dtype=float)  # noqa: E731
+            out.append({"dog": ClassDetections(np.repeat(box(20), 2, 0), np.array([0.95, 0.92])),
+                        "cat": ClassDetections(box(0), np.array([0.95])),
+                        "box": ClassDetections(box(50), np.array([0.8])),
+                        "cup": ClassDetections(box(30), np.array([0.6]))})
+        return out
+
+
+class StandInColors:
+    """The CLIP colour classifier's interface: every crop is red."""
+
+    def __init__(self, model: str = "", device: str = "cpu", batch_size: int = 16):
+        pass
+
+    def __call__(self, image_rgb, objects, classname):
+        return ["red"] * len(objects)
+
+
+def test_real_geneval_scorer_through_evaluate(tiny_model_dir, raw_dir, tmp_path, monkeypatch):
+    """`marble evaluate --dataset geneval` with the real GenEvalReward (registry, options, rules);
+    only the detector and the colour CLIP are stand-ins behind their interfaces."""
+    from marble.rewards import geneval
+
+    monkeypatch.setattr(geneval, "MMDetDetector", StandInDetector)
+    monkeypatch.setattr(geneval, "ClipColorClassifier", StandInColors)
+    (tmp_path / "det.py").write_text("# detector config stand-in\n")
+    (tmp_path / "det.pth").write_bytes(b"weights stand-in")
+    options = tmp_path / "options.yaml"
+    options.write_text(f"geneval: {{detector_config: {tmp_path / 'det.py'}, detector_ckpt: {tmp_path / 'det.pth'}}}\n")
+    out = tmp_path / "geneval"
+    argv = ["--model_path", str(tiny_model_dir), "--dataset", "geneval", "--data_dir", str(raw_dir),
+            "--output_dir", str(out), "--resolution", "64", "--num_inference_steps", "2", "--batch_size", "4",
+            "--reward_options", str(options)]
+    assert evaluate.main(argv) == 0
+    # By hand (GENEVAL order): red cat 1/1/1; two dogs 1/1/1; blue car (none) 0; bird 0;
+    # cup and pen: credits [1, 0] -> 0.5; box left of cat: box is right -> [1, 1, 0, 1] = 0.75.
+    expected = [(1.0, 1.0, 1.0), (1.0, 1.0, 1.0), (0.0, 0.0, 0.0), (0.0, 0.0, 0.0), (0.5, 0.0, 0.0),
+                (0.75, 0.0, 0.0)]
+    got = [(r["scores"]["geneval"], r["scores"]["strict_accuracy"], r["scores"]["accuracy"]) for r in rows(out)]
+    assert got == expected
+    avg = json.loads((out / "average_scores.json").read_text())
+    assert avg["geneval"] == pytest.approx(3.25 / 6) and avg["accuracy"] == pytest.approx(2 / 6)
+    assert avg["geneval_overall"] == pytest.approx(2 / 6) and avg["color_attr_accuracy"] == 1.0
+
+
 def test_identical_runs_and_skip_generation_rescore(tiny_model_dir, raw_dir, tmp_path):
-    a = run_eval(tiny_model_dir, raw_dir, tmp_path / "a", "ocr", "--limit", 3, "--save_images")
-    b = run_eval(tiny_model_dir, raw_dir, tmp_path / "b", "ocr", "--limit", 3, "--save_images")
+    # PNG: lossless, so rescoring the files gives the in-memory scores (JPEG would not).
+    png = ("--image_format", "png")
+    a = run_eval(tiny_model_dir, raw_dir, tmp_path / "a", "ocr", "--limit", 3, "--save_images", *png)
+    b = run_eval(tiny_model_dir, raw_dir, tmp_path / "b", "ocr", "--limit", 3, "--save_images", *png)
     assert same_scores(a, b)
     assert same_scores([r["scores"] for r in rows(tmp_path / "a")], [r["scores"] for r in rows(tmp_path / "b")])
     pa, pb = pixels(tmp_path / "a"), pixels(tmp_path / "b")
@@ -156,10 +226,38 @@ def test_identical_runs_and_skip_generation_rescore(tiny_model_dir, raw_dir, tmp
     assert all(np.array_equal(pa[k], pb[k]) for k in pa)
     # Score-only from the saved images reproduces the direct scores exactly (8-bit quantised).
     gen_only = tmp_path / "c"
-    run_eval(tiny_model_dir, raw_dir, gen_only, "ocr", "--limit", 3, "--no_score")
+    run_eval(tiny_model_dir, raw_dir, gen_only, "ocr", "--limit", 3, "--no_score", *png)
     assert all(r["scores"] == {} for r in rows(gen_only))
-    c = run_eval(tiny_model_dir, raw_dir, gen_only, "ocr", "--limit", 3, "--skip_generation")
+    c = run_eval(tiny_model_dir, raw_dir, gen_only, "ocr", "--limit", 3, "--skip_generation", *png)
     assert same_scores(c, a)
+
+
+def test_rescore_a_reference_jpg_folder(raw_dir, tmp_path):
+    """A folder as the reference writes it (images/<id:05d>.jpg, PIL's default JPEG save of
+    truncated uint8) rescored with --skip_generation: no model is loaded; the scores are the
+    rewards' on exactly those decoded JPEGs."""
+    from marble import rewards
+
+    out = tmp_path / "reference"
+    (out / "images").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        array = (rng.random((64, 64, 3)) * 255).astype(np.uint8)  # the reference truncates
+        Image.fromarray(array).save(out / "images" / f"{i:05d}.jpg")
+    argv = ["--model_path", "never-loaded", "--dataset", "ocr", "--data_dir", str(raw_dir), "--output_dir",
+            str(out), "--limit", "3", "--batch_size", "2", "--rewards", TOY, "--skip_generation"]
+    assert evaluate.main(argv) == 0
+    decoded = torch.stack([torch.from_numpy(np.asarray(Image.open(out / "images" / f"{i:05d}.jpg"),
+                                                       dtype=np.float32) / 255).permute(2, 0, 1) for i in range(3)])
+    for name in TOY.split(","):
+        direct = rewards.build(name)(decoded, TEXT[:3], [{"source": "ocr"}] * 3)
+        got = [r["scores"][name] for r in rows(out)]
+        assert same_scores(got, [None if math.isnan(v) else float(v) for v in direct.tolist()]), name
+    assert [r["image_path"] for r in rows(out)] == [str(out / "images" / f"{i:05d}.jpg") for i in range(3)]
+    assert list(json.loads((out / "image_prompts.json").read_text())) == [f"{i:05d}.jpg" for i in range(3)]
+    argv[argv.index("--limit") + 1] = "4"  # a sample without its image: a clear error
+    with pytest.raises(FileNotFoundError, match=r"00003\.jpg of sample 3 is missing"):
+        evaluate.main(argv)
 
 
 def test_interrupted_run_resumes(tiny_model_dir, raw_dir, tmp_path, count_generated):
@@ -240,14 +338,14 @@ def test_bad_flags_are_clear(capsys):
 
 def test_torchrun_two_ranks_equal_one(tiny_model_dir, raw_dir, tmp_path):
     one = tmp_path / "one"
-    run_eval(tiny_model_dir, raw_dir, one, "ocr", "--limit", 5, "--save_images")
+    run_eval(tiny_model_dir, raw_dir, one, "ocr", "--limit", 5, "--save_images", "--image_format", "png")
     two = tmp_path / "two"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "-m", "marble.evaluate", "--model_path", str(tiny_model_dir), "--dataset", "ocr",
            "--data_dir", str(raw_dir), "--output_dir", str(two), "--resolution", "64",
            "--num_inference_steps", "3", "--batch_size", "2", "--rewards", TOY, "--limit", "5",
-           "--save_images"]
+           "--save_images", "--image_format", "png"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r1, r2 = rows(one), rows(two)
