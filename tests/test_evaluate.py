@@ -214,6 +214,21 @@ def test_real_geneval_scorer_through_evaluate(tiny_model_dir, raw_dir, tmp_path,
     assert avg["geneval_overall"] == pytest.approx(2 / 6) and avg["color_attr_accuracy"] == 1.0
 
 
+def test_generation_decodes_with_the_training_decode_then_quantises(tiny_model_dir, monkeypatch):
+    from argparse import Namespace
+
+    from marble.evaluation.prompts import EvalSample
+    from marble.models import encode
+
+    calls, real = [], encode.decode_latents
+    monkeypatch.setattr(encode, "decode_latents", lambda pipe, latents: calls.append(latents.shape) or real(pipe, latents))
+    pipe = runner.load_eval_pipeline(str(tiny_model_dir), "no", "cpu", None)
+    args = Namespace(seed=0, num_inference_steps=2, guidance_scale=1.0, resolution=64)
+    images = runner.generate_images(pipe, [EvalSample(0, "p0", "a cat"), EvalSample(1, "p1", "a dog")], args)
+    assert len(calls) == 1 and calls[0][0] == 2  # one decode, training's
+    assert images.shape == (2, 3, 64, 64) and torch.equal(images, torch.round(images * 255) / 255)
+
+
 def test_identical_runs_and_skip_generation_rescore(tiny_model_dir, raw_dir, tmp_path):
     # PNG: lossless, so rescoring the files gives the in-memory scores (JPEG would not).
     png = ("--image_format", "png")
@@ -328,6 +343,57 @@ def test_lora_folders_load(tiny_model_dir, raw_dir, tmp_path, capsys):
             "--checkpoint_path", str(tmp_path / "junk"), "--output_dir", str(tmp_path / "j")]
     assert evaluate.main(argv) == 2
     assert "neither a marble checkpoint" in capsys.readouterr().err
+
+
+def _peft_folder(transformer, folder: Path, weights: str) -> Path:
+    """A peft adapter folder as peft's save_pretrained writes it (safetensors or .bin)."""
+    from safetensors.torch import save_file
+
+    from marble.models.lora import TRAINABLE, adapter_state, lora_config_dict
+
+    folder.mkdir(parents=True)
+    state = {f"base_model.model.{k}": v.contiguous() for k, v in adapter_state(transformer, TRAINABLE).items()}
+    if weights.endswith(".bin"):
+        torch.save(state, folder / weights)
+    else:
+        save_file(state, str(folder / weights))
+    (folder / "adapter_config.json").write_text(json.dumps(lora_config_dict(transformer)))
+    return folder
+
+
+def test_bin_adapter_and_hub_references(tiny_model_dir, raw_dir, tmp_path, monkeypatch, capsys):
+    """`adapter_model.bin` loads like safetensors; `hf:<repo>[@rev]` (CLI and the workflow's
+    --checkpoint_path form) resolves through huggingface_hub's cache, offline."""
+    import huggingface_hub.constants as hub
+
+    transformer = _lora_transformer(tiny_model_dir)
+    by_safetensors = run_eval(tiny_model_dir, raw_dir, tmp_path / "s", "ocr", "--limit", 2, "--lora_hf_path",
+                              _peft_folder(transformer, tmp_path / "peft_st", "adapter_model.safetensors"))
+    by_bin = run_eval(tiny_model_dir, raw_dir, tmp_path / "b", "ocr", "--limit", 2, "--checkpoint_path",
+                      _peft_folder(transformer, tmp_path / "peft_bin", "adapter_model.bin"))
+    assert by_bin == by_safetensors
+    # A hub cache as huggingface_hub lays it out: refs/main -> snapshots/<commit>/.
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--someone--marble-lora"
+    _peft_folder(transformer, repo / "snapshots" / commit, "adapter_model.bin")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)  # any request would raise
+    by_hub = run_eval(tiny_model_dir, raw_dir, tmp_path / "h", "ocr", "--limit", 2,
+                      "--lora_hf_path", f"hf:someone/marble-lora@{commit}")
+    by_branch = run_eval(tiny_model_dir, raw_dir, tmp_path / "w", "ocr", "--limit", 2,
+                         "--checkpoint_path", "hf:someone/marble-lora")
+    assert by_hub == by_branch == by_safetensors
+    for out in ("h", "w"):  # the identity pins the commit that was evaluated, even for a branch
+        info = json.loads((tmp_path / out / "run_info.json").read_text())
+        assert info["identity"]["checkpoint"] == f"hf:someone/marble-lora@{commit}"
+    for ref, message in [("hf:someone/absent", "hub LoRA hf:someone/absent"),
+                         ("hf:a/b/c", "not a hub LoRA reference")]:
+        argv = ["--model_path", str(tiny_model_dir), "--dataset", "ocr", "--data_dir", str(raw_dir),
+                "--lora_hf_path", ref, "--output_dir", str(tmp_path / "x")]
+        assert evaluate.main(argv) == 2
+        assert message in capsys.readouterr().err
 
 
 def test_bad_flags_are_clear(capsys):
