@@ -144,7 +144,7 @@ def ckpt_name(path):
     """Results folder name of an eval.checkpoints entry (hub: <repo name>[.<revision>])."""
     if is_hub_lora(path):
         repo, _, revision = str(path)[len(HUB_PREFIX) :].partition("@")
-        name = repo.split("/")[-1] + (f".{revision}" if revision else "")
+        name = Path(repo).name + (f".{revision}" if revision else "")
         return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
     return Path(path).name or "lora"
 
