@@ -3,15 +3,20 @@
 Flags follow the reference `scripts/evaluation.py` (docs/algorithm.md §10), so its
 invocations work:
 
-    torchrun --nproc_per_node=8 -m marble.evaluate --lora_hf_path ID --model_type sd3 \
+    torchrun --nproc_per_node=8 -m marble.evaluate --lora_hf_path ID[@REV] --model_type sd3 \
         --dataset geneval --guidance_scale 4.5 --mixed_precision fp16 --save_images
     python -m marble.evaluate --checkpoint_path runs/x --dataset ocr --guidance_scale 1.0
 
+The reference's layout is read and written: prompts under `dataset/<name>/` (--data_dir),
+images as `images/<id:05d>.jpg` (--image_format jpg, so its folders rescore with
+--skip_generation), `image_prompts.json`, peft adapters as safetensors or
+`adapter_model.bin`, and `hf:<repo id>[@revision]` (or a bare hub id) for a hub LoRA.
 Differences from the reference: every sample's noise is seeded from (--seed, prompt id,
 repeat index), so reruns give identical images and any rank count the same noise (the
-reference sets no seed); images are PNG; the run resumes, skipping samples already in
+reference sets no seed); the run resumes, skipping samples already in
 `evaluation_results.jsonl`, and refuses to mix results of different image-changing flags.
-Outputs: evaluation_results.jsonl, average_scores.json, run_info.json, images/ (when asked).
+Outputs: evaluation_results.jsonl, average_scores.json, image_prompts.json, run_info.json,
+images/ (when asked).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from pathlib import Path
 
 import yaml
 
+from marble.evaluation.images import DEFAULT_IMAGE_FORMAT, IMAGE_FORMATS, write_image_prompts
 from marble.evaluation.prompts import DATASETS, DEFAULT_BATCH_SIZE, DEFAULT_REWARDS, load_samples
 from marble.evaluation.results import (
     ResultsError, average_scores, check_same_run, identity, json_safe, read_results,
@@ -33,17 +39,19 @@ from marble.evaluation.results import (
 from marble.io import write_json
 
 DEFAULT_MODEL = "stabilityai/stable-diffusion-3.5-medium"
+DEFAULT_DATA_DIR = "dataset"  # the reference reads dataset/<name>/ (its evaluation.py)
+HUB_PREFIX = "hf:"
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="marble evaluate", description=__doc__.split("\n\n")[0])
     lora = p.add_mutually_exclusive_group()
     lora.add_argument("--checkpoint_path", help="marble checkpoint or run folder, or a peft/diffusers LoRA folder")
-    lora.add_argument("--lora_hf_path", help="hub id (or folder) of a LoRA to load")
+    lora.add_argument("--lora_hf_path", help="hub LoRA: [hf:]<repo id>[@revision], or a local folder")
     p.add_argument("--model_type", default="sd3", help="only sd3 is supported")
     p.add_argument("--model_path", default=DEFAULT_MODEL, help="base model: hub id, folder or random:tiny")
     p.add_argument("--dataset", required=True, choices=DATASETS)
-    p.add_argument("--data_dir", default="data/raw", help="raw prompt files (DIR/<dataset>/...)")
+    p.add_argument("--data_dir", default=DEFAULT_DATA_DIR, help="raw prompt files (DIR/<dataset>/...)")
     p.add_argument("--guidance_scale", type=float, default=1.0)
     p.add_argument("--num_inference_steps", type=int, default=40)
     p.add_argument("--mixed_precision", choices=("no", "fp16", "bf16"), default="no")
@@ -51,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch_size", type=int, default=None, help="per rank (default: the reference's per dataset)")
     p.add_argument("--seed", type=int, default=42, help="global seed of the per-sample noise")
     p.add_argument("--save_images", action="store_true")
+    p.add_argument("--image_format", choices=IMAGE_FORMATS, default=DEFAULT_IMAGE_FORMAT,
+                   help="jpg: the reference's layout (lossy); png: lossless, rescoring is exact")
     p.add_argument("--output_dir", default="./evaluation_output")
     p.add_argument("--no_score", action="store_true", help="generate only (implies --save_images)")
     p.add_argument("--skip_generation", action="store_true", help="score the saved images only")
@@ -72,6 +82,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.batch_size is not None and args.batch_size < 1:
         parser.error(f"--batch_size must be >= 1, got {args.batch_size}")
     args.batch_size = args.batch_size or DEFAULT_BATCH_SIZE[args.dataset]
+    # `--checkpoint_path hf:ID[@REV]` (a workflow eval.checkpoints entry) is a hub LoRA.
+    if args.checkpoint_path and args.checkpoint_path.startswith(HUB_PREFIX):
+        args.lora_hf_path, args.checkpoint_path = args.checkpoint_path, None
     args.save_images = args.save_images or args.no_score
     return args
 
@@ -106,14 +119,54 @@ def resolve_checkpoint(args):
         return resolved.lora_dir, str(resolved.checkpoint.resolve())
     if args.lora_hf_path:
         local = Path(args.lora_hf_path).expanduser()
-        if local.is_dir():
+        if not args.lora_hf_path.startswith(HUB_PREFIX) and local.is_dir():
             return local, str(local.resolve())
-        from huggingface_hub import snapshot_download
+        from marble.evaluation.checkpoints import resolve_lora
 
-        # A hub LoRA repo is small; fetch it whole, then load it like a local folder.
-        folder = snapshot_download(args.lora_hf_path, token=os.environ.get("HF_TOKEN"))
-        return Path(folder), args.lora_hf_path
+        repo_id, revision = parse_hub_ref(args.lora_hf_path)
+        folder = download_hub_lora(repo_id, revision)
+        # The snapshot folder is named by its commit: the identity pins what was evaluated,
+        # so a branch that moved between two runs is refused rather than mixed.
+        commit = folder.name if folder.parent.name == "snapshots" else revision
+        return resolve_lora(folder).lora_dir, hub_ref(repo_id, commit)
     return None, None
+
+
+def parse_hub_ref(value: str) -> tuple[str, str | None]:
+    """`[hf:]<repo id>[@revision]` -> (repo id, revision or None); a clear error otherwise."""
+    from marble.evaluation.checkpoints import CheckpointError
+
+    body = value.removeprefix(HUB_PREFIX)
+    repo_id, _, revision = body.partition("@")
+    parts = repo_id.split("/")
+    if not repo_id or len(parts) > 2 or not all(parts) or (_ and not revision):
+        raise CheckpointError(f"{value!r} is not a hub LoRA reference: expected "
+                              f"{HUB_PREFIX}<owner>/<name>[@<revision>] or a local folder")
+    return repo_id, revision or None
+
+
+def hub_ref(repo_id: str, revision: str | None) -> str:
+    return f"{HUB_PREFIX}{repo_id}" + (f"@{revision}" if revision else "")
+
+
+def download_hub_lora(repo_id: str, revision: str | None) -> Path:
+    """The LoRA repo's local snapshot via huggingface_hub (its cache, HF_ENDPOINT, HF_TOKEN).
+
+    With HF_HUB_OFFLINE=1 (compute nodes) it is read from the cache only. A revision
+    should be a commit hash: a branch or tag may move between runs.
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    from marble.evaluation.checkpoints import CheckpointError
+
+    try:  # a LoRA repo is small: fetch it whole, then load it like a local folder
+        return Path(snapshot_download(repo_id, revision=revision, token=os.environ.get("HF_TOKEN")))
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
+        raise CheckpointError(
+            f"hub LoRA {hub_ref(repo_id, revision)}: {exc}; on an offline node fetch it first "
+            f"(`hf download {repo_id}" + (f" --revision {revision}" if revision else "") + "`) "
+            "or pass a local folder") from exc
 
 
 def versions() -> dict:
@@ -148,6 +201,7 @@ def finish(args, samples, names, record, timing) -> dict:
     current = [rows[s.sample_id] for s in samples if s.sample_id in rows]
     averages = average_scores(current, [] if args.no_score else names)
     write_json(output_dir / "average_scores.json", json_safe(averages))
+    write_image_prompts(output_dir, current, args.image_format)
     write_json(output_dir / "run_info.json", {**record, "versions": versions(), "timing": timing})
     return averages
 

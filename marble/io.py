@@ -83,13 +83,21 @@ def append_jsonl(path: str | os.PathLike, record: dict) -> None:
         os.fsync(fh.fileno())
 
 
-def read_jsonl(path: str | os.PathLike, error: type[Exception] = ValueError) -> list[tuple[int, Any]]:
-    """(line number, record) for every non-blank line of a JSONL log written by
-    `append_jsonl`. A torn *last* line can only come from a crash mid-append: it is
-    skipped. Any other bad line raises `error` naming file and line."""
+def read_jsonl(path: str | os.PathLike, error: type[Exception] = ValueError,
+               torn_tail: bool = True) -> list[tuple[int, Any]]:
+    """(line number, record) for every non-blank line of a JSONL file.
+
+    For a log written by `append_jsonl` (`torn_tail=True`) a torn *last* line can only
+    come from a crash mid-append: it is skipped with a warning. An input file
+    (`torn_tail=False`) has no such excuse. Any other bad line raises `error` naming
+    file and line, as does a file that is not UTF-8.
+    """
     path = Path(path)
-    lines = path.read_text(encoding="utf-8").splitlines()
-    last = max((i for i, line in enumerate(lines, 1) if line.strip()), default=0)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise error(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    last = max((i for i, line in enumerate(lines, 1) if line.strip()), default=0) if torn_tail else -1
     out = []
     for lineno, line in enumerate(lines, 1):
         if not line.strip():

@@ -6,7 +6,6 @@ counted, never averaged in as zeros.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections import defaultdict
@@ -106,23 +105,16 @@ class MetricsLog:
     def truncate_after(self, step: int) -> int:
         """Remove records with `step` > the resumed step (logged after the last checkpoint).
 
-        Rewritten atomically; returns how many lines were dropped.
+        Rewritten atomically; returns how many lines were dropped, a torn last line
+        (a kill mid-write) included. A bad line elsewhere is an error naming it.
         """
         if not self.enabled or not self.path.is_file():
             return 0
-        kept, dropped = [], 0
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            if not line.strip():
-                continue
-            try:
-                rec_step = json.loads(line).get("step", -1)
-            except json.JSONDecodeError:
-                dropped += 1  # a torn last line from a kill mid-write
-                continue
-            if rec_step > step:
-                dropped += 1
-            else:
-                kept.append(line)
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        records = read_jsonl(self.path)
+        kept = [lines[lineno - 1] for lineno, rec in records
+                if not (isinstance(rec, dict) and rec.get("step", -1) > step)]
+        dropped = sum(1 for line in lines if line.strip()) - len(kept)
         if dropped:
             write_text(self.path, "".join(x + "\n" for x in kept))
         return dropped

@@ -82,7 +82,7 @@ def rows(out) -> list[dict]:
 
 
 def pixels(out) -> dict[str, np.ndarray]:
-    return {p.name: np.asarray(Image.open(p)) for p in sorted((Path(out) / "images").glob("*.png"))}
+    return {p.name: np.asarray(Image.open(p)) for p in sorted((Path(out) / "images").iterdir())}
 
 
 @pytest.fixture
@@ -116,39 +116,37 @@ def test_each_dataset_writes_results(tiny_model_dir, raw_dir, tmp_path, dataset)
     assert avg["n_toy_brightness"] == 4 and avg["na_toy_color_match"] == 4 - sum(applies_color)
     info = json.loads((out / "run_info.json").read_text())
     assert info["identity"]["num_inference_steps"] == 3 and info["timing"]["generated"] == 4
+    # The reference's layout by default: images/<id:05d>.jpg and image_prompts.json.
+    images = pixels(out)
+    assert list(images) == [f"{i:05d}.jpg" for i in range(4)]
+    mapping = json.loads((out / "image_prompts.json").read_text())
+    assert list(mapping) == list(images)
+    assert [m["prompt"] for m in mapping.values()] == [r["prompt"] for r in got]
+    assert [m["scores"] for m in mapping.values()] == [r["scores"] for r in got]
     if dataset == "drawbench":  # samples 0 and 2 share a prompt but not their noise
-        images = pixels(out)
-        assert not np.array_equal(images["00000.png"], images["00002.png"])
+        assert not np.array_equal(images["00000.jpg"], images["00002.jpg"])
 
 
-class FakeGenEval:
-    """Stands in for the detector-based reward: per-sample detail from the metadata only."""
+def test_generation_decodes_with_the_training_decode_then_quantises(tiny_model_dir, monkeypatch):
+    from argparse import Namespace
 
-    def applies(self, prompt, metadata):
-        return "include" in metadata
+    from marble.evaluation.prompts import EvalSample
+    from marble.models import encode
 
-    def evaluate_detail(self, images, prompts, metadata):
-        acc = [1.0 if m["tag"] in ("counting", "colors") else 0.0 for m in metadata]
-        return [{"score": 0.5 + a / 2, "accuracy": a, "strict_accuracy": a / 2, "tag": m["tag"]}
-                for a, m in zip(acc, metadata)]
-
-
-def test_geneval_detail_and_official_overall(tiny_model_dir, raw_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(runner, "build_rewards", lambda names, options: {"geneval": FakeGenEval()})
-    out = tmp_path / "geneval"
-    argv = ["--model_path", str(tiny_model_dir), "--dataset", "geneval", "--data_dir", str(raw_dir),
-            "--output_dir", str(out), "--resolution", "64", "--num_inference_steps", "2", "--batch_size", "3"]
-    assert evaluate.main(argv) == 0  # the default reward list for geneval is ["geneval"]
-    avg = json.loads((out / "average_scores.json").read_text())
-    assert avg["accuracy"] == pytest.approx(2 / 6) and avg["geneval"] == pytest.approx(4 / 6)
-    assert avg["counting_accuracy"] == 1.0 and avg["position_accuracy"] == 0.0
-    assert avg["geneval_overall"] == pytest.approx(2 / 6) and avg["geneval_tags_present"] == 6
-    assert rows(out)[1]["scores"] == {"geneval": 1.0, "accuracy": 1.0, "strict_accuracy": 0.5}
+    calls, real = [], encode.decode_latents
+    monkeypatch.setattr(encode, "decode_latents", lambda pipe, latents: calls.append(latents.shape) or real(pipe, latents))
+    pipe = runner.load_eval_pipeline(str(tiny_model_dir), "no", "cpu", None)
+    args = Namespace(seed=0, num_inference_steps=2, guidance_scale=1.0, resolution=64)
+    images = runner.generate_images(pipe, [EvalSample(0, "p0", "a cat"), EvalSample(1, "p1", "a dog")], args)
+    assert len(calls) == 1 and calls[0][0] == 2  # one decode, training's
+    assert images.shape == (2, 3, 64, 64) and torch.equal(images, torch.round(images * 255) / 255)
 
 
 def test_identical_runs_and_skip_generation_rescore(tiny_model_dir, raw_dir, tmp_path):
-    a = run_eval(tiny_model_dir, raw_dir, tmp_path / "a", "ocr", "--limit", 3, "--save_images")
-    b = run_eval(tiny_model_dir, raw_dir, tmp_path / "b", "ocr", "--limit", 3, "--save_images")
+    # PNG: lossless, so rescoring the files gives the in-memory scores (JPEG would not).
+    png = ("--image_format", "png")
+    a = run_eval(tiny_model_dir, raw_dir, tmp_path / "a", "ocr", "--limit", 3, "--save_images", *png)
+    b = run_eval(tiny_model_dir, raw_dir, tmp_path / "b", "ocr", "--limit", 3, "--save_images", *png)
     assert same_scores(a, b)
     assert same_scores([r["scores"] for r in rows(tmp_path / "a")], [r["scores"] for r in rows(tmp_path / "b")])
     pa, pb = pixels(tmp_path / "a"), pixels(tmp_path / "b")
@@ -156,10 +154,38 @@ def test_identical_runs_and_skip_generation_rescore(tiny_model_dir, raw_dir, tmp
     assert all(np.array_equal(pa[k], pb[k]) for k in pa)
     # Score-only from the saved images reproduces the direct scores exactly (8-bit quantised).
     gen_only = tmp_path / "c"
-    run_eval(tiny_model_dir, raw_dir, gen_only, "ocr", "--limit", 3, "--no_score")
+    run_eval(tiny_model_dir, raw_dir, gen_only, "ocr", "--limit", 3, "--no_score", *png)
     assert all(r["scores"] == {} for r in rows(gen_only))
-    c = run_eval(tiny_model_dir, raw_dir, gen_only, "ocr", "--limit", 3, "--skip_generation")
+    c = run_eval(tiny_model_dir, raw_dir, gen_only, "ocr", "--limit", 3, "--skip_generation", *png)
     assert same_scores(c, a)
+
+
+def test_rescore_a_reference_jpg_folder(raw_dir, tmp_path):
+    """A folder as the reference writes it (images/<id:05d>.jpg, PIL's default JPEG save of
+    truncated uint8) rescored with --skip_generation: no model is loaded; the scores are the
+    rewards' on exactly those decoded JPEGs."""
+    from marble import rewards
+
+    out = tmp_path / "reference"
+    (out / "images").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        array = (rng.random((64, 64, 3)) * 255).astype(np.uint8)  # the reference truncates
+        Image.fromarray(array).save(out / "images" / f"{i:05d}.jpg")
+    argv = ["--model_path", "never-loaded", "--dataset", "ocr", "--data_dir", str(raw_dir), "--output_dir",
+            str(out), "--limit", "3", "--batch_size", "2", "--rewards", TOY, "--skip_generation"]
+    assert evaluate.main(argv) == 0
+    decoded = torch.stack([torch.from_numpy(np.asarray(Image.open(out / "images" / f"{i:05d}.jpg"),
+                                                       dtype=np.float32) / 255).permute(2, 0, 1) for i in range(3)])
+    for name in TOY.split(","):
+        direct = rewards.build(name)(decoded, TEXT[:3], [{"source": "ocr"}] * 3)
+        got = [r["scores"][name] for r in rows(out)]
+        assert same_scores(got, [None if math.isnan(v) else float(v) for v in direct.tolist()]), name
+    assert [r["image_path"] for r in rows(out)] == [str(out / "images" / f"{i:05d}.jpg") for i in range(3)]
+    assert list(json.loads((out / "image_prompts.json").read_text())) == [f"{i:05d}.jpg" for i in range(3)]
+    argv[argv.index("--limit") + 1] = "4"  # a sample without its image: a clear error
+    with pytest.raises(FileNotFoundError, match=r"00003\.jpg of sample 3 is missing"):
+        evaluate.main(argv)
 
 
 def test_interrupted_run_resumes(tiny_model_dir, raw_dir, tmp_path, count_generated):
@@ -232,6 +258,57 @@ def test_lora_folders_load(tiny_model_dir, raw_dir, tmp_path, capsys):
     assert "neither a marble checkpoint" in capsys.readouterr().err
 
 
+def _peft_folder(transformer, folder: Path, weights: str) -> Path:
+    """A peft adapter folder as peft's save_pretrained writes it (safetensors or .bin)."""
+    from safetensors.torch import save_file
+
+    from marble.models.lora import TRAINABLE, adapter_state, lora_config_dict
+
+    folder.mkdir(parents=True)
+    state = {f"base_model.model.{k}": v.contiguous() for k, v in adapter_state(transformer, TRAINABLE).items()}
+    if weights.endswith(".bin"):
+        torch.save(state, folder / weights)
+    else:
+        save_file(state, str(folder / weights))
+    (folder / "adapter_config.json").write_text(json.dumps(lora_config_dict(transformer)))
+    return folder
+
+
+def test_bin_adapter_and_hub_references(tiny_model_dir, raw_dir, tmp_path, monkeypatch, capsys):
+    """`adapter_model.bin` loads like safetensors; `hf:<repo>[@rev]` (CLI and the workflow's
+    --checkpoint_path form) resolves through huggingface_hub's cache, offline."""
+    import huggingface_hub.constants as hub
+
+    transformer = _lora_transformer(tiny_model_dir)
+    by_safetensors = run_eval(tiny_model_dir, raw_dir, tmp_path / "s", "ocr", "--limit", 2, "--lora_hf_path",
+                              _peft_folder(transformer, tmp_path / "peft_st", "adapter_model.safetensors"))
+    by_bin = run_eval(tiny_model_dir, raw_dir, tmp_path / "b", "ocr", "--limit", 2, "--checkpoint_path",
+                      _peft_folder(transformer, tmp_path / "peft_bin", "adapter_model.bin"))
+    assert by_bin == by_safetensors
+    # A hub cache as huggingface_hub lays it out: refs/main -> snapshots/<commit>/.
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--someone--marble-lora"
+    _peft_folder(transformer, repo / "snapshots" / commit, "adapter_model.bin")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)  # any request would raise
+    by_hub = run_eval(tiny_model_dir, raw_dir, tmp_path / "h", "ocr", "--limit", 2,
+                      "--lora_hf_path", f"hf:someone/marble-lora@{commit}")
+    by_branch = run_eval(tiny_model_dir, raw_dir, tmp_path / "w", "ocr", "--limit", 2,
+                         "--checkpoint_path", "hf:someone/marble-lora")
+    assert by_hub == by_branch == by_safetensors
+    for out in ("h", "w"):  # the identity pins the commit that was evaluated, even for a branch
+        info = json.loads((tmp_path / out / "run_info.json").read_text())
+        assert info["identity"]["checkpoint"] == f"hf:someone/marble-lora@{commit}"
+    for ref, message in [("hf:someone/absent", "hub LoRA hf:someone/absent"),
+                         ("hf:a/b/c", "not a hub LoRA reference")]:
+        argv = ["--model_path", str(tiny_model_dir), "--dataset", "ocr", "--data_dir", str(raw_dir),
+                "--lora_hf_path", ref, "--output_dir", str(tmp_path / "x")]
+        assert evaluate.main(argv) == 2
+        assert message in capsys.readouterr().err
+
+
 def test_bad_flags_are_clear(capsys):
     with pytest.raises(SystemExit):
         evaluate.main(["--model_type", "flux", "--dataset", "ocr"])
@@ -240,14 +317,14 @@ def test_bad_flags_are_clear(capsys):
 
 def test_torchrun_two_ranks_equal_one(tiny_model_dir, raw_dir, tmp_path):
     one = tmp_path / "one"
-    run_eval(tiny_model_dir, raw_dir, one, "ocr", "--limit", 5, "--save_images")
+    run_eval(tiny_model_dir, raw_dir, one, "ocr", "--limit", 5, "--save_images", "--image_format", "png")
     two = tmp_path / "two"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            "-m", "marble.evaluate", "--model_path", str(tiny_model_dir), "--dataset", "ocr",
            "--data_dir", str(raw_dir), "--output_dir", str(two), "--resolution", "64",
            "--num_inference_steps", "3", "--batch_size", "2", "--rewards", TOY, "--limit", "5",
-           "--save_images"]
+           "--save_images", "--image_format", "png"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r1, r2 = rows(one), rows(two)

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from marble.evaluation.checkpoints import CheckpointError, resolve_lora
+from marble.evaluation.images import image_prompts, quantize_8bit
 from marble.evaluation.prompts import batches, load_samples, sample_seed, shard
 from marble.evaluation.results import (
     GENEVAL_TAGS, ResultsError, average_scores, check_same_run, geneval_summary, identity,
@@ -134,3 +135,56 @@ def test_resolve_lora_kinds(tmp_path):
         resolve_lora(tmp_path / "empty_run")
     with pytest.raises(CheckpointError, match="does not exist"):
         resolve_lora(tmp_path / "nope")
+
+
+def test_quantize_8bit_is_the_saved_level():
+    import torch
+
+    x = torch.tensor([-0.1, 0.0, 0.5 / 255, 0.7 / 255, 0.5, 1.0, 1.2])
+    q = quantize_8bit(x)
+    assert q.tolist() == pytest.approx([0.0, 0.0, 0.0, 1 / 255, 128 / 255, 1.0, 1.0])
+    assert torch.equal(quantize_8bit(q), q)  # idempotent: a reloaded PNG quantises to itself
+
+
+def test_image_prompts_maps_file_names_like_the_reference():
+    rows = [{"sample_id": 12, "prompt": "b", "scores": {"r": None}}, {"sample_id": 3, "prompt": "a", "scores": {"r": 1.5}}]
+    assert image_prompts(rows, "jpg") == {"00003.jpg": {"prompt": "a", "scores": {"r": 1.5}},
+                                          "00012.jpg": {"prompt": "b", "scores": {"r": None}}}
+    assert list(image_prompts(rows, "png")) == ["00003.png", "00012.png"]
+    with pytest.raises(ValueError, match="choose from jpg, png"):
+        image_prompts(rows, "gif")
+
+
+def test_hub_references_parse():
+    from marble.evaluate import parse_args, parse_hub_ref
+
+    assert parse_hub_ref("hf:org/name@abc") == ("org/name", "abc")
+    assert parse_hub_ref("org/name") == ("org/name", None) and parse_hub_ref("hf:name") == ("name", None)
+    for bad in ("hf:", "hf:org/name@", "hf:a/b/c", "hf:/name"):
+        with pytest.raises(CheckpointError, match="not a hub LoRA reference"):
+            parse_hub_ref(bad)
+    args = parse_args(["--dataset", "ocr", "--checkpoint_path", "hf:org/name@v1"])
+    assert (args.lora_hf_path, args.checkpoint_path) == ("hf:org/name@v1", None)
+    defaults = parse_args(["--dataset", "ocr"])  # the reference's dataset/<name>/ and .jpg images
+    assert (defaults.data_dir, defaults.image_format) == ("dataset", "jpg")
+
+
+def test_workflow_maps_hub_checkpoints_to_lora_hf_path(tmp_path):
+    """eval.checkpoints `hf:<repo>[@rev]` entries become `--lora_hf_path` jobs that wait on no
+    file; folder entries keep `--checkpoint_path` (a Snakemake dry run, nothing executes)."""
+    import yaml
+    from test_workflow_lib import ROOT, snakemake
+
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
+    config["runs"] = {}
+    config["eval"]["datasets"] = ["ocr"]
+    config["eval"]["checkpoints"] = {"paper": "hf:someone/marble-lora@0123abc", "latest": "hf:someone/other",
+                                     "local": str(tmp_path / "my-lora")}
+    (tmp_path / "my-lora").mkdir()
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    proc = snakemake(["-n", "-p", "--forceall", "eval_only", "--configfile", str(tmp_path / "config.yaml")], ROOT)
+    out = proc.stdout
+    assert "results/eval/paper/marble-lora.0123abc/ocr/average_scores.json" in out
+    assert "results/eval/latest/other/ocr/average_scores.json" in out
+    assert "--lora_hf_path hf:someone/marble-lora@0123abc" in out and "--lora_hf_path hf:someone/other" in out
+    assert f"--checkpoint_path {tmp_path / 'my-lora'}" in out

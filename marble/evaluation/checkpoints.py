@@ -4,8 +4,9 @@ Accepted, in this order:
 1. a marble checkpoint folder (has `lora/`, as written by `marble.checkpoint.save_checkpoint`;
    the reference's `<ckpt>/lora` peft folders have the same shape);
 2. a marble run folder (has `checkpoints/`): its latest complete checkpoint;
-3. a LoRA folder itself: peft (`adapter_config.json` + `adapter_model.safetensors`) or
-   diffusers (`pytorch_lora_weights.safetensors`).
+3. a LoRA folder itself: peft (`adapter_config.json` + `adapter_model.safetensors`, or the
+   `adapter_model.bin` older peft and the reference's hub LoRAs ship, read with
+   `torch.load(weights_only=True)`) or diffusers (`pytorch_lora_weights.safetensors`).
 Anything else is an error that says what was looked for.
 """
 
@@ -14,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-PEFT_WEIGHTS = ("adapter_model.safetensors",)  # safetensors only: no pickled weights
+# safetensors first; a .bin is only ever read with weights_only=True (no arbitrary pickles).
+PEFT_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 DIFFUSERS_WEIGHTS = ("pytorch_lora_weights.safetensors",)
 
 

@@ -9,11 +9,11 @@ A sample's id is its position among the non-empty lines, so ids stay stable acro
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from marble.data.records import prompt_id as make_prompt_id
+from marble.io import read_jsonl
 
 DATASETS = ("geneval", "ocr", "pickscore", "drawbench")
 _SIX = ["imagereward", "pickscore", "aesthetic", "clipscore", "hpsv2"]
@@ -45,14 +45,28 @@ def dataset_file(data_dir: str | Path, dataset: str) -> Path:
     return Path(data_dir) / dataset / name
 
 
-def _read_lines(path: Path) -> list[tuple[int, str]]:
+def _require(path: Path) -> Path:
     if not path.is_file():
         raise FileNotFoundError(
             f"evaluation prompts {path} not found (expected the raw layout "
             "DIR/geneval/test_metadata.jsonl, DIR/<ocr|pickscore|drawbench>/test.txt; set --data_dir)"
         )
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return [(i + 1, line.strip()) for i, line in enumerate(lines) if line.strip()]
+    return path
+
+
+def _geneval_records(path: Path) -> list[tuple[dict, str]]:
+    """(metadata, prompt) per record; an input file, so even a torn last line is an error."""
+    out = []
+    for lineno, meta in read_jsonl(_require(path), ValueError, torn_tail=False):
+        if not isinstance(meta, dict) or not isinstance(meta.get("prompt"), str):
+            raise ValueError(f"{path}:{lineno}: a GenEval record needs a string 'prompt'")
+        out.append((meta, meta["prompt"]))
+    return out
+
+
+def _text_records(path: Path) -> list[tuple[dict, str]]:
+    lines = _require(path).read_text(encoding="utf-8").splitlines()
+    return [({}, line.strip()) for line in lines if line.strip()]
 
 
 def load_samples(data_dir: str | Path, dataset: str) -> list[EvalSample]:
@@ -60,17 +74,8 @@ def load_samples(data_dir: str | Path, dataset: str) -> list[EvalSample]:
     path = dataset_file(data_dir, dataset)
     out: list[EvalSample] = []
     seen: dict[str, int] = {}
-    for lineno, line in _read_lines(path):
-        if dataset == "geneval":
-            try:
-                meta = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: invalid JSON: {exc}") from exc
-            if not isinstance(meta, dict) or not isinstance(meta.get("prompt"), str):
-                raise ValueError(f"{path}:{lineno}: a GenEval record needs a string 'prompt'")
-            prompt = meta["prompt"]
-        else:
-            prompt, meta = line, {}
+    records = _geneval_records(path) if dataset == "geneval" else _text_records(path)
+    for meta, prompt in records:
         meta = {**meta, "source": dataset}
         pid = make_prompt_id(dataset, prompt, meta)
         out.append(EvalSample(len(out), pid, prompt, meta, seen.get(pid, 0)))

@@ -1,9 +1,10 @@
 """Generate and score one benchmark: the body of `marble evaluate`.
 
-Sampling is the stock `StableDiffusion3Pipeline.__call__` (FlowMatch Euler, docs/algorithm.md
-§10) up to
-the latents; we decode them ourselves in fp32 because `load_pipeline` keeps the VAE in
-fp32 while the transformer may run in fp16/bf16, and the stock decode would mix dtypes.
+Sampling is the stock `StableDiffusion3Pipeline.__call__` (FlowMatch Euler, docs/algorithm.md §10) up to
+the latents; we decode them with training's `decode_latents` (fp32 VAE: `load_pipeline`
+keeps the VAE in fp32 while the transformer may run in fp16/bf16, and the stock decode
+would mix dtypes), then quantise to 8 bits (`images.quantize_8bit`): the scored image is
+the one a lossless file holds.
 
 Determinism: the reference sets no seed, so its runs differ. Here each sample's initial
 noise comes from its own CPU generator seeded by `sample_seed(seed, prompt_id, repeat)`,
@@ -14,27 +15,21 @@ float reduction order and may move a pixel by a level or two (tested).
 
 from __future__ import annotations
 
-import io
 import math
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
-from PIL import Image
 from tqdm import tqdm
 
 from marble import distributed as dist
+from marble.evaluation import images as image_io
 from marble.evaluation.prompts import EvalSample, batches, sample_seed, shard
 from marble.evaluation.results import is_scored, json_scores, read_results
-from marble.io import append_jsonl, write_bytes
+from marble.io import append_jsonl
 
 DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 RESULTS_FILE = "evaluation_results.jsonl"
-
-
-def image_path(output_dir: Path, sample_id: int) -> Path:
-    return output_dir / "images" / f"{sample_id:05d}.png"
 
 
 def load_eval_pipeline(model_path: str, mixed_precision: str, device, lora: str | Path | None):
@@ -50,22 +45,10 @@ def load_eval_pipeline(model_path: str, mixed_precision: str, device, lora: str 
 
 
 @torch.no_grad()
-def decode_latents(pipe, latents: torch.Tensor) -> torch.Tensor:
-    """Latents -> float images [N, 3, H, W] in [0, 1] on the CPU, quantised to 8 bits.
-
-    Quantising here makes scores from memory equal scores from the saved PNGs
-    (`--skip_generation` re-scores exactly what a direct run scored).
-    """
-    vae = pipe.vae
-    latents = latents.to(device=vae.device, dtype=torch.float32)
-    latents = latents / vae.config.scaling_factor + vae.config.shift_factor
-    images = vae.decode(latents, return_dict=False)[0]
-    images = (images / 2 + 0.5).clamp(0, 1).float().cpu()
-    return torch.round(images * 255) / 255
-
-
-@torch.no_grad()
 def generate_images(pipe, samples: list[EvalSample], args) -> torch.Tensor:
+    """8-bit-quantised images [N, 3, H, W] in [0, 1] on the CPU."""
+    from marble.models.encode import decode_latents
+
     generators = [torch.Generator("cpu").manual_seed(sample_seed(args.seed, s.prompt_id, s.repeat))
                   for s in samples]
     latents = pipe(
@@ -77,26 +60,7 @@ def generate_images(pipe, samples: list[EvalSample], args) -> torch.Tensor:
         generator=generators,
         output_type="latent",
     ).images
-    return decode_latents(pipe, latents)
-
-
-def save_images(images: torch.Tensor, samples: list[EvalSample], output_dir: Path) -> None:
-    arrays = (images * 255).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
-    for array, sample in zip(arrays, samples):
-        buffer = io.BytesIO()
-        Image.fromarray(array).save(buffer, format="PNG")
-        write_bytes(image_path(output_dir, sample.sample_id), buffer.getvalue())
-
-
-def load_images(samples: list[EvalSample], output_dir: Path) -> torch.Tensor:
-    tensors = []
-    for sample in samples:
-        path = image_path(output_dir, sample.sample_id)
-        if not path.is_file():
-            raise FileNotFoundError(f"--skip_generation: image {path} of sample {sample.sample_id} is missing")
-        array = np.asarray(Image.open(path).convert("RGB"), dtype=np.float32) / 255.0
-        tensors.append(torch.from_numpy(array).permute(2, 0, 1))
-    return torch.stack(tensors)
+    return image_io.quantize_8bit(decode_latents(pipe, latents))
 
 
 def build_rewards(names: list[str], options: dict[str, dict]) -> dict:
@@ -116,9 +80,14 @@ def score_images(rewards: dict, images: torch.Tensor, samples: list[EvalSample])
     scores, _ = registry.score_all(plain, images, prompts, metadata) if plain else ({}, {})
     out = [{name: float(values[i]) for name, values in scores.items()} for i in range(len(samples))]
     for name, reward in detailed.items():
-        for row, detail in zip(out, reward.evaluate_detail(images, prompts, metadata)):
-            row[name] = float(detail.get("score", math.nan))
-            row.update({k: float(detail[k]) for k in ("accuracy", "strict_accuracy") if k in detail})
+        # Only the samples the reward applies to (NaN elsewhere), as score_all does.
+        idx = [i for i, (p, m) in enumerate(zip(prompts, metadata)) if reward.applies(p, m)]
+        for row in out:
+            row[name] = math.nan
+        details = reward.evaluate_detail(images[idx], [metadata[i] for i in idx]) if idx else []
+        for i, detail in zip(idx, details):
+            out[i][name] = float(detail.get("score", math.nan))
+            out[i].update({k: float(detail[k]) for k in ("accuracy", "strict_accuracy") if k in detail})
     return out
 
 
@@ -132,17 +101,20 @@ def process_batch(pipe, rewards, batch, previous: dict[int, dict], args, output_
     if not batch:
         return [], timing
     start = time.perf_counter()
+    fmt, ids = args.image_format, [s.sample_id for s in batch]
     # Reload rather than regenerate when the image exists: --skip_generation, or a resumed
     # run whose earlier pass generated this sample (e.g. --no_score, or fewer rewards).
-    reuse = args.skip_generation or all(
-        s.sample_id in previous and image_path(output_dir, s.sample_id).is_file() for s in batch)
+    # Only lossless files are reused on resume: a JPEG would score differently from the
+    # in-memory image an uninterrupted run scores.
+    reuse = args.skip_generation or (fmt == "png" and all(
+        i in previous and image_io.image_path(output_dir, i, fmt).is_file() for i in ids))
     if reuse:
-        images = load_images(batch, output_dir)
+        images = image_io.load_images(ids, output_dir, fmt)
     else:
         images = generate_images(pipe, batch, args)
         timing["generated"] = len(batch)
         if args.save_images:
-            save_images(images, batch, output_dir)
+            image_io.save_images(images, ids, output_dir, fmt)
     timing["generation_s"] = time.perf_counter() - start
     start = time.perf_counter()
     scores = [{} for _ in batch] if args.no_score else score_images(rewards, images, batch)
@@ -150,7 +122,7 @@ def process_batch(pipe, rewards, batch, previous: dict[int, dict], args, output_
     rows = []
     for sample, new_scores in zip(batch, scores):
         old = previous.get(sample.sample_id, {})
-        path = image_path(output_dir, sample.sample_id)
+        path = image_io.image_path(output_dir, sample.sample_id, fmt)
         rows.append({
             "sample_id": sample.sample_id, "prompt_id": sample.prompt_id, "prompt": sample.prompt,
             "metadata": dict(sample.metadata),

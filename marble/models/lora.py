@@ -24,6 +24,7 @@ OLD = "old"
 DIFFUSERS_LORA_FILE = "pytorch_lora_weights.safetensors"
 PEFT_CONFIG_FILE = "adapter_config.json"
 PEFT_WEIGHTS_FILE = "adapter_model.safetensors"
+PEFT_BIN_WEIGHTS_FILE = "adapter_model.bin"  # older peft / the reference's hub LoRAs
 
 
 def _lora_layers(transformer) -> Iterator[tuple[str, nn.Module]]:
@@ -165,14 +166,33 @@ def save_lora_diffusers(transformer, out_dir: str | os.PathLike, adapter: str = 
     return out
 
 
+def _peft_weights_file(folder: Path) -> Path | None:
+    for name in (PEFT_WEIGHTS_FILE, PEFT_BIN_WEIGHTS_FILE):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def read_peft_weights(path: Path) -> dict[str, Tensor]:
+    """A peft adapter state dict: safetensors, or a .bin read with weights_only=True."""
+    if path.suffix == ".bin":
+        # weights_only: a tensor dict loads, arbitrary pickled code does not.
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+            raise ValueError(f"{path}: expected a dict of tensors (a peft adapter state dict)")
+        return state
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
 def _load_peft_folder(pipe, folder: Path, adapter_name: str) -> None:
     from peft import LoraConfig
-    from safetensors.torch import load_file
 
     config = json.loads((folder / PEFT_CONFIG_FILE).read_text())
     known = set(LoraConfig.__dataclass_fields__)
     lora_config = LoraConfig(**{k: v for k, v in config.items() if k in known and k != "peft_type"})
-    raw = load_file(str(folder / PEFT_WEIGHTS_FILE))
+    raw = read_peft_weights(_peft_weights_file(folder))
     # peft's save_pretrained prefixes keys with "base_model.model." and drops the adapter name.
     state = {k.removeprefix("base_model.model.").replace(f".{adapter_name}.", "."): v
              for k, v in raw.items()}
@@ -186,7 +206,7 @@ def load_lora_into_pipeline(pipe, path: str | os.PathLike, adapter_name: str = "
 
     a marble checkpoint (has `lora/`), a diffusers LoRA folder
     (`pytorch_lora_weights.safetensors`) or a peft folder (`adapter_config.json` +
-    `adapter_model.safetensors`).
+    `adapter_model.safetensors` or `adapter_model.bin`).
     """
     folder = Path(path).expanduser()
     if (folder / "lora").is_dir():
@@ -194,10 +214,11 @@ def load_lora_into_pipeline(pipe, path: str | os.PathLike, adapter_name: str = "
     if (folder / DIFFUSERS_LORA_FILE).is_file():
         pipe.load_lora_weights(str(folder), adapter_name=adapter_name)
         return pipe
-    if (folder / PEFT_CONFIG_FILE).is_file() and (folder / PEFT_WEIGHTS_FILE).is_file():
+    if (folder / PEFT_CONFIG_FILE).is_file() and _peft_weights_file(folder) is not None:
         _load_peft_folder(pipe, folder, adapter_name)
         return pipe
     raise FileNotFoundError(
         f"no LoRA found in {str(path)!r}: looked for a marble checkpoint (lora/ subfolder), "
-        f"{DIFFUSERS_LORA_FILE} (diffusers) or {PEFT_CONFIG_FILE} + {PEFT_WEIGHTS_FILE} (peft)"
+        f"{DIFFUSERS_LORA_FILE} (diffusers) or {PEFT_CONFIG_FILE} + {PEFT_WEIGHTS_FILE} or "
+        f"{PEFT_BIN_WEIGHTS_FILE} (peft)"
         + ("" if folder.is_dir() else " — the folder does not exist"))

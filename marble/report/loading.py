@@ -19,6 +19,9 @@ import yaml
 from marble.io import read_jsonl
 
 
+IMAGE_SUFFIXES = (".jpg", ".png")
+
+
 class ReportInputError(ValueError):
     """An input file exists but cannot be read; the message names file and line."""
 
@@ -162,16 +165,14 @@ def _dataset_samples(ds_dir: Path, limit: int) -> list[EvalSample]:
     by_image: dict[str, tuple[str, dict]] = {}
     results = ds_dir / "evaluation_results.jsonl"
     if results.is_file():
-        for lineno, line in enumerate(results.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ReportInputError(f"{results}:{lineno}: invalid JSON: {exc.msg}") from exc
+        for lineno, rec in read_jsonl(results, ReportInputError):
+            if not isinstance(rec, dict):
+                raise ReportInputError(f"{results}:{lineno}: expected a JSON object")
             name = Path(str(rec.get("image_path", ""))).name
             by_image[name] = (str(rec.get("prompt", "")), _finite_scores(rec.get("scores")))
-    images = sorted((ds_dir / "images").glob("*.png"), key=lambda p: natural_key(p.name))
+    # `marble evaluate --image_format`: .jpg (the reference's layout, default) or .png.
+    images = sorted((p for p in (ds_dir / "images").glob("*") if p.suffix in IMAGE_SUFFIXES),
+                    key=lambda p: natural_key(p.name))
     samples = []
     for img in images[:limit]:
         prompt, scores = by_image.get(img.name, ("", {}))

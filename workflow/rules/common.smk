@@ -133,11 +133,27 @@ def scanned_checkpoints():
     return found
 
 
+HUB_PREFIX = "hf:"  # eval.checkpoints entry `hf:<repo id>[@revision]`: a hub LoRA
+
+
+def is_hub_lora(path):
+    return str(path).startswith(HUB_PREFIX)
+
+
+def ckpt_name(path):
+    """Results folder name of an eval.checkpoints entry (hub: <repo name>[.<revision>])."""
+    if is_hub_lora(path):
+        repo, _, revision = str(path)[len(HUB_PREFIX) :].partition("@")
+        name = Path(repo).name + (f".{revision}" if revision else "")
+        return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+    return Path(path).name or "lora"
+
+
 def named_checkpoints():
-    """{(name, folder name): folder} from eval.checkpoints (marble or plain LoRA folders)."""
+    """{(name, folder name): folder} from eval.checkpoints (marble or plain LoRA folders,
+    or hf:<repo id>[@revision] hub LoRAs)."""
     return {
-        (name, Path(path).name or "lora"): str(path)
-        for name, path in EVAL["checkpoints"].items()
+        (name, ckpt_name(path)): str(path) for name, path in EVAL["checkpoints"].items()
     }
 
 
@@ -188,6 +204,9 @@ def eval_inputs(wildcards):
             f"not in eval.checkpoints, not found under eval.scan_dirs"
         )
     folder = catalogue[key]
+    # A hub LoRA is fetched by `marble evaluate` itself (huggingface_hub's cache).
+    if is_hub_lora(folder):
+        return {}
     marker = Path(folder) / "COMPLETE"
     return {"ready": str(marker) if marker.exists() else folder}
 
@@ -197,6 +216,11 @@ def eval_ckpt_path(wildcards):
         (wildcards.run, wildcards.ckpt),
         f"results/runs/{wildcards.run}/checkpoints/{wildcards.ckpt}",
     )
+
+
+def eval_ckpt_flag(wildcards):
+    hub = is_hub_lora(eval_ckpt_path(wildcards))
+    return "--lora_hf_path" if hub else "--checkpoint_path"
 
 
 def eval_args(wildcards):

@@ -23,11 +23,12 @@ rule evaluate_ckpt:
         **resources_of("eval"),
     params:
         ckpt=eval_ckpt_path,
+        ckpt_flag=eval_ckpt_flag,
         out_dir=lambda wc, output: os.path.dirname(output.scores),
         args=eval_args,
         ckpts=f"MARBLE_REWARD_CKPTS={config['reward_ckpt_dir']}",
     shell:
-        "{params.ckpts} marble evaluate --checkpoint_path {params.ckpt:q}"
+        "{params.ckpts} marble evaluate {params.ckpt_flag} {params.ckpt:q}"
         " --model_path {input.model:q} --model_type sd3 --dataset {wildcards.dataset}"
         " --data_dir {input.raw:q} --output_dir {params.out_dir:q} {params.args}"
         " > {log:q} 2>&1"
