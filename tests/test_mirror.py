@@ -168,3 +168,48 @@ def test_replicas_are_deterministic(mirror_dir, tmp_path):
     for name in ("model.safetensors", "vocab.json", "preprocessor_config.json"):
         assert _sha(tmp_path / "clip" / name) == _sha(mirror_dir / "hub/openai/clip-vit-large-patch14" / name)
     assert _sha(tmp_path / "hps/HPS_v2.1_compressed.pt") == _sha(mirror_dir / "hub/xswu/HPSv2/HPS_v2.1_compressed.pt")
+
+
+def test_unpinned_hub_entries_print_what_to_pin(mirror_dir, served, tmp_path, capsys):
+    """revision/size/sha256 null: resolved from the hub's listing and printed to paste in."""
+    spec = {"groups": {"rewards": {"dir": "reward_ckpts", "hub": [
+        {"repo": "google-bert/bert-base-uncased", "into": "hub/google-bert/bert-base-uncased",
+         "files": [{"path": "vocab.txt"}, {"path": "config.json"}]}]}}}
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "ck"
+    assert download_main(["rewards", "--out", str(out), "--manifest", str(manifest)]) == 0
+    text = capsys.readouterr()
+    pinned = yaml.safe_load((mirror_dir / "mirror.json").read_text())["repos"]["google-bert/bert-base-uncased"]
+    assert f"pin `revision: {pinned['revision']}`" in text.err
+    vocab = out / "hub/google-bert/bert-base-uncased/vocab.txt"
+    assert f"sha256 {_sha(vocab)}" in text.err and "unpinned" in text.out
+    assert vocab.read_bytes() == (mirror_dir / "hub/google-bert/bert-base-uncased/vocab.txt").read_bytes()
+
+
+def test_a_missing_file_at_the_pinned_commit_is_named(mirror_dir, served, tmp_path):
+    spec = {"groups": {"rewards": {"hub": [{"repo": "xswu/HPSv2", "revision": "0" * 40,
+                                            "files": [{"path": "HPS_v2.1_compressed.pt"}]}]}}}
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(yaml.safe_dump(spec))
+    from marble.data.download import fetch_group
+
+    with pytest.raises(DownloadError, match="xswu/HPSv2@0000000000000000000000000000000000000000: RevisionNotFound"):
+        fetch_group(load_manifest(manifest), tmp_path / "ck")
+    spec["groups"]["rewards"]["hub"][0].update(revision=None, files=[{"path": "HPS_v9.pt"}])
+    manifest.write_text(yaml.safe_dump(spec))
+    with pytest.raises(DownloadError, match=r"no such file\(s\) \['HPS_v9.pt'\]"):
+        fetch_group(load_manifest(manifest), tmp_path / "ck")
+
+
+def test_hps_replica_loads_through_the_hpsv2_reward(mirror_dir, tmp_path):
+    """Needs open_clip (the clip extra: `make test-clip` environment)."""
+    pytest.importorskip("open_clip")
+    import torch
+
+    from marble.dev.mirror import HPS_ARCH
+    from marble.rewards.hpsv2 import HPSv2
+
+    reward = HPSv2(ckpt_dir=str(mirror_dir / "hub/xswu/HPSv2"), arch=HPS_ARCH,
+                   model_config=str(mirror_dir / f"{HPS_ARCH}.json"))
+    assert torch.isfinite(reward(torch.rand(2, 3, 32, 32), ["a cat", "a dog"])).all()
