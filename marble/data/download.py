@@ -277,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--root", help="parent folder: each group goes to ROOT/<dir of the manifest>")
     p.add_argument("--offline", action="store_true",
                    help="download nothing; name missing files (also when HF_HUB_OFFLINE=1)")
-    p.add_argument("--manifest", default=str(MANIFEST))
+    p.add_argument("--manifest", default=os.environ.get("MARBLE_MANIFEST") or str(MANIFEST),
+                   help="default: $MARBLE_MANIFEST, else the packaged manifest")
     p.add_argument("--mirror", default=os.environ.get("MARBLE_MIRROR") or None,
                    help="fetch plain URLs https://host/path from MIRROR/host/path (default: $MARBLE_MIRROR); "
                         "hub files follow HF_ENDPOINT")
