@@ -29,6 +29,24 @@ def test_paper_mini_shrinks_sizes_only():
     assert mini["eval"].get("datasets", paper["eval"]["datasets"]) == ["geneval", "ocr", "pickscore", "drawbench"]
 
 
+def _merge(base: dict, over: dict) -> dict:
+    """Snakemake's merge of two --configfile: mappings recursively, anything else replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def test_paper_mini_merged_config_passes_the_schema():
+    from snakemake.utils import validate
+
+    merged = _merge(yaml.safe_load((ROOT / "config/paper.yaml").read_text()),
+                    yaml.safe_load((ROOT / ".test/paper-mini.yaml").read_text()))
+    validate(merged, str(ROOT / "workflow/schemas/config.schema.yaml"))
+    assert merged["mode"] == "paper" and merged["dataset"]["embed"] is True
+    assert merged["eval"]["mixed_precision"] == "fp16" and merged["eval"]["limit"] == 2
+
+
 def test_failed_stages_name_the_rule_and_its_log():
     output = ("Building DAG of jobs...\n"
               "Error in rule train_run:\n    message: None\n    jobid: 7\n"

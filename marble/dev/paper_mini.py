@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mirror", default="data/mirror")
     p.add_argument("--cores", type=int, default=2)
     p.add_argument("--log", default="logs/paper-mini.log")
+    p.add_argument("--also", action="append", default=[], metavar="CONFIG",
+                   help="one more --configfile after the two (e.g. to drop a reward this install lacks)")
     p.add_argument("targets", nargs="*", default=["all"])
     args = p.parse_args(argv)
     start = time.monotonic()
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     env.setdefault("HF_TOKEN", "hf_mirror")  # the mirror's gated repo wants a bearer token, any
     with MirrorServer(mirror, idle_s=1800) as server:
         env.update(HF_ENDPOINT=server.url, MARBLE_MIRROR=server.url)
-        cmd = ["snakemake", "--configfile", *CONFIGS, f"-c{args.cores}", *args.targets]
+        cmd = ["snakemake", "--configfile", *CONFIGS, *args.also, f"-c{args.cores}", *args.targets]
         print(" ".join(cmd), f"(mirror {server.url})", flush=True)
         Path(args.log).parent.mkdir(parents=True, exist_ok=True)
         with open(args.log, "w") as log:
