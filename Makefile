@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 EXTRAS ?= dev,workflow,ocr
 
-.PHONY: setup demo test test-clip clean
+.PHONY: setup demo test test-clip test-paper clean
 
 $(BIN)/marble: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,12 @@ demo: setup
 test: setup
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q --timeout=1800 tests
 
+# The paper configuration with only sizes shrunk, from nothing, against a local loopback mirror of
+# every paper asset (tiny random replicas in the real formats; no network). On failure it names the
+# stage and its log. See docs/downloads.md.
+test-paper: setup
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m marble.dev.paper_mini
+
 # The open_clip-based scorers (HPSv2.1) need torchvision, which must match torch exactly:
 # a second environment with the torch 2.14.1 / torchvision 0.29.1 pair runs their tests.
 CLIP_VENV ?= .venv-clip
@@ -41,4 +47,4 @@ test-clip: $(CLIP_VENV)/bin/marble
 	$(CLIP_VENV)/bin/python -m pytest -q tests/test_rewards_hpsv2.py
 
 clean:
-	rm -rf $(VENV) $(CLIP_VENV) .snakemake results/runs results/eval results/report results/bench logs benchmarks
+	rm -rf $(VENV) $(CLIP_VENV) .snakemake results/runs results/eval results/report results/bench logs benchmarks data/mirror

@@ -129,7 +129,7 @@ def test_hf_token_is_sent_to_gated_entries_only(server, tmp_path, monkeypatch):
     assert Handler.log[-1][2] is None
 
 
-def test_offline_names_every_missing_file(tmp_path, capsys):
+def _offline_manifest(tmp_path):
     manifest = tmp_path / "manifest.yaml"
     manifest.write_text(
         "groups:\n"
@@ -138,31 +138,89 @@ def test_offline_names_every_missing_file(tmp_path, capsys):
         "      - {path: b.txt, url: 'http://x/b', size: null, sha256: null}\n"
         "      - {path: c.txt, url: 'http://x/c', size: 2, sha256: null}\n"
         "  rewards:\n    dir: ck\n    files:\n      - {path: r.pt, url: 'http://x/r', size: null, sha256: null}\n")
-    out = tmp_path / "out"
-    (out / "raw").mkdir(parents=True)
-    (out / "raw/a.txt").write_text("abc")
-    (out / "raw/c.txt").write_text("too long")
+    return manifest
+
+
+def test_offline_names_every_missing_file(tmp_path, capsys):
+    manifest = _offline_manifest(tmp_path)
+    out = tmp_path / "raw"  # --out is the group's own folder (the rule's output)
+    out.mkdir()
+    (out / "a.txt").write_text("abc")
+    (out / "c.txt").write_text("too long")
     rc = download_main(["datasets", "--offline", "--out", str(out), "--manifest", str(manifest)])
     err = capsys.readouterr().err
     assert rc == 1
-    assert "2 of 3 files unavailable" in err and "raw/b.txt (missing)" in err
-    assert "raw/c.txt (size 8, pinned 2)" in err and "a.txt" not in err and "r.pt" not in err
-    (out / "raw/b.txt").write_text("x")
-    (out / "raw/c.txt").write_text("ok")
+    assert "2 of 3 files unavailable" in err and f"{out}/b.txt (missing)" in err
+    assert f"{out}/c.txt (size 8, pinned 2)" in err and "a.txt" not in err and "r.pt" not in err
+    (out / "b.txt").write_text("x")
+    (out / "c.txt").write_text("ok")
     assert download_main(["datasets", "--offline", "--out", str(out), "--manifest", str(manifest)]) == 0
 
 
-def test_packaged_manifest_pins_the_shared_datasets(shared_dir):
+def test_hf_hub_offline_means_check_only(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # as on a compute node: nothing is fetched
+    rc = download_main(["datasets", "--out", str(tmp_path / "raw"), "--manifest", str(_offline_manifest(tmp_path))])
+    assert rc == 1 and "3 of 3 files unavailable" in capsys.readouterr().err
+
+
+def test_out_is_the_group_folder_and_root_holds_every_group(server, tmp_path):
+    """The rule passes --out {output}: files land in it, not one folder deeper (issue 9)."""
+    manifest = tmp_path / "manifest.yaml"
+    manifest.write_text(
+        "groups:\n"
+        f"  datasets:\n    dir: raw\n    files:\n      - {{path: p/t.bin, url: '{server}/file', size: {len(PAYLOAD)}, sha256: {SHA}}}\n"
+        f"  rewards:\n    dir: ck\n    files:\n      - {{path: r.bin, url: '{server}/file', size: null, sha256: {SHA}}}\n")
+    out = tmp_path / "rule-output"
+    assert download_main(["datasets", "--out", str(out), "--manifest", str(manifest)]) == 0
+    assert (out / "p/t.bin").read_bytes() == PAYLOAD and not (out / "raw").exists()
+    root = tmp_path / "data"
+    assert download_main(["all", "--root", str(root), "--manifest", str(manifest)]) == 0
+    assert (root / "raw/p/t.bin").is_file() and (root / "ck/r.bin").is_file()
+    assert download_main(["all", "--out", str(root), "--manifest", str(manifest)]) == 1
+
+
+def test_mirror_url_replaces_the_scheme_and_host(server, tmp_path, monkeypatch):
+    manifest = tmp_path / "manifest.yaml"
+    manifest.write_text("groups:\n  datasets:\n    dir: raw\n    files:\n"
+                        f"      - {{path: t.bin, url: 'https://example.org/file', size: null, sha256: {SHA}}}\n")
+    monkeypatch.setenv("MARBLE_MIRROR", server + "/mirror")
+    assert download_main(["datasets", "--out", str(tmp_path / "o"), "--manifest", str(manifest)]) == 0
+    assert Handler.log[-1][0] == "/mirror/example.org/file"
+
+
+@pytest.mark.parametrize("text,match", [
+    ("groups:\n  model:\n    dri: x\n", r"groups.model: unknown key\(s\) \['dri'\]"),
+    ("groups:\n  model:\n    hub:\n      - {repo: a/b, files: [{path: x, sha: 1}]}\n",
+     r"groups.model.hub\[0\].files\[0\]: unknown key\(s\) \['sha'\]"),
+    ("groups:\n  model:\n    files:\n      - {path: x}\n", r"groups.model.files\[0\] lacks \['url'\]"),
+])
+def test_manifest_errors_name_the_file_and_key(tmp_path, text, match):
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(text)
+    with pytest.raises(DownloadError, match=match):
+        load_manifest(manifest)
+
+
+def test_packaged_manifest_covers_the_paper_assets(shared_dir):
     entries = load_manifest()
-    groups = {e.group for e in entries}
-    assert groups == {"model", "rewards", "datasets"}
-    assert all(e.url.startswith("https://") for e in entries)
-    names = {e.path.rsplit("/", 1)[-1] for e in entries if e.group == "rewards"}
-    assert names == {"sac+logos+ava1-l14-linearMSE.pth", "open_clip_pytorch_model.bin", "HPS_v2.1_compressed.pt",
-                     "mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco_20220504_001756-743b7d99.pth"}
-    assert all(e.page and e.auth == "hf" for e in entries if e.group == "model")
-    pinned = [e for e in entries if e.group == "datasets" and e.sha256]
-    assert len(pinned) == 5
-    for e in pinned:
-        data = (shared_dir / "datasets" / e.path.removeprefix("raw/")).read_bytes()
+    assert {e.group for e in entries} == {"model", "rewards", "datasets"}
+    assert all(e.url.startswith("https://") for e in entries if not e.repo)
+    # hub entries: a pinned 40-hex commit each, never a moving ref
+    assert all(e.revision and len(e.revision) == 40 and int(e.revision, 16) >= 0 for e in entries if e.repo)
+    assert all(e.repo and e.gated and e.page for e in entries if e.group == "model")
+    names = {e.path for e in entries if e.group == "rewards"}
+    for needed in ("sac+logos+ava1-l14-linearMSE.pth", "HPS_v2.1_compressed.pt", "ImageReward.pt", "med_config.json",
+                   "geneval/object_names.txt", "hub/yuvalkirstain/PickScore_v1/model.safetensors",
+                   "hub/laion/CLIP-ViT-H-14-laion2B-s32B-b79K/preprocessor_config.json",
+                   "hub/openai/clip-vit-large-patch14/model.safetensors",
+                   "hub/google-bert/bert-base-uncased/vocab.txt",
+                   "mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco_20220504_001756-743b7d99.pth"):
+        assert needed in names, needed
+    pinned = {e.path: e for e in entries if not e.repo and e.sha256}
+    shared_files = {"geneval/object_names.txt": "geneval/object_names.txt"}
+    shared_files.update({e.path: e.path for e in entries if e.group == "datasets" and e.sha256})
+    assert len(shared_files) == 6
+    for rel, shared_rel in shared_files.items():
+        e = pinned[rel]
+        data = (shared_dir / "datasets" / shared_rel).read_bytes()
         assert len(data) == e.size and hashlib.sha256(data).hexdigest() == e.sha256, e.path

@@ -1,0 +1,281 @@
+"""Random-init replicas of the paper's assets, each in the file format its real loader reads.
+
+Every writer is deterministic given its seed and takes well under a second (the SD3
+pipeline a few seconds); widths are tiny. The layout follows the real repositories
+(file names and formats), not transformers' current save format, so the loaders are
+exercised on what a download really contains.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+CLIP_PROJECTION = 16  # tiny CLIP embedding width (the aesthetic head's input)
+CLIP_IMAGE = 32
+HPS_WIDTH, HPS_EMBED, HPS_LAYERS = 32, 16, 2
+OPEN_CLIP_VOCAB, OPEN_CLIP_CONTEXT = 49408, 77  # open_clip's SimpleTokenizer
+BERT_HIDDEN = 32
+
+# GenEval's evaluation/object_names.txt: COCO's 80 classes as GenEval's prompts name them.
+GENEVAL_OBJECTS = (
+    "person,bicycle,car,motorcycle,airplane,bus,train,truck,boat,traffic light,fire hydrant,stop sign,"
+    "parking meter,bench,bird,cat,dog,horse,sheep,cow,elephant,bear,zebra,giraffe,backpack,umbrella,handbag,"
+    "tie,suitcase,frisbee,skis,snowboard,sports ball,kite,baseball bat,baseball glove,skateboard,surfboard,"
+    "tennis racket,bottle,wine glass,cup,fork,knife,spoon,bowl,banana,apple,sandwich,orange,broccoli,carrot,"
+    "hot dog,pizza,donut,cake,chair,couch,potted plant,bed,dining table,toilet,tv,laptop,computer mouse,"
+    "tv remote,computer keyboard,cell phone,microwave,oven,toaster,sink,refrigerator,book,clock,vase,"
+    "scissors,teddy bear,hair drier,toothbrush"
+).split(",")
+
+
+def _json(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _bpe_files(folder: Path, tokenizer_json: dict, special: dict) -> None:
+    """vocab.json + merges.txt + special_tokens_map.json (the hub's slow-tokenizer layout)."""
+    model = tokenizer_json["model"]
+    _json(folder / "vocab.json", model["vocab"])
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "".join(m + "\n" for m in merges), encoding="utf-8")
+    _json(folder / "special_tokens_map.json", special)
+
+
+# ------------------------------------------------------------------ SD3.5 Medium
+
+
+def _spiece_model(out: Path) -> None:
+    """The sentencepiece model the tiny T5 tokenizer is built from (same corpus and options)."""
+    import sentencepiece as spm
+
+    from marble.models.tiny import T5_VOCAB_SIZE, tiny_corpus
+
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = os.path.join(tmp, "t5")
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(tiny_corpus()), model_prefix=prefix, vocab_size=T5_VOCAB_SIZE,
+            model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1, hard_vocab_limit=False,
+            character_coverage=1.0, num_threads=1, minloglevel=2)
+        out.write_bytes(Path(prefix + ".model").read_bytes())
+
+
+def _two_shards(folder: Path) -> None:
+    """model.safetensors -> model-0000{1,2}-of-00002.safetensors + index (the real T5's layout)."""
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(folder / "model.safetensors")
+    keys = sorted(state)
+    halves = [keys[: len(keys) // 2], keys[len(keys) // 2 :]]
+    weight_map, total = {}, 0
+    for i, part in enumerate(halves, 1):
+        name = f"model-{i:05d}-of-00002.safetensors"
+        save_file({k: state[k].contiguous() for k in part}, folder / name, metadata={"format": "pt"})
+        weight_map.update({k: name for k in part})
+        total += sum(state[k].numel() * state[k].element_size() for k in part)
+    _json(folder / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
+    (folder / "model.safetensors").unlink()
+
+
+def sd3_repo(folder: Path, seed: int = 0) -> None:
+    from marble.models.tiny import build_tiny_pipeline
+
+    pipe = build_tiny_pipeline(seed)
+    pipe.save_pretrained(folder, safe_serialization=True)
+    for name in ("tokenizer", "tokenizer_2"):
+        sub = folder / name
+        _bpe_files(sub, json.loads((sub / "tokenizer.json").read_text()), getattr(pipe, name).special_tokens_map)
+        (sub / "tokenizer.json").unlink()  # the real repo has only the slow files here
+    _spiece_model(folder / "tokenizer_3" / "spiece.model")
+    _json(folder / "tokenizer_3" / "special_tokens_map.json", pipe.tokenizer_3.special_tokens_map)
+    _two_shards(folder / "text_encoder_3")
+
+
+# ------------------------------------------------------------------ CLIP / BERT folders
+
+
+def _byte_chars() -> list[str]:
+    """GPT-2/CLIP byte-to-unicode alphabet (256 printable stand-ins for bytes)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars, n = keep[:], 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + n)
+            n += 1
+    return [chr(c) for c in chars]
+
+
+def clip_repo(folder: Path, seed: int = 0) -> None:
+    """CLIPModel + processor as on the hub: config.json, model.safetensors, preprocessor_config.json,
+    vocab.json, merges.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json."""
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPTokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    chars = _byte_chars()
+    vocab = {t: i for i, t in enumerate(chars + [c + "</w>" for c in chars] + ["<|startoftext|>", "<|endoftext|>"])}
+    _json(folder / "vocab.json", vocab)
+    (folder / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")  # character-level BPE
+    tokenizer = CLIPTokenizer(vocab_file=str(folder / "vocab.json"), merges_file=str(folder / "merges.txt"),
+                              model_max_length=77)
+    tokenizer.save_pretrained(folder)
+    _json(folder / "special_tokens_map.json", tokenizer.special_tokens_map)
+    image = CLIPImageProcessor(size={"shortest_edge": CLIP_IMAGE}, crop_size={"height": CLIP_IMAGE, "width": CLIP_IMAGE})
+    image.to_json_file(folder / "preprocessor_config.json")
+    config = CLIPConfig(
+        text_config=dict(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, max_position_embeddings=77, bos_token_id=len(vocab) - 2,
+                         eos_token_id=len(vocab) - 1, pad_token_id=len(vocab) - 1),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=CLIP_IMAGE, patch_size=8),
+        projection_dim=CLIP_PROJECTION)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        CLIPModel(config).save_pretrained(folder)
+
+
+BERT_WORDS = ("[PAD] [UNK] [CLS] [SEP] [MASK] a an the of on in and with photo picture image dog cat red blue "
+              "green car person tree sign text . , ! ? ' \" - 0 1 2 3 4 5 6 7 8 9").split()
+
+
+def bert_vocab() -> list[str]:
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    return list(dict.fromkeys(BERT_WORDS + letters + ["##" + c for c in letters]))
+
+
+def bert_repo(folder: Path) -> None:
+    """bert-base-uncased's tokenizer files (vocab.txt, tokenizer.json, tokenizer_config.json) + a tiny config."""
+    from transformers import BertConfig, BertTokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = bert_vocab()
+    (folder / "vocab.txt").write_text("".join(t + "\n" for t in vocab), encoding="utf-8")
+    BertTokenizer(vocab_file=str(folder / "vocab.txt"), do_lower_case=True).save_pretrained(folder)
+    (folder / "vocab.txt").write_text("".join(t + "\n" for t in vocab), encoding="utf-8")
+    BertConfig(vocab_size=len(vocab), hidden_size=BERT_HIDDEN, intermediate_size=64, num_hidden_layers=2,
+               num_attention_heads=2).to_json_file(folder / "config.json")
+
+
+# ------------------------------------------------------------------ reward checkpoints
+
+
+def _mlp_head(input_dim: int, seed: int) -> dict[str, torch.Tensor]:
+    from marble.rewards.clip_family import AestheticMLP
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return AestheticMLP(input_dim).state_dict()
+
+
+def aesthetic_head(path: Path, seed: int = 0) -> None:
+    """The LAION head's plain state dict (layers.{0,2,4,6,7}), on the tiny CLIP's embedding width."""
+    torch.save(_mlp_head(CLIP_PROJECTION, seed), path)
+
+
+def _resblocks(prefix: str, width: int, layers: int, g: torch.Generator) -> dict[str, torch.Tensor]:
+    """open_clip ResidualAttentionBlock parameters (nn.MultiheadAttention + c_fc/c_proj MLP)."""
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g) * 0.02
+
+    sd = {}
+    for i in range(layers):
+        b = f"{prefix}.resblocks.{i}."
+        sd.update({b + "ln_1.weight": torch.ones(width), b + "ln_1.bias": torch.zeros(width),
+                   b + "attn.in_proj_weight": rnd(3 * width, width), b + "attn.in_proj_bias": torch.zeros(3 * width),
+                   b + "attn.out_proj.weight": rnd(width, width), b + "attn.out_proj.bias": torch.zeros(width),
+                   b + "ln_2.weight": torch.ones(width), b + "ln_2.bias": torch.zeros(width),
+                   b + "mlp.c_fc.weight": rnd(4 * width, width), b + "mlp.c_fc.bias": torch.zeros(4 * width),
+                   b + "mlp.c_proj.weight": rnd(width, 4 * width), b + "mlp.c_proj.bias": torch.zeros(width)})
+    return sd
+
+
+def hps_state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
+    """An open_clip CLIP state dict for `hps_config()` (the keys HPS_v2.1_compressed.pt holds)."""
+    g = torch.Generator().manual_seed(seed)
+    w, e, patches = HPS_WIDTH, HPS_EMBED, (CLIP_IMAGE // 8) ** 2 + 1
+    sd = {"positional_embedding": torch.randn(OPEN_CLIP_CONTEXT, w, generator=g) * 0.01,
+          "text_projection": torch.randn(w, e, generator=g) * w**-0.5,
+          "logit_scale": torch.tensor(4.6052),
+          "token_embedding.weight": torch.randn(OPEN_CLIP_VOCAB, w, generator=g) * 0.02,
+          "ln_final.weight": torch.ones(w), "ln_final.bias": torch.zeros(w),
+          "visual.class_embedding": torch.randn(w, generator=g) * w**-0.5,
+          "visual.positional_embedding": torch.randn(patches, w, generator=g) * w**-0.5,
+          "visual.proj": torch.randn(w, e, generator=g) * w**-0.5,
+          "visual.conv1.weight": torch.randn(w, 3, 8, 8, generator=g) * 0.02,
+          "visual.ln_pre.weight": torch.ones(w), "visual.ln_pre.bias": torch.zeros(w),
+          "visual.ln_post.weight": torch.ones(w), "visual.ln_post.bias": torch.zeros(w)}
+    sd.update(_resblocks("transformer", w, HPS_LAYERS, g))
+    sd.update(_resblocks("visual.transformer", w, HPS_LAYERS, g))
+    return sd
+
+
+def hps_config() -> dict:
+    """open_clip model config of the HPS replica (a ViT-H-14 shape, tiny widths)."""
+    return {"embed_dim": HPS_EMBED,
+            "vision_cfg": {"image_size": CLIP_IMAGE, "layers": HPS_LAYERS, "width": HPS_WIDTH, "head_width": 16,
+                           "patch_size": 8},
+            "text_cfg": {"context_length": OPEN_CLIP_CONTEXT, "vocab_size": OPEN_CLIP_VOCAB, "width": HPS_WIDTH,
+                         "heads": 2, "layers": HPS_LAYERS}}
+
+
+def write_hps_config(path: Path) -> None:
+    _json(path, hps_config())
+
+
+def hps_repo(folder: Path, seed: int = 0) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save({"state_dict": hps_state_dict(seed)}, folder / "HPS_v2.1_compressed.pt")  # as hpsv2 saves it
+
+
+def med_config() -> dict:
+    """BLIP's med_config.json (a BertConfig plus `encoder_width`, cross-attention on), tiny."""
+    return {"architectures": ["BertModel"], "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu",
+            "hidden_dropout_prob": 0.1, "hidden_size": BERT_HIDDEN, "initializer_range": 0.02,
+            "intermediate_size": 64, "layer_norm_eps": 1e-12, "max_position_embeddings": 512,
+            "model_type": "bert", "num_attention_heads": 2, "num_hidden_layers": 2, "pad_token_id": 0,
+            "type_vocab_size": 2, "vocab_size": len(bert_vocab()) + 2, "encoder_width": BERT_HIDDEN,
+            "add_cross_attention": True}
+
+
+def imagereward_repo(folder: Path, seed: int = 0) -> None:
+    """med_config.json + ImageReward.pt: a plain state dict (`blip.text_encoder.*` from a BERT of
+    med_config's shape, the `mlp.layers.*` head on its width). ImageReward.load builds a ViT-L
+    vision tower whatever the config says, so this replica checks the files and the text side;
+    a tiny full BLIP needs the reward's own builder."""
+    from transformers import BertConfig, BertModel
+
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = med_config()
+    _json(folder / "med_config.json", cfg)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        bert = {k: v for k, v in cfg.items() if k not in ("encoder_width", "add_cross_attention")}
+        text = BertModel(BertConfig(**bert), add_pooling_layer=False)  # cross-attention keys: BLIP's med.py
+    state = {f"blip.text_encoder.{k}": v for k, v in text.state_dict().items()}
+    state.update({f"mlp.{k}": v for k, v in _mlp_head(BERT_HIDDEN, seed + 1).items()})
+    torch.save(state, folder / "ImageReward.pt")
+
+
+def detector_ckpt(path: Path, seed: int = 0) -> None:
+    """An mmdet-style checkpoint container ({meta, state_dict}); a format stand-in only (a tiny
+    random Mask2Former needs mmdet, see `make test-geneval-mmdet` in issue 9)."""
+    g = torch.Generator().manual_seed(seed)
+    torch.save({"meta": {"CLASSES": GENEVAL_OBJECTS, "mmdet_version": "2.28.2"},
+                "state_dict": {"panoptic_head.cls_embed.weight": torch.randn(len(GENEVAL_OBJECTS) + 1, 16, generator=g)}},
+               path)
+
+
+def object_names(path: Path) -> None:
+    path.write_text("\n".join(GENEVAL_OBJECTS) + "\n", encoding="utf-8")
+
+
+def prompt_files(raw: Path, seed: int = 0) -> None:
+    """pickscore/ocr train+test, geneval train/test metadata, drawbench test (marble.data.tiny_prompts)."""
+    from marble.data.tiny_prompts import write_tiny_raw
+
+    write_tiny_raw(raw, seed=seed, n_train=24, n_test=8)

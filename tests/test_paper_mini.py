@@ -1,0 +1,57 @@
+"""The paper-mini configuration and the `make test-paper` runner's failure report (no run here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from marble.config import load_config
+from marble.dev.paper_mini import failed_stages
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZE_KEYS = ("sampling.", "train.batch_size", "train.save_every", "model.lora_rank", "model.lora_alpha", "rewards=")
+
+
+def test_paper_mini_shrinks_sizes_only():
+    paper = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
+    mini = yaml.safe_load((ROOT / ".test/paper-mini.yaml").read_text())
+    assert set(mini["runs"]) == set(paper["runs"])
+    for name, run in mini["runs"].items():
+        assert run["preset"] == paper["runs"][name]["preset"]
+        assert all(s.startswith(SIZE_KEYS) for s in run["set"]), run["set"]
+        full, small = load_config(run["preset"]), load_config(run["preset"], overrides=run["set"])
+        # the paper's code paths stay: balancer, precision, rewards (by name), solver, embed cache
+        assert small.balancer == full.balancer and small.model.mixed_precision == full.model.mixed_precision == "fp16"
+        assert small.reward_names == full.reward_names and small.sampling.solver == full.sampling.solver
+        assert small.sampling.resolution < full.sampling.resolution and small.train.max_steps == full.train.max_steps
+    assert "mode" not in mini and "dataset" not in mini  # paper mode and the embedding cache, unchanged
+    assert mini["eval"].get("datasets", paper["eval"]["datasets"]) == ["geneval", "ocr", "pickscore", "drawbench"]
+
+
+def _merge(base: dict, over: dict) -> dict:
+    """Snakemake's merge of two --configfile: mappings recursively, anything else replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def test_paper_mini_merged_config_passes_the_schema():
+    from snakemake.utils import validate
+
+    merged = _merge(yaml.safe_load((ROOT / "config/paper.yaml").read_text()),
+                    yaml.safe_load((ROOT / ".test/paper-mini.yaml").read_text()))
+    validate(merged, str(ROOT / "workflow/schemas/config.schema.yaml"))
+    assert merged["mode"] == "paper" and merged["dataset"]["embed"] is True
+    assert merged["eval"]["mixed_precision"] == "fp16" and merged["eval"]["limit"] == 2
+
+
+def test_failed_stages_name_the_rule_and_its_log():
+    output = ("Building DAG of jobs...\n"
+              "Error in rule train_run:\n    message: None\n    jobid: 7\n"
+              "    input: data/models/sd35m\n    log: logs/train/rho_07.log (check log file(s) for error details)\n"
+              "    shell:\n        bash ...\n"
+              "Error in rule evaluate_checkpoint:\n    jobid: 9\n    shell: marble evaluate\n"
+              "Shutting down, this might take some time.\n")
+    assert failed_stages(output) == [("train_run", "logs/train/rho_07.log"), ("evaluate_checkpoint", None)]
