@@ -1,88 +1,57 @@
-"""`marble bench step`: one optimizer micro-step per balancer, timed side by side.
+"""`marble bench step`: one training micro-step per balancer, timed side by side.
 
     marble bench step --preset tiny --json OUT.json [--repeats 5] [--warmup 1]
     marble bench step --preset bench_sd35m --json OUT.json      # on a GPU, paper scale
 
 In one process: build the preset's model (adapters "default" + "old"), one fixed
-synthetic micro-batch (random x0, embeddings, K rewards with a mask pattern), then per
-repeat, interleaved, for weighted_sum, marble (an amortized step: cached alpha, one
-backward) and mgda (full solve: K backward passes): forward v_old, v_ref, v_theta and
-the balancer's backward. Reports median seconds, peak memory and ratios to weighted_sum.
+synthetic micro-batch (random x0, embeddings, K rewards with a mask pattern) and one AdamW,
+then per repeat, interleaved, for every row of ROWS: forward v_old, v_ref, v_theta, the
+balancer's backward and the optimizer step. Reports median seconds, peak memory (total,
+over the loaded weights, and over the step's start) and ratios to weighted_sum.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import dataclasses
 import statistics
 import sys
 import time
 from pathlib import Path
 
-BALANCERS = ("weighted_sum", "marble", "mgda")
+from marble.bench_memory import MemoryProbe, fix_malloc
 
-
-def _fix_malloc() -> None:
-    """Fixed mmap threshold so freed activations go back to the OS (honest RSS deltas)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD; also disables its dynamic growth
-    except (OSError, AttributeError):
-        pass
-
-
-class MemoryProbe:
-    """Peak memory of one run: CUDA allocator peak, or CPU RSS high-water delta."""
-
-    def __init__(self, device):
-        import torch
-
-        self.torch, self.device = torch, device
-        self.kind = "cuda_max_memory_allocated"
-        if device.type != "cuda":
-            self.kind = ("cpu_rss_hwm_delta (VmHWM reset via /proc/self/clear_refs; "
-                         "tracemalloc does not see torch allocations)")
-            if not self._reset_hwm():
-                self.kind = "cpu_ru_maxrss_delta (monotonic high-water: later runs read low)"
-
-    @staticmethod
-    def _status_kb(field: str) -> int:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-        raise KeyError(field)
-
-    @staticmethod
-    def _reset_hwm() -> bool:
-        try:
-            Path("/proc/self/clear_refs").write_text("5")
-            return True
-        except OSError:
-            return False
-
-    def start(self) -> None:
-        if self.device.type == "cuda":
-            self.torch.cuda.synchronize()
-            self.torch.cuda.reset_peak_memory_stats()
-            self.base = self.torch.cuda.memory_allocated()
-        elif self.kind.startswith("cpu_rss"):
-            self._reset_hwm()
-            self.base = self._status_kb("VmRSS") * 1024
-        else:
-            import resource
-
-            self.base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-    def peak_mb(self) -> float:
-        if self.device.type == "cuda":
-            self.torch.cuda.synchronize()
-            return (self.torch.cuda.max_memory_allocated() - self.base) / 2**20
-        if self.kind.startswith("cpu_rss"):
-            return max(self._status_kb("VmHWM") * 1024 - self.base, 0) / 2**20
-        import resource
-
-        return max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - self.base, 0) / 2**20
+# Row -> (method, balancer overrides, micro_index, prime the alpha cache, what it is).
+ROWS = {
+    "weighted_sum": ("weighted_sum", {}, 1, False,
+                     "the DiffusionNFT baseline: one backward of the mean-reward loss"),
+    "marble": ("marble", {"amortize_every": 10**9, "warmup_steps": 0}, 1, True,
+               "an amortized step (cached alpha): one backward of sum_k alpha_k L_k, one "
+               "loss evaluation; what every micro-step of a MARBLE run but one in "
+               "amortize_every x grad_accumulation x T_train costs"),
+    "marble_recompute": ("marble", {"warmup_steps": 10**9, "full_solve": "recompute"}, 1,
+                         False, "a MARBLE full solve with balancer.full_solve=recompute: "
+                         "one forward + backward per reward and one for KL, no graph retained"),
+    "mgda": ("mgda", {}, 1, False, "a full solve as the reference runs it (full_solve=retain: "
+             "K reward + 1 KL backward passes on one retained graph), no diagnostics"),
+    "mgda_diag": ("mgda", {"diagnostics_every": 1}, 0, False,
+                  "the same full solve with the diagnostics it runs in training on the first "
+                  "micro-step of an optimizer step: cosines and one more backward for the "
+                  "weighted-sum direction"),
+}
+BALANCERS = tuple(ROWS)
+NOTES = ("Timed per row: one micro-step = no-grad forwards of v_old (adapter 'old') and "
+         "v_ref (adapters off), the v_theta forward, the balancer's backward (incl. its "
+         "all-reduce calls, no-ops on one process) and the optimizer step (clip_grad_norm_, "
+         "AdamW.step with lr 0 so every repeat sees the same weights, zero_grad), "
+         "CUDA-synchronised. One fixed synthetic batch; rows interleaved, order reversed "
+         "every other repeat; medians over repeats after warm-up. Rows run with "
+         "diagnostics_every=0 unless named *_diag. Memory: peak_mb = total (weights, "
+         "optimizer state and activations: what the paper's GB column measures), "
+         "peak_over_weights_mb = total minus what the loaded model held, peak_step_mb = over "
+         "the step's start. marble_run: a MARBLE run's mean micro-step time, ((M - 1) marble "
+         "+ 1 full solve) / M with M = amortize_every x grad_accumulation x T_train, and its "
+         "peak = max(marble, the full-solve row).")
 
 
 def synthetic_batch(pipe, cfg, device, seed: int = 0):
@@ -115,25 +84,27 @@ def synthetic_batch(pipe, cfg, device, seed: int = 0):
 
 
 def make_balancers(cfg):
+    """One balancer per row of ROWS (a primed alpha cache for the amortized row)."""
     import numpy as np
 
     from marble.balancers import build_balancer
 
     out = {}
-    for method in BALANCERS:
-        bcfg = dataclasses.replace(cfg.balancer, method=method, diagnostics_every=10**9,
-                                   amortize_every=10**9, warmup_steps=0)
+    for row, (method, overrides, _, prime, _) in ROWS.items():
+        bcfg = dataclasses.replace(cfg.balancer, **{"method": method, "diagnostics_every": 0,
+                                                     **overrides})
         bal = build_balancer(bcfg, cfg.reward_names)
-        if method == "marble":  # a cached-alpha (amortized) step: prime the cache
+        if prime:  # a cached-alpha (amortized) step
             k = len(cfg.rewards)
-            bal.load_state_dict({"method": "marble", "reward_names": cfg.reward_names,
+            bal.load_state_dict({"method": method, "reward_names": cfg.reward_names,
                                  "alpha_cache": list(np.full(k, 1.0 / k)), "last_full": 0,
                                  "last_alpha": None})
-        out[method] = bal
+        out[row] = bal
     return out
 
 
-def one_micro_step(pipe, cfg, batch, balancer, params, autocast) -> None:
+def one_micro_step(pipe, cfg, batch, balancer, params, autocast, micro_index: int = 1) -> dict:
+    """Forwards + the balancer's backward on `batch`; the balancer's metrics."""
     import torch
 
     from marble.balancers import MicroStep
@@ -148,78 +119,124 @@ def one_micro_step(pipe, cfg, batch, balancer, params, autocast) -> None:
             v_old = velocity(tr, *args).float()
         with adapters_disabled(tr):
             v_ref = velocity(tr, *args).float()
-    with use_adapter(tr, "default"), autocast():
-        v_theta = velocity(tr, *args).float()
-    l_pos, l_neg = nft_terms(v_theta, v_old, batch["x0"], batch["x_t"], batch["sigma"], t.nft_beta)
-    step = MicroStep(
-        loss_per_sample=lambda r: nft_loss_from_terms(l_pos, l_neg, r, t.nft_beta, t.adv_clip),
-        kl=t.kl_beta * kl_loss(v_theta, v_ref).mean(), advantages=batch["adv"],
-        avg_advantage=batch["avg_adv"], scale=1.0, params=params, global_step=1,
-        micro_index=1, adv_clip=t.adv_clip)
-    balancer.backward(step)
+
+    def forward() -> MicroStep:  # also MicroStep.recompute: the same forward again
+        with use_adapter(tr, "default"), autocast():
+            v_theta = velocity(tr, *args).float()
+        l_pos, l_neg = nft_terms(v_theta, v_old, batch["x0"], batch["x_t"], batch["sigma"],
+                                 t.nft_beta)
+        return MicroStep(
+            loss_per_sample=lambda r: nft_loss_from_terms(l_pos, l_neg, r, t.nft_beta,
+                                                          t.adv_clip),
+            kl=t.kl_beta * kl_loss(v_theta, v_ref).mean(), advantages=batch["adv"],
+            avg_advantage=batch["avg_adv"], scale=1.0, params=params, global_step=1,
+            micro_index=micro_index, adv_clip=t.adv_clip, recompute=forward)
+
+    return balancer.backward(forward())
+
+
+def optimizer_step(optimizer, params, max_grad_norm: float) -> None:
+    import torch
+
+    torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _median_row(times, peaks) -> dict:
+    med = {k: statistics.median(p[k] for p in peaks) for k in ("total", "over_weights", "step")}
+    return {"step_s": statistics.median(times), "step_s_min": min(times), "step_s_all": times,
+            "peak_mb": med["total"], "peak_over_weights_mb": med["over_weights"],
+            "peak_step_mb": med["step"], "peak_mb_all": [p["total"] for p in peaks],
+            "peak_over_weights_mb_all": [p["over_weights"] for p in peaks]}
+
+
+def _ratio(a, b) -> float:
+    return a / b if b > 0 else float("nan")
+
+
+def summarize(result: dict, micro_steps_per_solve: int) -> dict:
+    """Ratios of every row to weighted_sum, and the `marble_run` estimate (see NOTES)."""
+    ws = result["weighted_sum"]
+    ratios = {m: {"time": _ratio(r["step_s"], ws["step_s"]),
+                  "memory": _ratio(r["peak_mb"], ws["peak_mb"]),
+                  "memory_over_weights": _ratio(r["peak_over_weights_mb"],
+                                                ws["peak_over_weights_mb"]),
+                  "memory_step": _ratio(r["peak_step_mb"], ws["peak_step_mb"])}
+              for m, r in result.items() if m != "weighted_sum"}
+    m, amortized = micro_steps_per_solve, result["marble"]
+    run = {}
+    for mode, full_row in (("retain", "mgda"), ("recompute", "marble_recompute")):
+        full = result[full_row]
+        step_s = ((m - 1) * amortized["step_s"] + full["step_s"]) / m
+        peak = {k: max(amortized[k], full[k]) for k in ("peak_mb", "peak_over_weights_mb")}
+        run[mode] = {"step_s": step_s, **peak, "time": _ratio(step_s, ws["step_s"]),
+                     "memory": _ratio(peak["peak_mb"], ws["peak_mb"]),
+                     "memory_over_weights": _ratio(peak["peak_over_weights_mb"],
+                                                   ws["peak_over_weights_mb"])}
+    ratios_min = {m: _ratio(result[m]["step_s_min"], ws["step_s_min"]) for m in ratios}
+    return {"ratios": ratios, "ratios_min_time": ratios_min,
+            "marble_run": {"micro_steps_per_solve": m, **run}}
 
 
 def bench_step(cfg, repeats: int = 5, warmup: int = 1, device: str | None = None,
                model_path: str | None = None) -> dict:
-    """Time the three balancers on one fixed micro-batch; the JSON-ready result."""
+    """Time every row of ROWS on one fixed micro-batch; the JSON-ready result."""
     import torch
 
+    from marble.config import grad_accumulation, training_timesteps
     from marble.models import load_pipeline
     from marble.models.lora import add_lora_adapters, trainable_lora_parameters
     from marble.trainer import _DTYPES, autocast_factory, upcast_lora_
 
-    _fix_malloc()
+    fix_malloc()
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     mp = cfg.model.mixed_precision if dev.type == "cuda" else "no"
     path = model_path or cfg.model.path
+    probe = MemoryProbe(dev)
     pipe = load_pipeline(path, dtype=_DTYPES[mp], device=dev)
     torch.manual_seed(cfg.train.seed)
     add_lora_adapters(pipe.transformer, rank=cfg.model.lora_rank, alpha=cfg.model.lora_alpha,
                       targets=cfg.model.lora_targets, seed=cfg.train.seed)
     upcast_lora_(pipe.transformer)
     params = trainable_lora_parameters(pipe.transformer)
+    weights_mb = probe.loaded()
+    t = cfg.train
+    optimizer = torch.optim.AdamW(params, lr=0.0, betas=tuple(t.adam_betas),
+                                  weight_decay=t.weight_decay, eps=t.adam_eps)
     autocast = autocast_factory(mp, dev)
-    batch = synthetic_batch(pipe, cfg, dev, seed=cfg.train.seed)
+    batch = synthetic_batch(pipe, cfg, dev, seed=t.seed)
     balancers = make_balancers(cfg)
-    probe = MemoryProbe(dev)
-    times = {m: [] for m in BALANCERS}
-    peaks = {m: [] for m in BALANCERS}
+    times = {m: [] for m in ROWS}
+    peaks = {m: [] for m in ROWS}
     for rep in range(warmup + repeats):
         order = BALANCERS if rep % 2 == 0 else BALANCERS[::-1]  # interleaved, alternating order
-        for method in order:
-            for p in params:
-                p.grad = None
+        for row in order:
+            optimizer.zero_grad(set_to_none=True)
             probe.start()
             start = time.perf_counter()
-            one_micro_step(pipe, cfg, batch, balancers[method], params, autocast)
+            one_micro_step(pipe, cfg, batch, balancers[row], params, autocast,
+                           micro_index=ROWS[row][2])
+            optimizer_step(optimizer, params, t.max_grad_norm)
             if dev.type == "cuda":
                 torch.cuda.synchronize()
             elapsed = time.perf_counter() - start
-            peak = probe.peak_mb()
+            peak = probe.peak()
             if rep >= warmup:
-                times[method].append(elapsed)
-                peaks[method].append(peak)
-    result = {m: {"step_s": statistics.median(times[m]), "peak_mb": statistics.median(peaks[m]),
-                  "step_s_min": min(times[m]), "step_s_all": times[m], "peak_mb_all": peaks[m]}
-              for m in BALANCERS}
-    ws = result["weighted_sum"]
-    ratios = {m: {"time": result[m]["step_s"] / ws["step_s"],
-                  "memory": (result[m]["peak_mb"] / ws["peak_mb"]) if ws["peak_mb"] > 0
-                  else float("nan")} for m in ("marble", "mgda")}
-    # Minimum-time ratios too: on a shared, loaded machine the minimum is the least noisy.
-    ratios_min = {m: result[m]["step_s_min"] / ws["step_s_min"] for m in ("marble", "mgda")}
+                times[row].append(elapsed)
+                peaks[row].append(peak)
+    result = {m: _median_row(times[m], peaks[m]) for m in ROWS}
+    per_solve = cfg.balancer.amortize_every * grad_accumulation(cfg) * training_timesteps(cfg)
     return {
-        "balancers": result, "ratios": ratios, "ratios_min_time": ratios_min,
+        "balancers": result, **summarize(result, per_solve),
+        "rows": {m: spec[4] for m, spec in ROWS.items()}, "weights_mb": weights_mb,
         "preset": cfg.preset, "model_path": path,
         "device": str(dev), "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
         "mixed_precision": mp, "memory_kind": probe.kind, "repeats": repeats, "warmup": warmup,
-        "batch_size": cfg.train.batch_size, "resolution": cfg.sampling.resolution,
-        "num_rewards": len(cfg.rewards), "lora_params": sum(p.numel() for p in params),
-        "torch": torch.__version__,
-        "notes": "one micro-step = forwards of v_old, v_ref, v_theta + the balancer backward; "
-                 "marble is an amortized (cached-alpha) step; mgda is a full solve "
-                 "(K per-reward backward passes + KL, plus the weighted-sum direction for the "
-                 "cosine diagnostics it logs on every solve).",
+        "threads": torch.get_num_threads(), "batch_size": t.batch_size,
+        "resolution": cfg.sampling.resolution, "num_rewards": len(cfg.rewards),
+        "lora_params": sum(p.numel() for p in params), "torch": torch.__version__,
+        "notes": NOTES,
     }
 
 
@@ -291,12 +308,19 @@ def bench_rollout(cfg, table: str, repeats: int = 3, device: str | None = None,
 
 def print_table(res: dict) -> None:
     print(f"bench step: preset={res['preset']} device={res['device']} "
-          f"mp={res['mixed_precision']} repeats={res['repeats']} memory={res['memory_kind']}")
-    print(f"{'balancer':<14}{'step_s':>10}{'peak_mb':>10}{'time x':>9}{'mem x':>9}")
-    for m, r in res["balancers"].items():
-        ratio = res["ratios"].get(m, {"time": 1.0, "memory": 1.0})
-        print(f"{m:<14}{r['step_s']:>10.4f}{r['peak_mb']:>10.1f}"
-              f"{ratio['time']:>9.3f}{ratio['memory']:>9.3f}")
+          f"mp={res['mixed_precision']} repeats={res['repeats']} threads={res['threads']} "
+          f"memory={res['memory_kind']}")
+    print(f"weights loaded: {res['weights_mb']:.1f} MB; x = ratio to weighted_sum "
+          "(time; memory total / over the loaded weights)")
+    print(f"{'row':<18}{'step_s':>9}{'total_mb':>10}{'over_w_mb':>10}{'time x':>8}"
+          f"{'mem x':>8}{'over_w x':>9}")
+    one = {"time": 1.0, "memory": 1.0, "memory_over_weights": 1.0}
+    rows = list(res["balancers"].items())
+    rows += [(f"marble_run:{mode}", res["marble_run"][mode]) for mode in ("retain", "recompute")]
+    for m, r in rows:
+        ratio = r if m.startswith("marble_run") else res["ratios"].get(m, one)
+        print(f"{m:<18}{r['step_s']:>9.4f}{r['peak_mb']:>10.1f}{r['peak_over_weights_mb']:>10.1f}"
+              f"{ratio['time']:>8.3f}{ratio['memory']:>8.3f}{ratio['memory_over_weights']:>9.3f}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -307,6 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", required=True, type=Path, help="output JSON file")
     s.add_argument("--repeats", type=int, default=5)
     s.add_argument("--warmup", type=int, default=1)
+    s.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's); 1 is steadier on a busy machine")
     s.add_argument("--config", action="append", default=[], metavar="FILE")
     s.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     s.add_argument("--device", choices=["cpu", "cuda"], default=None)
@@ -356,7 +382,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{res['rollout']['cache']['batch_s']:.4f} s per batch of {res['batch_size']} "
               f"(x{res['ratio_cache_to_encode']:.3f})")
         return 0
-    res = bench_step(cfg, args.repeats, args.warmup, args.device, model)
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, args.threads or threads))
+    try:
+        res = bench_step(cfg, args.repeats, args.warmup, args.device, model)
+    finally:  # a caller in the same process keeps its own setting
+        torch.set_num_threads(threads)
     write_json(args.json, res)
     print_table(res)
     return 0

@@ -394,3 +394,15 @@ def test_reward_absent_from_batch_logs_nan_loss_not_zero():
     adv[:, 1] = float("nan")
     _, m = toy.applied_grad(build_balancer(BalancerConfig(method="mgda"), NAMES), adv)
     assert np.isnan(m["loss/policy_r1"]) and np.isfinite(m["loss/policy"])
+
+
+def test_config_keys_of_the_balancer_are_checked():
+    from marble.config import ConfigError, load_config
+
+    assert load_config("tiny").balancer.full_solve == "retain"  # the reference's behaviour
+    cfg = load_config("tiny", overrides=["balancer.full_solve=recompute"])
+    assert cfg.balancer.full_solve == "recompute"
+    with pytest.raises(ConfigError, match="balancer.full_solve"):
+        load_config("tiny", overrides=["balancer.full_solve=sometimes"])
+    with pytest.raises(ConfigError, match="diagnostics_every"):
+        load_config("tiny", overrides=["balancer.diagnostics_every=-1"])
