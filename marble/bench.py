@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from marble.bench_memory import MemoryProbe, fix_malloc
+from marble.bench_rollout import bench_rollout
 
 # Row -> (method, balancer overrides, micro_index, prime the alpha cache, what it is).
 ROWS = {
@@ -44,7 +45,9 @@ NOTES = ("Timed per row: one micro-step = no-grad forwards of v_old (adapter 'ol
          "v_ref (adapters off), the v_theta forward, the balancer's backward (incl. its "
          "all-reduce calls, no-ops on one process) and the optimizer step (clip_grad_norm_, "
          "AdamW.step with lr 0 so every repeat sees the same weights, zero_grad), "
-         "CUDA-synchronised. One fixed synthetic batch; rows interleaved, order reversed "
+         "CUDA-synchronised: step_s is wall time; step_cpu_s the process CPU time (on a "
+         "shared CPU machine with --threads 1 the steadier measure of the work; meaningless "
+         "on a GPU). One fixed synthetic batch; rows interleaved, order reversed "
          "every other repeat; medians over repeats after warm-up. Rows run with "
          "diagnostics_every=0 unless named *_diag. Memory: peak_mb = total (weights, "
          "optimizer state and activations: what the paper's GB column measures), "
@@ -143,9 +146,27 @@ def optimizer_step(optimizer, params, max_grad_norm: float) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def _median_row(times, peaks) -> dict:
+def _interleaved(run, probe: MemoryProbe, repeats: int, warmup: int) -> dict:
+    """Every row per repeat, order reversed every other repeat; medians after warm-up."""
+    times, cpu, peaks = ({m: [] for m in ROWS} for _ in range(3))
+    for rep in range(warmup + repeats):
+        for row in (BALANCERS if rep % 2 == 0 else BALANCERS[::-1]):
+            probe.start()
+            start, start_cpu = time.perf_counter(), time.process_time()
+            run(row)
+            elapsed, used = time.perf_counter() - start, time.process_time() - start_cpu
+            peak = probe.peak()
+            if rep >= warmup:
+                times[row].append(elapsed)
+                cpu[row].append(used)
+                peaks[row].append(peak)
+    return {m: _median_row(times[m], cpu[m], peaks[m]) for m in ROWS}
+
+
+def _median_row(times, cpu, peaks) -> dict:
     med = {k: statistics.median(p[k] for p in peaks) for k in ("total", "over_weights", "step")}
     return {"step_s": statistics.median(times), "step_s_min": min(times), "step_s_all": times,
+            "step_cpu_s": statistics.median(cpu), "step_cpu_s_all": cpu,
             "peak_mb": med["total"], "peak_over_weights_mb": med["over_weights"],
             "peak_step_mb": med["step"], "peak_mb_all": [p["total"] for p in peaks],
             "peak_over_weights_mb_all": [p["over_weights"] for p in peaks]}
@@ -159,6 +180,7 @@ def summarize(result: dict, micro_steps_per_solve: int) -> dict:
     """Ratios of every row to weighted_sum, and the `marble_run` estimate (see NOTES)."""
     ws = result["weighted_sum"]
     ratios = {m: {"time": _ratio(r["step_s"], ws["step_s"]),
+                  "time_cpu": _ratio(r["step_cpu_s"], ws["step_cpu_s"]),
                   "memory": _ratio(r["peak_mb"], ws["peak_mb"]),
                   "memory_over_weights": _ratio(r["peak_over_weights_mb"],
                                                 ws["peak_over_weights_mb"]),
@@ -168,9 +190,12 @@ def summarize(result: dict, micro_steps_per_solve: int) -> dict:
     run = {}
     for mode, full_row in (("retain", "mgda"), ("recompute", "marble_recompute")):
         full = result[full_row]
-        step_s = ((m - 1) * amortized["step_s"] + full["step_s"]) / m
+        step_s, step_cpu_s = (((m - 1) * amortized[k] + full[k]) / m
+                              for k in ("step_s", "step_cpu_s"))
         peak = {k: max(amortized[k], full[k]) for k in ("peak_mb", "peak_over_weights_mb")}
-        run[mode] = {"step_s": step_s, **peak, "time": _ratio(step_s, ws["step_s"]),
+        run[mode] = {"step_s": step_s, "step_cpu_s": step_cpu_s, **peak,
+                     "time": _ratio(step_s, ws["step_s"]),
+                     "time_cpu": _ratio(step_cpu_s, ws["step_cpu_s"]),
                      "memory": _ratio(peak["peak_mb"], ws["peak_mb"]),
                      "memory_over_weights": _ratio(peak["peak_over_weights_mb"],
                                                    ws["peak_over_weights_mb"])}
@@ -207,25 +232,16 @@ def bench_step(cfg, repeats: int = 5, warmup: int = 1, device: str | None = None
     autocast = autocast_factory(mp, dev)
     batch = synthetic_batch(pipe, cfg, dev, seed=t.seed)
     balancers = make_balancers(cfg)
-    times = {m: [] for m in ROWS}
-    peaks = {m: [] for m in ROWS}
-    for rep in range(warmup + repeats):
-        order = BALANCERS if rep % 2 == 0 else BALANCERS[::-1]  # interleaved, alternating order
-        for row in order:
-            optimizer.zero_grad(set_to_none=True)
-            probe.start()
-            start = time.perf_counter()
-            one_micro_step(pipe, cfg, batch, balancers[row], params, autocast,
-                           micro_index=ROWS[row][2])
-            optimizer_step(optimizer, params, t.max_grad_norm)
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            elapsed = time.perf_counter() - start
-            peak = probe.peak()
-            if rep >= warmup:
-                times[row].append(elapsed)
-                peaks[row].append(peak)
-    result = {m: _median_row(times[m], peaks[m]) for m in ROWS}
+
+    def run(row: str) -> None:
+        one_micro_step(pipe, cfg, batch, balancers[row], params, autocast,
+                       micro_index=ROWS[row][2])
+        optimizer_step(optimizer, params, t.max_grad_norm)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    optimizer.zero_grad(set_to_none=True)
+    result = _interleaved(run, probe, repeats, warmup)
     per_solve = cfg.balancer.amortize_every * grad_accumulation(cfg) * training_timesteps(cfg)
     return {
         "balancers": result, **summarize(result, per_solve),
@@ -240,87 +256,22 @@ def bench_step(cfg, repeats: int = 5, warmup: int = 1, device: str | None = None
     }
 
 
-def bench_rollout(cfg, table: str, repeats: int = 3, device: str | None = None,
-                  model_path: str | None = None, cache_dir: str | None = None) -> dict:
-    """One rollout batch (embeddings + old-policy sampling + decode), encoding the prompts
-    vs reading them from the embedding cache (built in a temp folder when not given)."""
-    import tempfile
-
-    import torch
-
-    from marble.data import load_table
-    from marble.data.embed_cache import EmbeddingCache, build_cache
-    from marble.models import load_pipeline
-    from marble.models.encode import decode_latents, encode_prompts, latent_shape
-    from marble.models.lora import add_lora_adapters, use_adapter
-    from marble.sampling import sample_latents, sigma_schedule
-    from marble.trainer import _DTYPES, autocast_factory
-
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    mp = cfg.model.mixed_precision if dev.type == "cuda" else "no"
-    path = model_path or cfg.model.path
-    pipe = load_pipeline(path, dtype=_DTYPES[mp], device=dev)
-    add_lora_adapters(pipe.transformer, rank=cfg.model.lora_rank, alpha=cfg.model.lora_alpha,
-                      targets=cfg.model.lora_targets, seed=cfg.train.seed)
-    s, msl = cfg.sampling, cfg.model.max_sequence_length
-    k = s.images_per_prompt
-    uniq = load_table(table)["prompt"].tolist()[: max(1, s.batch_size // k)]
-    prompts = [p for p in uniq for _ in range(k)][: s.batch_size]
-    tmp = tempfile.TemporaryDirectory() if cache_dir is None else None
-    cache_dir = cache_dir or tmp.name
-    build_start = time.perf_counter()
-    build_cache([table], path, cache_dir, max_sequence_length=msl, pipe=pipe,
-                dtype=str(_DTYPES[mp]).replace("torch.", ""), device=str(dev))
-    build_s = time.perf_counter() - build_start
-    cache = EmbeddingCache(cache_dir)
-    sigmas = sigma_schedule(pipe.scheduler, s.num_steps).to(dev, torch.float32)
-    noise = torch.randn((len(prompts), *latent_shape(pipe, s.resolution)),
-                        generator=torch.Generator().manual_seed(0)).to(dev)
-    autocast = autocast_factory(mp, dev)
-
-    def one(source: str) -> float:
-        start = time.perf_counter()
-        with torch.no_grad():
-            if source == "cache":
-                emb, pooled = (t.to(dev) for t in cache.lookup(prompts))
-            else:
-                emb, pooled = encode_prompts(pipe, prompts, msl)
-            with use_adapter(pipe.transformer, "old"), autocast():
-                x0 = sample_latents(pipe.transformer, noise, emb, pooled, sigmas, s.solver)
-            decode_latents(pipe, x0.float())
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - start
-
-    times = {"encode": [], "cache": []}
-    one("encode"), one("cache")  # warm-up
-    for rep in range(repeats):
-        for source in (("encode", "cache") if rep % 2 == 0 else ("cache", "encode")):
-            times[source].append(one(source))
-    if tmp is not None:
-        tmp.cleanup()
-    med = {src: statistics.median(v) for src, v in times.items()}
-    return {"rollout": {src: {"batch_s": med[src], "batch_s_all": times[src]} for src in times},
-            "ratio_cache_to_encode": med["cache"] / med["encode"], "cache_build_s": build_s,
-            "batch_size": len(prompts), "num_steps": s.num_steps, "resolution": s.resolution,
-            "preset": cfg.preset, "model_path": path, "device": str(dev), "repeats": repeats}
-
-
 def print_table(res: dict) -> None:
     print(f"bench step: preset={res['preset']} device={res['device']} "
           f"mp={res['mixed_precision']} repeats={res['repeats']} threads={res['threads']} "
           f"memory={res['memory_kind']}")
     print(f"weights loaded: {res['weights_mb']:.1f} MB; x = ratio to weighted_sum "
           "(time; memory total / over the loaded weights)")
-    print(f"{'row':<18}{'step_s':>9}{'total_mb':>10}{'over_w_mb':>10}{'time x':>8}"
-          f"{'mem x':>8}{'over_w x':>9}")
-    one = {"time": 1.0, "memory": 1.0, "memory_over_weights": 1.0}
+    print(f"{'row':<22}{'step_s':>8}{'cpu_s':>8}{'total_mb':>10}{'over_w_mb':>10}"
+          f"{'time x':>8}{'cpu x':>7}{'mem x':>7}{'over_w x':>9}")
+    one = {"time": 1.0, "time_cpu": 1.0, "memory": 1.0, "memory_over_weights": 1.0}
     rows = list(res["balancers"].items())
     rows += [(f"marble_run:{mode}", res["marble_run"][mode]) for mode in ("retain", "recompute")]
     for m, r in rows:
         ratio = r if m.startswith("marble_run") else res["ratios"].get(m, one)
-        print(f"{m:<18}{r['step_s']:>9.4f}{r['peak_mb']:>10.1f}{r['peak_over_weights_mb']:>10.1f}"
-              f"{ratio['time']:>8.3f}{ratio['memory']:>8.3f}{ratio['memory_over_weights']:>9.3f}")
+        print(f"{m:<22}{r['step_s']:>8.4f}{r['step_cpu_s']:>8.4f}{r['peak_mb']:>10.1f}"
+              f"{r['peak_over_weights_mb']:>10.1f}{ratio['time']:>8.3f}{ratio['time_cpu']:>7.3f}"
+              f"{ratio['memory']:>7.3f}{ratio['memory_over_weights']:>9.3f}")
 
 
 def build_parser() -> argparse.ArgumentParser:

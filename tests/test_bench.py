@@ -44,7 +44,8 @@ def test_summarize_marble_run_is_amortized_mix_and_max_peak():
     from marble.bench import summarize
 
     def row(s, total, over):
-        return {"step_s": s, "step_s_min": s, "peak_mb": total, "peak_over_weights_mb": over,
+        return {"step_s": s, "step_s_min": s, "step_cpu_s": s, "peak_mb": total,
+                "peak_over_weights_mb": over,
                 "peak_step_mb": over}
 
     result = {"weighted_sum": row(1.0, 100.0, 10.0), "marble": row(1.0, 101.0, 11.0),
