@@ -86,14 +86,15 @@ def synthetic_batch(pipe, cfg, device, seed: int = 0):
     return {key: v.to(device) for key, v in batch.items()}
 
 
-def make_balancers(cfg):
+def make_balancers(cfg, rows=tuple(ROWS)):
     """One balancer per row of ROWS (a primed alpha cache for the amortized row)."""
     import numpy as np
 
     from marble.balancers import build_balancer
 
     out = {}
-    for row, (method, overrides, _, prime, _) in ROWS.items():
+    for row in rows:
+        method, overrides, _, prime, _ = ROWS[row]
         bcfg = dataclasses.replace(cfg.balancer, **{"method": method, "diagnostics_every": 0,
                                                      **overrides})
         bal = build_balancer(bcfg, cfg.reward_names)
@@ -146,11 +147,11 @@ def optimizer_step(optimizer, params, max_grad_norm: float) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def _interleaved(run, probe: MemoryProbe, repeats: int, warmup: int) -> dict:
+def _interleaved(run, probe: MemoryProbe, repeats: int, warmup: int, rows: tuple) -> dict:
     """Every row per repeat, order reversed every other repeat; medians after warm-up."""
-    times, cpu, peaks = ({m: [] for m in ROWS} for _ in range(3))
+    times, cpu, peaks = ({m: [] for m in rows} for _ in range(3))
     for rep in range(warmup + repeats):
-        for row in (BALANCERS if rep % 2 == 0 else BALANCERS[::-1]):
+        for row in (rows if rep % 2 == 0 else rows[::-1]):
             probe.start()
             start, start_cpu = time.perf_counter(), time.process_time()
             run(row)
@@ -160,7 +161,7 @@ def _interleaved(run, probe: MemoryProbe, repeats: int, warmup: int) -> dict:
                 times[row].append(elapsed)
                 cpu[row].append(used)
                 peaks[row].append(peak)
-    return {m: _median_row(times[m], cpu[m], peaks[m]) for m in ROWS}
+    return {m: _median_row(times[m], cpu[m], peaks[m]) for m in rows}
 
 
 def _median_row(times, cpu, peaks) -> dict:
@@ -172,6 +173,12 @@ def _median_row(times, cpu, peaks) -> dict:
             "peak_over_weights_mb_all": [p["over_weights"] for p in peaks]}
 
 
+def _paired(xs, ys) -> float:
+    if not xs or not ys or len(xs) != len(ys):
+        return float("nan")
+    return statistics.median(_ratio(x, y) for x, y in zip(xs, ys))
+
+
 def _ratio(a, b) -> float:
     return a / b if b > 0 else float("nan")
 
@@ -181,14 +188,20 @@ def summarize(result: dict, micro_steps_per_solve: int) -> dict:
     ws = result["weighted_sum"]
     ratios = {m: {"time": _ratio(r["step_s"], ws["step_s"]),
                   "time_cpu": _ratio(r["step_cpu_s"], ws["step_cpu_s"]),
+                  # median over repeats of this row / weighted_sum in the same repeat: steadier
+                  # when the machine's load drifts
+                  "time_paired": _paired(r.get("step_s_all"), ws.get("step_s_all")),
+                  "time_cpu_paired": _paired(r.get("step_cpu_s_all"), ws.get("step_cpu_s_all")),
                   "memory": _ratio(r["peak_mb"], ws["peak_mb"]),
                   "memory_over_weights": _ratio(r["peak_over_weights_mb"],
                                                 ws["peak_over_weights_mb"]),
                   "memory_step": _ratio(r["peak_step_mb"], ws["peak_step_mb"])}
               for m, r in result.items() if m != "weighted_sum"}
-    m, amortized = micro_steps_per_solve, result["marble"]
+    m, amortized = micro_steps_per_solve, result.get("marble")
     run = {}
     for mode, full_row in (("retain", "mgda"), ("recompute", "marble_recompute")):
+        if amortized is None or full_row not in result:
+            continue
         full = result[full_row]
         step_s, step_cpu_s = (((m - 1) * amortized[k] + full[k]) / m
                               for k in ("step_s", "step_cpu_s"))
@@ -205,8 +218,12 @@ def summarize(result: dict, micro_steps_per_solve: int) -> dict:
 
 
 def bench_step(cfg, repeats: int = 5, warmup: int = 1, device: str | None = None,
-               model_path: str | None = None) -> dict:
-    """Time every row of ROWS on one fixed micro-batch; the JSON-ready result."""
+               model_path: str | None = None, rows: tuple = BALANCERS) -> dict:
+    """Time `rows` (default: all of ROWS) on one fixed micro-batch; the JSON-ready result."""
+    unknown = sorted(set(rows) - set(ROWS))
+    if unknown or "weighted_sum" not in rows:
+        raise ValueError(f"bench rows {unknown or list(rows)}: pick from {list(ROWS)}, "
+                         "weighted_sum included (the ratios' base)")
     import torch
 
     from marble.config import grad_accumulation, training_timesteps
@@ -231,7 +248,7 @@ def bench_step(cfg, repeats: int = 5, warmup: int = 1, device: str | None = None
                                   weight_decay=t.weight_decay, eps=t.adam_eps)
     autocast = autocast_factory(mp, dev)
     batch = synthetic_batch(pipe, cfg, dev, seed=t.seed)
-    balancers = make_balancers(cfg)
+    balancers = make_balancers(cfg, rows)
 
     def run(row: str) -> None:
         one_micro_step(pipe, cfg, batch, balancers[row], params, autocast,
@@ -241,11 +258,11 @@ def bench_step(cfg, repeats: int = 5, warmup: int = 1, device: str | None = None
             torch.cuda.synchronize()
 
     optimizer.zero_grad(set_to_none=True)
-    result = _interleaved(run, probe, repeats, warmup)
+    result = _interleaved(run, probe, repeats, warmup, tuple(rows))
     per_solve = cfg.balancer.amortize_every * grad_accumulation(cfg) * training_timesteps(cfg)
     return {
         "balancers": result, **summarize(result, per_solve),
-        "rows": {m: spec[4] for m, spec in ROWS.items()}, "weights_mb": weights_mb,
+        "rows": {m: ROWS[m][4] for m in rows}, "weights_mb": weights_mb,
         "preset": cfg.preset, "model_path": path,
         "device": str(dev), "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
         "mixed_precision": mp, "memory_kind": probe.kind, "repeats": repeats, "warmup": warmup,
@@ -266,7 +283,8 @@ def print_table(res: dict) -> None:
           f"{'time x':>8}{'cpu x':>7}{'mem x':>7}{'over_w x':>9}")
     one = {"time": 1.0, "time_cpu": 1.0, "memory": 1.0, "memory_over_weights": 1.0}
     rows = list(res["balancers"].items())
-    rows += [(f"marble_run:{mode}", res["marble_run"][mode]) for mode in ("retain", "recompute")]
+    rows += [(f"marble_run:{mode}", res["marble_run"][mode]) for mode in ("retain", "recompute")
+             if mode in res["marble_run"]]
     for m, r in rows:
         ratio = r if m.startswith("marble_run") else res["ratios"].get(m, one)
         print(f"{m:<22}{r['step_s']:>8.4f}{r['step_cpu_s']:>8.4f}{r['peak_mb']:>10.1f}"
@@ -282,6 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", required=True, type=Path, help="output JSON file")
     s.add_argument("--repeats", type=int, default=5)
     s.add_argument("--warmup", type=int, default=1)
+    s.add_argument("--rows", default=",".join(ROWS),
+                   help=f"comma-separated subset of {','.join(ROWS)} (weighted_sum included)")
     s.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's); 1 is steadier on a busy machine")
     s.add_argument("--config", action="append", default=[], metavar="FILE")
@@ -318,6 +338,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1 or args.warmup < 0:
         print("marble bench: error: --repeats must be >= 1 and --warmup >= 0", file=sys.stderr)
         raise SystemExit(2)
+    rows = tuple(r.strip() for r in getattr(args, "rows", "").split(",") if r.strip())
+    if args.what == "step" and (set(rows) - set(ROWS) or "weighted_sum" not in rows):
+        print(f"marble bench: error: --rows {args.rows!r}: pick from {', '.join(ROWS)}, "
+              "weighted_sum included", file=sys.stderr)
+        raise SystemExit(2)
     model = args.model
     path = cfg.model.path
     if model is None and not path.startswith("random:") and path.count("/") >= 2 \
@@ -338,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, args.threads or threads))
     try:
-        res = bench_step(cfg, args.repeats, args.warmup, args.device, model)
+        res = bench_step(cfg, args.repeats, args.warmup, args.device, model, rows)
     finally:  # a caller in the same process keeps its own setting
         torch.set_num_threads(threads)
     write_json(args.json, res)

@@ -118,3 +118,20 @@ def test_bench_rollout_cache_vs_encode(tiny_model_dir, tmp_path):
     assert res["batch_size"] == 4
     assert res["rollout"]["encode"]["batch_s"] > 0 and res["rollout"]["cache"]["batch_s"] > 0
     assert res["ratio_cache_to_encode"] > 0
+
+
+def test_bench_rows_subset_and_bad_rows(tmp_path, capsys):
+    from marble.bench import summarize
+
+    with pytest.raises(SystemExit) as exc:
+        bench_main(["step", "--preset", "tiny", "--json", str(tmp_path / "x.json"),
+                    "--rows", "marble,nope"])
+    assert exc.value.code == 2 and "--rows 'marble,nope'" in capsys.readouterr().err
+    # ratios of a subset; paired ratio = median over repeats of row / weighted_sum
+    base = {"step_s": 1.0, "step_s_min": 1.0, "step_cpu_s": 1.0, "peak_mb": 10.0,
+            "peak_over_weights_mb": 1.0, "peak_step_mb": 1.0}
+    result = {"weighted_sum": {**base, "step_s_all": [1.0, 2.0, 4.0]},
+              "marble": {**base, "step_s_all": [1.1, 2.2, 4.4]}}
+    out = summarize(result, micro_steps_per_solve=5)
+    assert out["ratios"]["marble"]["time_paired"] == pytest.approx(1.1)
+    assert set(out["marble_run"]) == {"micro_steps_per_solve"}
