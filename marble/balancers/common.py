@@ -94,9 +94,9 @@ def flat_grad(loss: torch.Tensor, params: list, retain: bool = True) -> torch.Te
     ])
 
 
-def all_reduce_mean(vec: torch.Tensor) -> torch.Tensor:
-    """Mean over ranks (a copy); identity on one process."""
-    return dist.all_reduce_mean(vec)
+def all_reduce_mean_(vec: torch.Tensor) -> torch.Tensor:
+    """Mean over ranks, in place (no copy of a gradient-sized vector); identity on one process."""
+    return dist.all_reduce_mean_(vec)
 
 
 def zero_nonfinite(vec: torch.Tensor) -> tuple[torch.Tensor, int]:

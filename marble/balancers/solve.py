@@ -16,7 +16,7 @@ import torch
 
 from marble.balance import min_norm_weights
 from marble.balancers.common import (
-    MicroStep, all_reduce_mean, cosines, dot64, flat_grad, flat_zeros, with_graph_of,
+    MicroStep, all_reduce_mean_, cosines, dot64, flat_grad, flat_zeros, with_graph_of,
     zero_nonfinite,
 )
 
@@ -48,9 +48,9 @@ def reduce_reward_grads(local: list[torch.Tensor], grad_eps: float):
     """All-reduced per-reward gradients (non-finite entries zeroed before and after the
     reduction), their float64 norms, validity (finite, norm > eps) and the zeroed count."""
     grads, nonfinite = [], 0
-    for g in local:
+    for g in local:  # in place: the local vectors are not used afterwards
         g, bad = zero_nonfinite(g)
-        g, bad_after = zero_nonfinite(all_reduce_mean(g))
+        g, bad_after = zero_nonfinite(all_reduce_mean_(g))
         grads.append(g)
         nonfinite += bad + bad_after
     norms = np.array([np.sqrt(max(dot64(g, g), 0.0)) for g in grads])
@@ -70,16 +70,21 @@ def combine(grads, norms, valid) -> tuple[torch.Tensor, np.ndarray, bool]:
     if len(idx) == 1:
         alpha[idx[0]] = 1.0
         return grads[idx[0]].clone(), alpha, False
-    units = [grads[k] * float(1.0 / norms[k]) for k in idx]
-    gram = np.array([[dot64(u, v) for v in units] for u in units])
+    # Gram of the unit gradients from the raw ones (<g_k, g_l> / (|g_k| |g_l|)) and the
+    # direction accumulated in place: no K unit-vector copies of gradient size in memory.
+    gram = np.array([[dot64(grads[k], grads[l]) / (norms[k] * norms[l]) for l in idx]
+                     for k in idx])
     failed = False
     try:
         a = min_norm_weights(gram)
     except (ValueError, RuntimeError, np.linalg.LinAlgError):
         failed, a = True, np.full(len(idx), 1.0 / len(idx))
-    direction = sum(float(w) * u for w, u in zip(a, units))
+    direction = torch.zeros_like(grads[idx[0]])
+    mean_norm = float(norms[idx].mean())
+    for w, k in zip(a, idx):
+        direction.add_(grads[k], alpha=float(w) * mean_norm / float(norms[k]))
     alpha[idx] = a
-    return direction * float(norms[idx].mean()), alpha, failed
+    return direction, alpha, failed
 
 
 def cosine_metrics(names, directions: list[tuple[str, torch.Tensor]], grads, norms,

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from marble.balancers.common import (
-    MicroStep, add_into_grads, all_reduce_mean, amortized_loss, reward_loss, weighted_sum_loss,
+    MicroStep, add_into_grads, all_reduce_mean_, amortized_loss, reward_loss, weighted_sum_loss,
     zero_nonfinite,
 )
 from marble.balancers.solve import combine, cosine_metrics, gradient_passes, reduce_reward_grads
@@ -129,10 +129,11 @@ class Balancer:
         fns = [self.policy_loss, *self._reward_fns(step)]
         fns += ([] if ws_applied else [weighted_sum_loss]) + [_kl]
         local, values = gradient_passes(step, fns, self.recompute)
-        add_into_grads(step.params, local[0] + local[-1])
-        applied = all_reduce_mean(local[0])
+        add_into_grads(step.params, local[0])
+        add_into_grads(step.params, local[-1])
+        applied = all_reduce_mean_(local[0])  # in place from here: p.grad has its own copy
         grads, norms, valid, _ = reduce_reward_grads(local[1:1 + k], self.cfg.grad_eps)
-        ws = applied if ws_applied else all_reduce_mean(local[1 + k])
+        ws = applied if ws_applied else all_reduce_mean_(local[1 + k])
         out = cosine_metrics(self.reward_names, [("cos", applied), ("cos_ws", ws)],
                              grads, norms, valid)
         out.update(self._reward_metrics(norms, values[1:1 + k]))
@@ -156,7 +157,7 @@ class Balancer:
         fns = [*self._reward_fns(step), _kl] + ([weighted_sum_loss] if with_ws else [])
         local, values = gradient_passes(step, fns, self.recompute)
         grads, norms, valid, nonfinite = reduce_reward_grads(local[:k], self.cfg.grad_eps)
-        kl_grad, bad = zero_nonfinite(all_reduce_mean(local[k]))
+        kl_grad, bad = zero_nonfinite(all_reduce_mean_(local[k]))
         combined, alpha, failed = combine(grads, norms, valid)
         self.solver_fallbacks += int(failed)  # reference: uniform alpha on solver failure
         metrics = self._reward_metrics(norms, values[:k])
@@ -169,9 +170,10 @@ class Balancer:
         if diagnostics:
             dirs = [("cos", combined)]
             if with_ws:
-                dirs.append(("cos_ws", all_reduce_mean(local[k + 1])))
+                dirs.append(("cos_ws", all_reduce_mean_(local[k + 1])))
             metrics.update(cosine_metrics(self.reward_names, dirs, grads, norms, valid))
-        add_into_grads(step.params, combined + kl_grad)
+        del local, grads
+        add_into_grads(step.params, combined.add_(kl_grad))
         self.solved(step, alpha, valid, metrics)
         return metrics
 
