@@ -384,9 +384,10 @@ def test_strategies_share_one_contract_and_old_state_loads():
     bal.load_state_dict(old)
     assert bal.state_dict() == old
     assert not bal.wants_full_solve(Toy(0).step(_adv(0), global_step=8))
-    build_balancer(BalancerConfig(), NAMES, weights=[1.0, 1.0, 1.0])  # uniform: accepted
-    with pytest.raises(ValueError, match="QP weights are not supported"):
-        build_balancer(BalancerConfig(), NAMES, weights=[1.0, 2.0, 1.0])
+    build_balancer(BalancerConfig(), NAMES, weights=[1.0, 1.0, 1.0])  # all ones: accepted
+    for weights in ([1.0, 2.0, 1.0], [2.0, 2.0, 2.0]):  # would scale or tilt the direction
+        with pytest.raises(ValueError, match="QP weights are not supported"):
+            build_balancer(BalancerConfig(), NAMES, weights=weights)
 
 
 def test_reward_absent_from_batch_logs_nan_loss_not_zero():

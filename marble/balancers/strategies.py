@@ -41,8 +41,8 @@ class Balancer:
         if k == 0:
             raise ValueError("a balancer needs at least one reward name")
         # The reference's optional per-reward QP weights (pareto.weights) are off in its
-        # release and were never used here: refuse any but uniform ones rather than ignore.
-        if weights is not None and (len(weights) != k or len(set(map(float, weights))) > 1):
+        # release and were never used here: refuse any but all-ones rather than ignore them.
+        if weights is not None and (len(weights) != k or any(float(w) != 1.0 for w in weights)):
             raise ValueError(f"per-reward QP weights are not supported (got {weights}); "
                              "reward weights of the weighted sum live in `rewards[].weight`")
         self.alpha_cache: np.ndarray | None = None
