@@ -90,8 +90,13 @@ class BalancerConfig:
     # presets False, the tiny ones and the `rho_07_exact` ablation True.
     exact_masking: bool = True
     # Per-reward gradients and cosines on the first micro-step of every n-th optimizer
-    # step, for every balancer (the weighted sum too, so the report can compare).
+    # step, for every balancer (the weighted sum too, so the report can compare); 0 = none,
+    # not even the cosines of full solves (the reference logs none).
     diagnostics_every: int = 10
+    # Full solves: `retain` keeps one forward's graph for the K per-reward backward passes
+    # (the reference); `recompute` runs one forward + backward per reward on the same
+    # micro-batch instead: same gradients, no retained graph, a plain step's peak memory.
+    full_solve: Literal["retain", "recompute"] = "retain"
 
 
 @dataclass
@@ -286,6 +291,8 @@ def validate(cfg: RunConfig, origin: str = "config") -> None:
         raise ConfigError(f"{origin}: `train.timestep_fraction` must be in (0, 1]")
     if not 0 <= b.alpha_ema < 1:
         raise ConfigError(f"{origin}: `balancer.alpha_ema` must be in [0, 1)")
+    if b.diagnostics_every < 0:
+        raise ConfigError(f"{origin}: `balancer.diagnostics_every` must be >= 0 (0 = off)")
     if b.fixed_alphas is not None:
         if len(b.fixed_alphas) != len(names) or abs(sum(b.fixed_alphas) - 1) > 1e-6:
             raise ConfigError(

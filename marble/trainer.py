@@ -245,21 +245,27 @@ class Trainer:
                 v_old = velocity(tr, x_t, sig, emb, pooled).float()
             with adapters_disabled(tr):
                 v_ref = velocity(tr, x_t, sig, emb, pooled).float()
-        with use_adapter(tr, "default"), self.autocast():
-            v_theta = velocity(tr, x_t, sig, emb, pooled).float()
-        l_pos, l_neg = nft_terms(v_theta, v_old, x0, x_t, sig, t.nft_beta)
         # fp16: scale both terms by the GradScaler's factor; every balancer is
         # positively homogeneous in the gradients, so unscale_ later undoes it exactly.
         loss_scale = float(self.scaler.get_scale()) if self.scaler is not None else 1.0
-        kl_term = t.kl_beta * kl_loss(v_theta, v_ref).mean()
 
-        def loss_per_sample(r: torch.Tensor) -> torch.Tensor:
-            return nft_loss_from_terms(l_pos, l_neg, r, t.nft_beta, t.adv_clip) * loss_scale
+        def forward():  # the v_theta forward; also MicroStep.recompute (full_solve: recompute)
+            with use_adapter(tr, "default"), self.autocast():
+                v_theta = velocity(tr, x_t, sig, emb, pooled).float()
+            l_pos, l_neg = nft_terms(v_theta, v_old, x0, x_t, sig, t.nft_beta)
+            kl_term = t.kl_beta * kl_loss(v_theta, v_ref).mean()
 
-        step = MicroStep(
-            loss_per_sample=loss_per_sample, kl=kl_term * loss_scale,
-            advantages=ro.advantages[idx], avg_advantage=ro.avg_advantage[idx], scale=scale,
-            params=self.params, global_step=self.step, micro_index=micro, adv_clip=t.adv_clip)
+            def loss_per_sample(r: torch.Tensor) -> torch.Tensor:
+                return nft_loss_from_terms(l_pos, l_neg, r, t.nft_beta, t.adv_clip) * loss_scale
+
+            step = MicroStep(
+                loss_per_sample=loss_per_sample, kl=kl_term * loss_scale,
+                advantages=ro.advantages[idx], avg_advantage=ro.avg_advantage[idx],
+                scale=scale, params=self.params, global_step=self.step, micro_index=micro,
+                adv_clip=t.adv_clip, recompute=lambda: forward()[0])
+            return step, l_pos, l_neg, kl_term
+
+        step, l_pos, l_neg, kl_term = forward()
         metrics = dict(self.balancer.backward(step))
         with torch.no_grad():
             r_avg = optimality_prob(torch.nan_to_num(ro.avg_advantage[idx], nan=0.0), t.adv_clip)

@@ -200,3 +200,19 @@ def test_cli_error_in_subprocess(tmp_path):
     assert proc.stderr.strip().splitlines()[-1].startswith("marble train: error:")
     assert "balancer.bogus" in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_recompute_full_solves_train_like_retain(tiny_model_dir, table_path, tmp_path):
+    """`balancer.full_solve: recompute` (one forward per pass, via MicroStep.recompute in the
+    trainer) ends with the adapters of the retained-graph run: full solves on step 0,
+    amortized steps with diagnostics on step 1."""
+    final = {}
+    for mode in ("retain", "recompute"):
+        run = tmp_path / mode
+        argv = small_args(tiny_model_dir, table_path, run, "marble",
+                          extra=(f"balancer.full_solve={mode}",)) + ["--max-steps", "2"]
+        assert train_main(argv) == 0
+        final[mode] = adapters(run, 2)
+        assert [r["full_solve"] for r in read_metrics(run)] == [1.0, 0.0]
+    for key, value in final["retain"].items():
+        torch.testing.assert_close(final["recompute"][key], value, rtol=1e-5, atol=1e-6)
