@@ -16,7 +16,7 @@ The amortized step backpropagates scale * (sum_k alpha_k L_k + KL) with masked L
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -44,6 +44,10 @@ class MicroStep:
     global_step: int
     micro_index: int  # 0 for the first micro-step of an optimizer step
     adv_clip: float = 5.0
+    # fp16: the run's torch.amp.GradScaler. Every backward goes through scaler.scale(...),
+    # so .grad holds scaled gradients for unscale_; per-reward gradients of full solves
+    # are unscaled before the QP and the result scaled back (reference train.py).
+    grad_scaler: Any = None
 
 
 # ------------------------------------------------------------------ vector helpers
@@ -68,6 +72,23 @@ def _flat_grad(loss: torch.Tensor, params: list) -> torch.Tensor:
         (g if g is not None else torch.zeros_like(p)).reshape(-1).float()
         for g, p in zip(grads, params)
     ])
+
+
+def _scaled(step: MicroStep, loss: torch.Tensor) -> torch.Tensor:
+    """`loss` times the GradScaler's factor (the scaler's own `scale`, which also
+    initialises it); unchanged without a scaler."""
+    return loss if step.grad_scaler is None else step.grad_scaler.scale(loss)
+
+
+def _loss_scale(step: MicroStep) -> float:
+    return 1.0 if step.grad_scaler is None else float(step.grad_scaler.get_scale())
+
+
+def _unscaled_grad(step: MicroStep, loss: torch.Tensor) -> torch.Tensor:
+    """Gradient of `loss` (computed on the scaled loss, so fp16 does not underflow),
+    divided back by the scale: the gradient of `loss` itself."""
+    grad = _flat_grad(_scaled(step, loss), step.params)
+    return grad if step.grad_scaler is None else grad / _loss_scale(step)
 
 
 def _zero_nonfinite(vec: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -237,10 +258,10 @@ class Balancer:
         if alpha is not None:
             metrics.update({f"alpha/{n}": float(a) for n, a in zip(self.reward_names, alpha)})
         if diagnostics:
-            applied = _all_reduce_mean(_flat_grad(step.scale * policy, step.params))
+            applied = _all_reduce_mean(_unscaled_grad(step, step.scale * policy))
             metrics.update(self._diagnostics(step, applied, with_ws=True))
         total = step.scale * (policy + kl)
-        torch.autograd.backward(total, inputs=list(step.params))
+        torch.autograd.backward(_scaled(step, total), inputs=list(step.params))
         return metrics
 
     # -------------------------------------------------------------- full solve
@@ -250,7 +271,7 @@ class Balancer:
         losses, counts = reward_losses(step)
         grads, nonfinite = [], 0
         for loss, count in zip(losses, counts):
-            local = _flat_grad(step.scale * loss, step.params) if int(count) > 0 else None
+            local = _unscaled_grad(step, step.scale * loss) if int(count) > 0 else None
             if local is None:
                 local = torch.cat([torch.zeros(p.numel(), device=p.device) for p in step.params])
             local, bad = _zero_nonfinite(local)
@@ -284,7 +305,7 @@ class Balancer:
     def _full_solve(self, step: MicroStep) -> dict[str, float]:
         grads, norms, valid, losses, nonfinite = self._reward_gradients(step)
         kl = torch.as_tensor(step.kl)
-        kl_grad, bad = _zero_nonfinite(_all_reduce_mean(_flat_grad(step.scale * kl, step.params)))
+        kl_grad, bad = _zero_nonfinite(_all_reduce_mean(_unscaled_grad(step, step.scale * kl)))
         combined, alpha = self._combine(grads, norms, valid)
         values = [float(v.detach()) for v in losses]
         metrics = {f"loss/policy_{n}": v for n, v in zip(self.reward_names, values)}
@@ -292,12 +313,14 @@ class Balancer:
         metrics["loss/kl"] = float(kl.detach())
         metrics.update({f"alpha/{n}": float(a) for n, a in zip(self.reward_names, alpha)})
         metrics["valid_rewards"] = float(valid.sum())
+        # Entries zeroed above never reach .grad: the trainer reads this count so an
+        # overflow still skips the optimizer step (and backs off the GradScaler).
         metrics["nonfinite_grad_entries"] = float(nonfinite + bad)
         # cos(d, g_k) is free here; the weighted-sum direction costs one more backward, so
         # it is measured on the first micro-step of a step (and on scheduled ones) only.
         with_ws = step.micro_index == 0 or self._wants_diagnostics(step)
         metrics.update(self._diagnostics(step, combined, with_ws, (grads, norms, valid)))
-        _add_into_grads(step.params, combined + kl_grad)
+        _add_into_grads(step.params, (combined + kl_grad) * _loss_scale(step))
         self.last_alpha = alpha
         if self.method == "marble":
             if valid.any():  # an all-invalid solve has no simplex point to average in
@@ -320,7 +343,7 @@ class Balancer:
         directions = [("cos", applied)]
         if with_ws:
             ws = applied if self.method == "weighted_sum" else _all_reduce_mean(
-                _flat_grad(step.scale * weighted_sum_loss(step), step.params))
+                _unscaled_grad(step, step.scale * weighted_sum_loss(step)))
             directions.append(("cos_ws", ws))
         out: dict[str, float] = {}
         for tag, d in directions:
