@@ -82,6 +82,9 @@ def test_tiny_training_each_balancer(method, tiny_model_dir, table_path, tmp_pat
             f"time/reward_{n}_s" for n in REWARDS]:
         assert key in last, f"{method}: metrics.jsonl lacks {key}"
     assert last["balancer"] == method
+    # Weight EMA after the step counter moves, as the reference: s = 1, 2 -> 2/11, 3/12.
+    assert [r["ema_decay"] for r in records] == pytest.approx([2 / 11, 3 / 12])
+    assert all(r["skipped_step"] == 0.0 and r["loss_scale"] == 1.0 for r in records)
     assert all(torch.isfinite(torch.tensor(r["loss/policy"])) for r in records)
     assert last["reward_applicable/toy_brightness"] == 6 and last["reward_nan/toy_brightness"] == 0
     assert last["reward_applicable/toy_color_match"] in (0, 2)  # only the red-apple prompt
