@@ -42,10 +42,12 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def reward_device(setting: str, local_rank: int) -> str:
-    """`train.reward_device`: auto -> cuda:{LOCAL_RANK} when CUDA is there, else cpu."""
+def reward_device(setting: str, local_rank: int, cuda: bool | None = None) -> str:
+    """`train.reward_device`: auto -> cuda:{LOCAL_RANK} when CUDA is there (`cuda`: the
+    run trains on CUDA; default torch.cuda.is_available()), else cpu."""
     if setting == "auto":
-        setting = "cuda" if torch.cuda.is_available() else "cpu"
+        cuda = torch.cuda.is_available() if cuda is None else cuda
+        setting = "cuda" if cuda else "cpu"
     return f"cuda:{local_rank}" if setting == "cuda" else setting
 
 
@@ -113,7 +115,8 @@ class Trainer:
             world_size=self.info.world_size, rank=self.info.rank, seed=t.seed,
             stratified=cfg.data.stratified)
         self.sigmas = sigma_schedule(self.pipe.scheduler, s.num_steps).to(dev, torch.float32)
-        self.reward_device = reward_device(t.reward_device, self.info.local_rank)
+        self.reward_device = reward_device(t.reward_device, self.info.local_rank,
+                                           cuda=dev.type == "cuda")
         self.rollouts = RolloutEngine(self.pipe, cfg, self.table,
                                       build_rewards(cfg, self.reward_device), self.sampler,
                                       self.sigmas, self.info, self.autocast,

@@ -19,6 +19,7 @@ def test_reward_device_resolution(monkeypatch):
     assert reward_device("cuda", 1) == "cuda:1"
     assert reward_device("cuda:0", 5) == "cuda:0"
     assert reward_device("cpu", 2) == "cpu"
+    assert reward_device("auto", 3, cuda=False) == "cpu"  # a run forced onto the CPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert reward_device("auto", 3) == "cpu"
     assert load_config("tiny").train.reward_device == "auto"
