@@ -108,7 +108,8 @@ def all_reduce_grads_(params: list) -> None:
 
 def grads_finite(params: list) -> bool:
     """Whether every .grad entry is finite (a missing .grad counts as zeros)."""
-    return all(bool(torch.isfinite(p.grad).all()) for p in params if p.grad is not None)
+    flags = [torch.isfinite(p.grad).all() for p in params if p.grad is not None]
+    return bool(torch.stack(flags).all()) if flags else True  # one device sync, not one per p
 
 
 @torch.no_grad()
