@@ -118,3 +118,25 @@ def test_overflow_on_one_rank_skips_on_both(tmp_path):
             assert torch.equal(a, b), case
         for a, b in zip(r0["params"], r0["before"]):
             assert not torch.equal(a, b), case  # the second (clean) step did move them
+
+
+def test_reference_precision_defaults_and_tf32():
+    from marble.config import load_config, to_dict
+    from marble.precision import enable_tf32
+
+    paper = load_config("rho_07").model
+    assert (paper.mixed_precision, paper.base_dtype, paper.allow_tf32) == ("fp16", "fp32", True)
+    tiny, fp16 = to_dict(load_config("tiny")), to_dict(load_config("tiny_fp16"))
+    assert fp16["model"].pop("mixed_precision") == "fp16"
+    tiny["model"].pop("mixed_precision")
+    fp16.pop("preset"), tiny.pop("preset")
+    assert fp16 == tiny
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        enable_tf32(torch.device("cpu"))
+        assert not torch.backends.cuda.matmul.allow_tf32
+        enable_tf32(torch.device("cuda", 0))
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved

@@ -69,3 +69,30 @@ def test_text_encoders_not_loaded_for_the_cache(tiny_model_dir):
     assert next(full.transformer.parameters()).dtype == torch.float32  # model.base_dtype
     assert next(full.text_encoder_3.parameters()).dtype == torch.bfloat16
     assert next(full.vae.parameters()).dtype == torch.float32
+
+
+def test_training_with_the_cache_loads_no_text_encoder(tiny_model_dir, tmp_path):
+    """One optimizer step of a Trainer whose prompts come from the embedding cache."""
+    from marble import distributed as dist
+    from marble.data.embed_cache import build_cache
+    from marble.data.records import PromptRecord, to_frame
+    from marble.trainer import Trainer
+
+    table = tmp_path / "train.parquet"
+    to_frame([PromptRecord.make("a castle at dawn", "pickscore"),
+              PromptRecord.make('a sign that says "hi"', "ocr")]).to_parquet(table)
+    build_cache([str(table)], str(tiny_model_dir), tmp_path / "cache", max_sequence_length=32)
+    cfg = load_config("tiny", overrides=[
+        f"model.path={tiny_model_dir}", f"data.train={table}", f"data.embed_cache={tmp_path / 'cache'}",
+        "data.stratified=false", "sampling.num_steps=2", "sampling.resolution=32",
+        "sampling.images_per_prompt=2", "sampling.batch_size=4", "sampling.num_batches_per_epoch=1",
+        "train.batch_size=4", "rewards=[{name: toy_brightness}]"])
+    trainer = Trainer(cfg, tmp_path / "run", device="cpu", progress=False)
+    try:
+        assert trainer.pipe.text_encoder is None and trainer.pipe.text_encoder_3 is None
+        record = trainer.train_epoch()
+    finally:
+        trainer.close()
+        dist.cleanup()
+    assert trainer.step == 1 and record["skipped_step"] == 0.0
+    assert torch.isfinite(torch.tensor(record["loss/policy"]))
