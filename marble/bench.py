@@ -108,43 +108,18 @@ def make_balancers(cfg, rows=tuple(ROWS)):
 
 
 def one_micro_step(pipe, cfg, batch, balancer, params, autocast, micro_index: int = 1) -> dict:
-    """Forwards + the balancer's backward on `batch`; the balancer's metrics."""
-    import torch
+    """The trainer's micro-step (marble.microstep) on the synthetic batch, then the
+    balancer's backward; the balancer's metrics. `autocast` is a `marble.precision.Precision`:
+    under fp16 its GradScaler scales the backward passes as in training."""
+    from marble.microstep import MicroBatch, build_micro_step
 
-    from marble.balancers import MicroStep
-    from marble.models.encode import velocity
-    from marble.models.lora import adapters_disabled, use_adapter
-    from marble.nft import kl_loss, nft_loss_from_terms, nft_terms
-
-    tr, t = pipe.transformer, cfg.train
-    args = (batch["x_t"], batch["sigma"], batch["embeds"], batch["pooled"])
-    with torch.no_grad(), autocast():
-        with use_adapter(tr, "old"):
-            v_old = velocity(tr, *args).float()
-        with adapters_disabled(tr):
-            v_ref = velocity(tr, *args).float()
-
-    def forward() -> MicroStep:  # also MicroStep.recompute: the same forward again
-        with use_adapter(tr, "default"), autocast():
-            v_theta = velocity(tr, *args).float()
-        l_pos, l_neg = nft_terms(v_theta, v_old, batch["x0"], batch["x_t"], batch["sigma"],
-                                 t.nft_beta)
-        return MicroStep(
-            loss_per_sample=lambda r: nft_loss_from_terms(l_pos, l_neg, r, t.nft_beta,
-                                                          t.adv_clip),
-            kl=t.kl_beta * kl_loss(v_theta, v_ref).mean(), advantages=batch["adv"],
-            avg_advantage=batch["avg_adv"], scale=1.0, params=params, global_step=1,
-            micro_index=micro_index, adv_clip=t.adv_clip, recompute=forward)
-
-    return balancer.backward(forward())
-
-
-def optimizer_step(optimizer, params, max_grad_norm: float) -> None:
-    import torch
-
-    torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    micro = MicroBatch(x0=batch["x0"], x_t=batch["x_t"], sigma=batch["sigma"],
+                       prompt_embeds=batch["embeds"], pooled=batch["pooled"],
+                       advantages=batch["adv"], avg_advantage=batch["avg_adv"])
+    step = build_micro_step(pipe.transformer, micro, cfg.train, params, autocast, scale=1.0,
+                            global_step=1, micro_index=micro_index,
+                            grad_scaler=getattr(autocast, "scaler", None))
+    return balancer.backward(step)
 
 
 def _interleaved(run, probe: MemoryProbe, repeats: int, warmup: int, rows: tuple) -> dict:
@@ -229,6 +204,7 @@ def bench_step(cfg, repeats: int = 5, warmup: int = 1, device: str | None = None
     from marble.config import grad_accumulation, training_timesteps
     from marble.models import load_pipeline
     from marble.models.lora import add_lora_adapters, trainable_lora_parameters
+    from marble.precision import base_weight_dtype, optimizer_update
     from marble.trainer import _DTYPES, autocast_factory, upcast_lora_
 
     fix_malloc()
@@ -236,7 +212,9 @@ def bench_step(cfg, repeats: int = 5, warmup: int = 1, device: str | None = None
     mp = cfg.model.mixed_precision if dev.type == "cuda" else "no"
     path = model_path or cfg.model.path
     probe = MemoryProbe(dev)
-    pipe = load_pipeline(path, dtype=_DTYPES[mp], device=dev)
+    # Base weights as in training (model.base_dtype, fp32 by default like the reference).
+    base = base_weight_dtype(cfg.model.base_dtype) if dev.type == "cuda" else torch.float32
+    pipe = load_pipeline(path, dtype=_DTYPES[mp], device=dev, transformer_dtype=base)
     torch.manual_seed(cfg.train.seed)
     add_lora_adapters(pipe.transformer, rank=cfg.model.lora_rank, alpha=cfg.model.lora_alpha,
                       targets=cfg.model.lora_targets, seed=cfg.train.seed)
@@ -253,7 +231,8 @@ def bench_step(cfg, repeats: int = 5, warmup: int = 1, device: str | None = None
     def run(row: str) -> None:
         one_micro_step(pipe, cfg, batch, balancers[row], params, autocast,
                        micro_index=ROWS[row][2])
-        optimizer_step(optimizer, params, t.max_grad_norm)
+        # The training loop's update: all-reduce, found-inf over ranks, unscale, clip, step.
+        optimizer_update(params, optimizer, autocast, t.max_grad_norm)
         if dev.type == "cuda":
             torch.cuda.synchronize()
 

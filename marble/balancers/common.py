@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -33,6 +33,10 @@ class MicroStep:
     global_step: int
     micro_index: int  # 0 for the first micro-step of an optimizer step
     adv_clip: float = 5.0
+    # fp16: the run's torch.amp.GradScaler. Every backward goes through scaler.scale(...),
+    # so .grad holds scaled gradients for unscale_; per-reward gradients of full solves
+    # are unscaled before the QP and the result scaled back (reference train.py).
+    grad_scaler: Any = None
     # `balancer.full_solve: recompute`: a fresh forward of v_theta on this same micro-batch
     # (same x_t, sigma, embeddings; v_old and v_ref may be reused), returned as a MicroStep
     # whose `loss_per_sample` and `kl` carry a new graph (its other fields are not read).
@@ -77,6 +81,16 @@ def with_graph_of(step: MicroStep, fresh: MicroStep) -> MicroStep:
 
 
 # ------------------------------------------------------------------ vector helpers
+
+
+def scaled(step: MicroStep, loss: torch.Tensor) -> torch.Tensor:
+    """`loss` times the GradScaler's factor (the scaler's own `scale`, which also
+    initialises it); unchanged without a scaler."""
+    return loss if step.grad_scaler is None else step.grad_scaler.scale(loss)
+
+
+def loss_scale(step: MicroStep) -> float:
+    return 1.0 if step.grad_scaler is None else float(step.grad_scaler.get_scale())
 
 
 def flat_zeros(params: list) -> torch.Tensor:

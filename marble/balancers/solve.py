@@ -16,8 +16,8 @@ import torch
 
 from marble.balance import min_norm_weights
 from marble.balancers.common import (
-    MicroStep, all_reduce_mean_, cosines, dot64, flat_grad, flat_zeros, with_graph_of,
-    zero_nonfinite,
+    MicroStep, all_reduce_mean_, cosines, dot64, flat_grad, flat_zeros, loss_scale, scaled,
+    with_graph_of, zero_nonfinite,
 )
 
 __all__ = ["gradient_passes", "reduce_reward_grads", "combine", "cosine_metrics"]
@@ -28,7 +28,9 @@ LossFn = Callable[[MicroStep], torch.Tensor]
 def gradient_passes(step: MicroStep, losses: Sequence[Optional[LossFn]],
                     recompute: bool) -> tuple[list[torch.Tensor], list[float]]:
     """Flat local gradient of step.scale * loss(step) and the value of loss(step), per loss;
-    a None entry is a zero gradient (no backward, no forward) and a NaN value."""
+    a None entry is a zero gradient (no backward, no forward) and a NaN value. Under fp16
+    each backward runs on the GradScaler-scaled loss (no underflow) and is divided back:
+    the returned gradients are unscaled."""
     live = [i for i, fn in enumerate(losses) if fn is not None]
     if recompute and len(live) > 1 and step.recompute is None:
         raise ValueError("balancer.full_solve = recompute needs MicroStep.recompute: a callable "
@@ -38,7 +40,9 @@ def gradient_passes(step: MicroStep, losses: Sequence[Optional[LossFn]],
     for n, i in enumerate(live):
         on = step if (n == 0 or not recompute) else with_graph_of(step, step.recompute())
         loss = losses[i](on)
-        grads[i] = flat_grad(step.scale * loss, step.params, retain=not recompute)
+        grads[i] = flat_grad(scaled(step, step.scale * loss), step.params, retain=not recompute)
+        if step.grad_scaler is not None:
+            grads[i].div_(loss_scale(step))
         values[i] = float(loss.detach())
         del loss, on
     return grads, values

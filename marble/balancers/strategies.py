@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from marble.balancers.common import (
-    MicroStep, add_into_grads, all_reduce_mean_, amortized_loss, reward_loss, weighted_sum_loss,
-    zero_nonfinite,
+    MicroStep, add_into_grads, all_reduce_mean_, amortized_loss, loss_scale, reward_loss, scaled,
+    weighted_sum_loss, zero_nonfinite,
 )
 from marble.balancers.solve import combine, cosine_metrics, gradient_passes, reduce_reward_grads
 from marble.config import BalancerConfig
@@ -115,7 +115,8 @@ class Balancer:
         if alpha is not None:
             metrics.update({f"alpha/{n}": float(a) for n, a in zip(self.reward_names, alpha)})
         if not self.wants_diagnostics(step):
-            torch.autograd.backward(step.scale * (policy + kl), inputs=list(step.params))
+            torch.autograd.backward(scaled(step, step.scale * (policy + kl)),
+                                    inputs=list(step.params))
             return metrics
         del policy, kl
         metrics.update(self._diagnostic_backward(step))
@@ -129,8 +130,9 @@ class Balancer:
         fns = [self.policy_loss, *self._reward_fns(step)]
         fns += ([] if ws_applied else [weighted_sum_loss]) + [_kl]
         local, values = gradient_passes(step, fns, self.recompute)
-        add_into_grads(step.params, local[0])
-        add_into_grads(step.params, local[-1])
+        # .grad holds scaled gradients under fp16 (the GradScaler unscales them at the step).
+        add_into_grads(step.params, local[0] * loss_scale(step))
+        add_into_grads(step.params, local[-1] * loss_scale(step))
         applied = all_reduce_mean_(local[0])  # in place from here: p.grad has its own copy
         grads, norms, valid, _ = reduce_reward_grads(local[1:1 + k], self.cfg.grad_eps)
         ws = applied if ws_applied else all_reduce_mean_(local[1 + k])
@@ -166,6 +168,8 @@ class Balancer:
         metrics["loss/kl"] = values[k]
         metrics.update({f"alpha/{n}": float(a) for n, a in zip(self.reward_names, alpha)})
         metrics["valid_rewards"] = float(valid.sum())
+        # Entries zeroed above never reach .grad: the trainer reads this count so an
+        # overflow still skips the optimizer step (and backs off the GradScaler).
         metrics["nonfinite_grad_entries"] = float(nonfinite + bad)
         if diagnostics:
             dirs = [("cos", combined)]
@@ -173,7 +177,7 @@ class Balancer:
                 dirs.append(("cos_ws", all_reduce_mean_(local[k + 1])))
             metrics.update(cosine_metrics(self.reward_names, dirs, grads, norms, valid))
         del local, grads
-        add_into_grads(step.params, combined.add_(kl_grad))
+        add_into_grads(step.params, combined.add_(kl_grad).mul_(loss_scale(step)))
         self.solved(step, alpha, valid, metrics)
         return metrics
 
