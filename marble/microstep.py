@@ -105,3 +105,12 @@ def build_micro_step(transformer, batch: MicroBatch, train_cfg, params: list, au
             grad_scaler=grad_scaler, recompute=forward)
 
     return forward()
+
+
+@torch.no_grad()
+def logged_losses(step) -> dict[str, float]:
+    """The weighted-sum objective and KL of a micro-step, logged for every balancer so
+    runs compare (the reference's `policy_loss` with NaN advantages read as 0)."""
+    r_avg = optimality_prob(torch.nan_to_num(step.avg_advantage, nan=0.0), step.adv_clip)
+    return {"loss/policy": float(step.loss_per_sample(r_avg).mean()),
+            "loss/kl": float(torch.as_tensor(step.kl).detach())}

@@ -6,7 +6,9 @@ sampling steps (T_train = 2), 3 prompts x 2 images per epoch, 2 micro-batches.
 
 from __future__ import annotations
 
+
 import json
+import math
 import os
 import subprocess
 import sys
@@ -181,7 +183,8 @@ def test_fp16_gradscaler_skips_overflow_and_resumes_bitwise(monkeypatch, tiny_mo
     for r in (records[0], records[2]):  # logged unscaled (x65536 would be ~1e6)
         logged = [k for k in r if k.startswith(("loss/", "grad_norm"))]
         assert "grad_norm/toy_brightness" in logged
-        assert all(abs(r[k]) < 1e3 for k in logged), {k: r[k] for k in logged}
+        # NaN = a reward absent from the micro-batch (its loss is not logged as 0)
+        assert all(abs(r[k]) < 1e3 or math.isnan(r[k]) for k in logged), {k: r[k] for k in logged}
     a1, a2, a3 = adapters(straight, 1), adapters(straight, 2), adapters(straight, 3)
     trained = [k for k in a1 if k.startswith("default::")]
     assert all(torch.equal(a1[k], a2[k]) for k in trained), "the overflowed step moved weights"
