@@ -113,10 +113,11 @@ def _eval_workdir(tmp_path: Path, pipeline_dir: Path, scan: Path, datasets: list
 
 
 def _evaluated_jobs(stdout: str) -> list[str]:
-    """The average_scores.json of every evaluate job Snakemake ran."""
+    """The average_scores.json of every evaluate job Snakemake ran, without the
+    settings folder (results/eval/<settings>/<run>/...)."""
     firsts = [line.split("output:")[1].split(",")[0].strip() for line in stdout.splitlines()
               if line.strip().startswith("output: results/eval/")]
-    return [p for p in firsts if p.endswith("average_scores.json")]
+    return ["results/eval/" + p.split("/", 3)[3] for p in firsts if p.endswith("average_scores.json")]
 
 
 @pytest.mark.slow
@@ -133,7 +134,7 @@ def test_eval_only_picks_up_new_checkpoints(tiny_pipeline, tmp_path):
         "results/eval/marble/checkpoint-000002/pickscore/average_scores.json",
         "results/eval/marble/checkpoint-000004/pickscore/average_scores.json",
     ]
-    done = work / "results/eval/marble/checkpoint-000002/pickscore/average_scores.json"
+    [done] = (work / "results/eval").glob("*/marble/checkpoint-000002/pickscore/average_scores.json")
     mtime = done.stat().st_mtime_ns
     name = "checkpoint-000004"
     shutil.copytree(src / "weighted_sum/checkpoints" / name, scan / "weighted_sum/checkpoints" / name)

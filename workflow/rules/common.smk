@@ -117,6 +117,8 @@ def scanned_checkpoints():
     """{(run, ckpt): folder} of complete marble checkpoints under eval.scan_dirs.
 
     Globbed at every parse, so re-running a target picks up checkpoints saved since.
+    Two folders with one run name (e.g. two scan dirs, each holding a `marble` run)
+    get distinct names: the second is `<run>-<parent folder>` (never silently dropped).
     """
     found = {}
     for root in EVAL["scan_dirs"]:
@@ -129,7 +131,17 @@ def scanned_checkpoints():
                 if folder.parent.name == "checkpoints"
                 else folder.parent
             )
-            found[(run_dir.name, folder.name)] = str(folder)
+            name = run_dir.name
+            # One of our own runs scanned through another spelling (absolute path).
+            same = found.get((name, folder.name))
+            if same is not None and os.path.samefile(same, folder):
+                continue
+            if same is not None:
+                base = re.sub(r"[^A-Za-z0-9_.-]", "_", run_dir.parent.name) or "root"
+                name, n = f"{name}-{base}", 2
+                while (name, folder.name) in found:
+                    name, n = f"{run_dir.name}-{base}{n}", n + 1
+            found[(name, folder.name)] = str(folder)
     return found
 
 
@@ -142,45 +154,84 @@ def named_checkpoints():
 
 
 def final_checkpoints(only_trained=False):
-    """{(run, ckpt): folder} of each configured run's final checkpoint."""
+    """{(run, ckpt): folder} of each configured run's final checkpoint.
+
+    only_trained: just the runs whose final checkpoint is complete (its COMPLETE
+    marker), so `eval_only` never asks for training, whatever changed in `runs:`.
+    """
     out = {}
     for run in RUNS:
-        if only_trained and not os.path.exists(
-            f"results/runs/{run}/train_summary.json"
-        ):
+        folder = f"results/runs/{run}/checkpoints/{final_ckpt(run)}"
+        if only_trained and not os.path.exists(f"{folder}/COMPLETE"):
             continue
-        out[(run, final_ckpt(run))] = (
-            f"results/runs/{run}/checkpoints/{final_ckpt(run)}"
-        )
+        out[(run, final_ckpt(run))] = folder
     return out
+
+
+def eval_only_requested():
+    return "eval_only" in set(workflow.dag_settings.targets or ())
 
 
 def eval_catalogue():
     """Every checkpoint this workflow knows, with a clear error on a name clash."""
     catalogue = dict(final_checkpoints())
     for key, folder in {**scanned_checkpoints(), **named_checkpoints()}.items():
-        if catalogue.get(key, folder) != folder:
+        old = catalogue.get(key, folder)
+        if old != folder and not (
+            os.path.exists(old) and os.path.samefile(old, folder)
+        ):
             raise ValueError(
                 f"config: checkpoint {key[0]}/{key[1]} names two folders: "
                 f"{catalogue[key]} and {folder}; rename one in eval.checkpoints"
             )
-        catalogue[key] = folder
+        catalogue.setdefault(key, folder)
     return catalogue
+
+
+def eval_settings_name():
+    """The folder evaluations go to: named by every setting that changes the images.
+
+    A change of steps, guidance, resolution, precision or model writes a new folder
+    (results there stay valid); limit and rewards are not in it: a larger limit
+    resumes, a new reward re-scores the saved images in place.
+    """
+    import hashlib
+    import json
+
+    keys = ["num_inference_steps", "guidance_scale", "resolution", "mixed_precision"]
+    settings = {k: EVAL[k] for k in keys}
+    settings["model"] = os.path.normpath(MODEL_DIR)
+    digest = hashlib.sha256(
+        json.dumps(settings, sort_keys=True).encode()
+    ).hexdigest()[:8]
+    res = EVAL["resolution"] or "native"
+    return (
+        f"n{EVAL['num_inference_steps']}-r{res}-g{EVAL['guidance_scale']}"
+        f"-{EVAL['mixed_precision']}-{digest}"
+    )
+
+
+EVAL_DIR = f"results/eval/{eval_settings_name()}"
 
 
 def eval_outputs(keys):
     return [
-        f"results/eval/{run}/{ckpt}/{ds}/average_scores.json"
+        f"{EVAL_DIR}/{run}/{ckpt}/{ds}/average_scores.json"
         for run, ckpt in sorted(keys)
         for ds in EVAL["datasets"]
     ]
 
 
 def eval_inputs(wildcards):
-    """A configured run's final checkpoint waits for training; others must exist."""
+    """A configured run's final checkpoint waits for training (not under eval_only:
+    there it is only its COMPLETE marker, ancient so a resumed run's newer files do
+    not trigger a re-evaluation); others must exist."""
     key = (wildcards.run, wildcards.ckpt)
-    if key in final_checkpoints():
+    finals = final_checkpoints()
+    if key in finals and not eval_only_requested():
         return {"ready": f"results/runs/{wildcards.run}/train_summary.json"}
+    if key in finals:
+        return {"ready": ancient(f"{finals[key]}/COMPLETE")}
     catalogue = eval_catalogue()
     if key not in catalogue:
         raise ValueError(
@@ -220,8 +271,7 @@ def eval_args(wildcards):
 def summary_inputs(wildcards):
     """`all` trains and evaluates every run; `eval_only` never trains: it takes the
     runs already trained plus the named and scanned checkpoints."""
-    only_trained = "eval_only" in set(workflow.dag_settings.targets or ())
-    keys = set(final_checkpoints(only_trained))
+    keys = set(final_checkpoints(eval_only_requested()))
     keys |= set(scanned_checkpoints()) | set(named_checkpoints())
     return eval_outputs(keys)
 

@@ -1,6 +1,9 @@
 # Evaluation of every known checkpoint on every configured dataset, then one summary.
-# Results live in results/eval/<run>/<checkpoint>/<dataset>/; a result is redone only
-# when missing or older than its checkpoint.
+# Results live in results/eval/<settings>/<run>/<checkpoint>/<dataset>/, <settings>
+# naming every image-changing eval setting (common.smk: eval_settings_name), so a
+# changed setting evaluates into a new folder. Only average_scores.json is declared:
+# Snakemake deletes declared outputs before a job, and evaluation_results.jsonl is the
+# state `marble evaluate` resumes from (finished samples are skipped).
 
 
 rule evaluate_ckpt:
@@ -10,8 +13,7 @@ rule evaluate_ckpt:
         raw=RAW_DIR,
         rewards=REWARD_INPUT,
     output:
-        scores="results/eval/{run}/{ckpt}/{dataset}/average_scores.json",
-        samples="results/eval/{run}/{ckpt}/{dataset}/evaluation_results.jsonl",
+        scores=f"{EVAL_DIR}/{{run}}/{{ckpt}}/{{dataset}}/average_scores.json",
     log:
         "logs/eval/{run}/{ckpt}/{dataset}.log",
     benchmark:
@@ -30,7 +32,7 @@ rule evaluate_ckpt:
         "{params.ckpts} marble evaluate --checkpoint_path {params.ckpt:q}"
         " --model_path {input.model:q} --model_type sd3 --dataset {wildcards.dataset}"
         " --data_dir {input.raw:q} --output_dir {params.out_dir:q} {params.args}"
-        " > {log:q} 2>&1"
+        " >> {log:q} 2>&1"
 
 
 localrules:
@@ -50,5 +52,5 @@ rule eval_summary:
     conda:
         MARBLE_ENV
     shell:
-        "python -m marble.eval_summary --eval-dir results/eval"
+        f"python -m marble.eval_summary --eval-dir {EVAL_DIR}"
         " --out-csv {output.csv:q} --out-md {output.table:q} > {log:q} 2>&1"

@@ -52,7 +52,8 @@ rule make_report:
         **resources_of("report"),
     params:
         out_dir=lambda wc, output: os.path.dirname(output.md),
+        eval_dir=EVAL_DIR,
     shell:
         "marble report --runs results/runs --eval-summary {input.summary:q}"
-        " --bench {input.bench:q} --eval-dir results/eval --out {params.out_dir:q}"
+        " --bench {input.bench:q} --eval-dir {params.eval_dir:q} --out {params.out_dir:q}"
         " > {log:q} 2>&1"

@@ -36,4 +36,4 @@ rule train_run:
         " MARBLE_CPUS_PER_TASK={resources.cpus_per_task}"
         " bash workflow/scripts/train_launch.sh {resources.mpi:q} --"
         " --preset {params.preset:q} --output-dir {params.run_dir:q} {params.args}"
-        " > {log:q} 2>&1"
+        " >> {log:q} 2>&1"
