@@ -26,6 +26,7 @@ DATASET_DIR = f"data/datasets/{config['dataset']['name']}"
 # Inside the dataset folder, so DVC tracks tables and their embeddings as one output.
 EMBED_DIR = f"{DATASET_DIR}/embeddings"
 RUNS = config["runs"]
+CLUSTER = config["cluster"]
 EVAL = config["eval"]
 TRAIN = config["train"]
 MARBLE_ENV = "../envs/marble.yaml"
@@ -101,10 +102,12 @@ def train_resources():
         mem_mb=TRAIN["mem_mb"],
         runtime=TRAIN["runtime"],
         tasks_per_gpu=0,
-        slurm_extra=f"--requeue{signal}{per_node}",
+        **cluster_resources(gpus),
     )
-    if gpus:
-        res["gres"] = f"gpu:{gpus}"
+    # --requeue itself comes from the profile (slurm-requeue), so the plugin knows.
+    extra = f"{signal}{per_node}".strip()
+    if extra:
+        res["slurm_extra"] = extra
     # "" still keeps the jobstep from wrapping us in `srun -n1` but asks sbatch for nothing.
     res["mpi"] = "srun" if tasks > 1 else ""
     return res
@@ -201,9 +204,9 @@ def eval_settings_name():
     keys = ["num_inference_steps", "guidance_scale", "resolution", "mixed_precision"]
     settings = {k: EVAL[k] for k in keys}
     settings["model"] = os.path.normpath(MODEL_DIR)
-    digest = hashlib.sha256(
-        json.dumps(settings, sort_keys=True).encode()
-    ).hexdigest()[:8]
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[
+        :8
+    ]
     res = EVAL["resolution"] or "native"
     return (
         f"n{EVAL['num_inference_steps']}-r{res}-g{EVAL['guidance_scale']}"
@@ -276,11 +279,29 @@ def summary_inputs(wildcards):
     return eval_outputs(keys)
 
 
-def resources_of(section):
-    res = config[section]["resources"]
+def cluster_resources(gpus):
+    """SLURM partition, account, GPU type and constraint from `cluster:` (schema-checked
+    words, so safe on the sbatch line). GPU jobs take gpu_partition and the constraint.
+    """
+    out = {}
+    partition = (CLUSTER["gpu_partition"] or CLUSTER["partition"]) if gpus else None
+    partition = partition or CLUSTER["partition"]
+    if partition:
+        out["slurm_partition"] = partition
+    if CLUSTER["account"]:
+        out["slurm_account"] = CLUSTER["account"]
+    if gpus:
+        kind = f"{CLUSTER['gpu_type']}:" if CLUSTER["gpu_type"] else ""
+        out["gres"] = f"gpu:{kind}{gpus}"
+        if CLUSTER["constraint"]:
+            out["constraint"] = CLUSTER["constraint"]
+    return out
+
+
+def resources_of(section, key="resources"):
+    res = config[section][key]
     out = dict(
         cpus_per_task=res["cpus_per_task"], mem_mb=res["mem_mb"], runtime=res["runtime"]
     )
-    if res["gpus"]:
-        out["gres"] = f"gpu:{res['gpus']}"
+    out.update(cluster_resources(res["gpus"]))
     return out
