@@ -62,19 +62,22 @@ def test_dvc_stages_match_snakefile(tmp_path):
     adds to the previous stages; data deps are upstream outs; params are config keys."""
     work = copy_workflow(tmp_path / "repo", config=None)
     config = yaml.safe_load((work / "config.yaml").read_text())
+    params = yaml.safe_load((work / "params.yaml").read_text())
     spec = yaml.safe_load((work / "dvc.yaml").read_text())
-    assert spec["vars"] == ["config.yaml"]
-    stages = _render(spec["stages"], config)
+    assert spec["vars"] == ["config.yaml", "params.yaml"]
+    stages = _render(spec["stages"], {**config, **params})
     targets = [stage["cmd"].split()[1] for stage in stages.values()]
     graph = _rule_graph(work, targets + ["all"])
     rule_outputs = dry_run_outputs(work, "all", extra=targets)  # one dry run, every target
     schema = yaml.safe_load((work / "workflow/schemas/config.schema.yaml").read_text())
-    shipped_configs = [yaml.safe_load((work / f).read_text()) for f in ["config.yaml", ".test/config.yaml"]]
+    shipped_configs = [yaml.safe_load((work / f).read_text())
+                       for f in ["config.yaml", ".test/config.yaml", "config/paper.yaml"]]
     produced: set[str] = set()
     upstream_outs: list[str] = []
     for name, stage in stages.items():
         cmd = stage["cmd"].split()
         assert cmd[0] == "snakemake" and "-c2" in cmd, stage["cmd"]
+        assert cmd[cmd.index("--profile") + 1] == "workflow/profiles/local", stage["cmd"]
         target = cmd[1]  # first: --rerun-triggers takes several values
         assert target in graph, f"stage {name} runs `{target}`, not a rule of the Snakefile"
         outputs = set().union(*(rule_outputs.get(r, set()) for r in graph[target])) - produced
