@@ -101,7 +101,8 @@ class Trainer:
         self.rollouts = RolloutEngine(self.pipe, cfg, self.table, build_rewards(cfg),
                                       self.sampler, self.sigmas, self.info, self.autocast,
                                       self._embed_cache(), progress)
-        self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", enabled=self.info.is_main)
+        self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", enabled=self.info.is_main,
+                                  backends=cfg.logging.backends)
         self.step, self.epoch = 0, 0
 
     def _embed_cache(self):
