@@ -104,3 +104,14 @@ def test_logging_backends_is_a_typed_config_key():
         load_config("tiny", overrides=['logging.backends=["mlflow"]'])
     with pytest.raises(ConfigError, match="logging.backend"):
         load_config("tiny", overrides=["logging.backend=[jsonl]"])
+
+
+def test_trackers_do_not_block_a_resume():
+    """A run folder written before logging.backends existed (or with other trackers)
+    resumes: watching a run does not change its result."""
+    from marble.config import to_dict
+    from marble.train import config_differences
+
+    wanted = to_dict(load_config("tiny", overrides=['logging.backends=["jsonl", "dvclive"]']))
+    saved = {k: v for k, v in to_dict(load_config("tiny")).items() if k != "logging"}
+    assert config_differences(saved, wanted) == []
