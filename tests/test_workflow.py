@@ -61,6 +61,8 @@ def test_schema_fills_defaults_and_accepts_shipped_configs():
     cfg = _validate({})
     assert cfg["mode"] == "tiny" and set(cfg["runs"]) == {"weighted_sum", "equal_alpha", "marble"}
     assert cfg["train"]["nodes"] == 1 and cfg["eval"]["num_inference_steps"] == 40
+    assert cfg["cluster"] == {"partition": None, "gpu_partition": None, "account": None,
+                              "gpu_type": None, "constraint": None, "local_downloads": True}
     for name in ["config.yaml", "config/paper.yaml", ".test/config.yaml"]:
         _validate(yaml.safe_load((ROOT / name).read_text()))
 
@@ -71,6 +73,9 @@ def test_schema_fills_defaults_and_accepts_shipped_configs():
     ({"runs": {"a": {"preset": "tiny", "max_step": 3}}}, "max_step"),
     ({"train": {"nodes": "two"}}, "nodes"),
     ({"eval": {"datasets": ["imagenet"]}}, "imagenet"),
+    ({"cluster": {"account": "proj; rm -rf ~"}}, "rm -rf"),  # a shell word, nothing else
+    ({"cluster": {"partiton": "gpu"}}, "partiton"),
+    ({"cluster": {"gpu_type": "h100 --wrap=x"}}, "--wrap"),
 ])
 def test_schema_rejects_bad_key_and_wrong_type(cfg, named):
     from snakemake.exceptions import WorkflowError
