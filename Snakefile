@@ -62,6 +62,7 @@ rule evaluate:
 rule eval_only:
     input:
         "results/eval/summary.csv",
+        ["results/eval/paper_comparison.md"] if EVAL["published"] else [],
 
 
 rule report:

@@ -63,7 +63,7 @@ def test_schema_fills_defaults_and_accepts_shipped_configs():
     assert cfg["train"]["nodes"] == 1 and cfg["eval"]["num_inference_steps"] == 40
     assert cfg["cluster"] == {"partition": None, "gpu_partition": None, "account": None,
                               "gpu_type": None, "constraint": None, "local_downloads": True}
-    for name in ["config.yaml", "config/paper.yaml", ".test/config.yaml"]:
+    for name in ["config.yaml", "config/paper.yaml", "config/paper-eval.yaml", ".test/config.yaml"]:
         _validate(yaml.safe_load((ROOT / name).read_text()))
 
 

@@ -150,3 +150,55 @@ def test_killed_evaluation_resumes(tiny_model_dir, tmp_path):
     again = (folder / "evaluation_results.jsonl").read_text().splitlines()
     assert again[0] == rows[0] and len(again) == 3
     assert json.loads(scores.read_text())["num_samples"] == 3
+
+
+def test_paper_eval_config_evaluates_public_checkpoints_without_training(tmp_path):
+    work = copy_workflow(tmp_path / "repo", config="config/paper-eval.yaml")
+    out = snakemake(["-n", "-p", "-c1", "eval_only"], work).stdout
+    rules = {line.strip().split()[1].rstrip(":") for line in out.splitlines()
+             if line.strip().startswith("rule ") and line.strip().endswith(":")}
+    assert "train_run" not in rules and {"fetch_hub_lora", "paper_comparison"} <= rules
+    evals = [line for line in out.splitlines() if "marble evaluate" in line]
+    assert len(evals) == 16
+    base = [line for line in evals if "/sd35m/base/" in line]
+    assert len(base) == 4 and all("--checkpoint_path" not in x and "--lora_hf_path" not in x
+                                  for x in base)
+    assert any("--lora_hf_path data/loras/flowgrpo_geneval" in x for x in evals)
+    assert "jieliu/SD3.5M-FlowGRPO-GenEval main data/loras/flowgrpo_geneval" in out
+
+
+def _published_script():
+    import importlib.util
+
+    from test_workflow_lib import ROOT
+
+    spec = importlib.util.spec_from_file_location("published", ROOT / "workflow/scripts/published.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ours_beside_published_numbers(tmp_path):
+    published = _published_script()
+    eval_dir = tmp_path / "eval"
+    scores = {"pickscore": {"pickscore": 0.8, "clipscore": 0.25}, "ocr": {"ocr": 0.2}}
+    for dataset, values in scores.items():
+        folder = eval_dir / "sd35m/base" / dataset
+        folder.mkdir(parents=True)
+        (folder / "average_scores.json").write_text(json.dumps(values))
+    from test_workflow_lib import ROOT
+
+    rows = published.load_published(ROOT / "config/paper_published.yaml")
+    records = published.comparison(published.ours_by_run(eval_dir), rows)
+    by = {(r["run"], r["metric"]): r for r in records}
+    assert by[("sd35m", "PickScore")]["ours"] == pytest.approx(20.8)  # x26, as the paper
+    assert by[("sd35m", "PickScore")]["diff"] == pytest.approx(20.8 - 20.51)
+    assert by[("sd35m", "OCR")]["diff"] == pytest.approx(0.2 - 0.12)
+    assert by[("sd35m", "GenEval")]["ours"] is None and by[("sd35m", "GenEval")]["diff"] is None
+    text = published.render(records, rows["source"])
+    assert "| SD3.5-M (w/o CFG) | PickScore | 20.800 | 20.510 | +0.290 |" in text
+    assert "Not (fully) evaluated here:" in text and "+ FlowGRPO (OCR)" in text
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rows: {x: {run: a, values: {Pickscore: 1}}}\n")
+    with pytest.raises(ValueError, match="bad.yaml: row 'x': unknown metric"):
+        published.load_published(bad)

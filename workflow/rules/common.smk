@@ -148,11 +148,35 @@ def scanned_checkpoints():
     return found
 
 
+HUB_PREFIX = "hf:"
+LORA_DIR = "data/loras"
+
+
+def hub_lora(source):
+    """(repo id, revision) of an `hf:owner/repo[@revision]` entry, else None."""
+    if not source.startswith(HUB_PREFIX):
+        return None
+    repo, _, revision = source[len(HUB_PREFIX) :].partition("@")
+    return repo, revision or "main"
+
+
+def checkpoint_label(source):
+    """The <checkpoint> folder name of an eval.checkpoints entry."""
+    if source == "base":
+        return "base"
+    hub = hub_lora(source)
+    if hub:
+        return re.sub(r"[^A-Za-z0-9_.-]", "_", f"hub-{hub[1]}")
+    return Path(source).name or "lora"
+
+
 def named_checkpoints():
-    """{(name, folder name): folder} from eval.checkpoints (marble or plain LoRA folders)."""
+    """{(name, label): source} from eval.checkpoints: a marble or peft/diffusers LoRA
+    folder, `hf:owner/repo[@revision]` (a public LoRA, fetched on the login node), or
+    `base` (the base model, no LoRA)."""
     return {
-        (name, Path(path).name or "lora"): str(path)
-        for name, path in EVAL["checkpoints"].items()
+        (name, checkpoint_label(str(source))): str(source)
+        for name, source in EVAL["checkpoints"].items()
     }
 
 
@@ -242,15 +266,34 @@ def eval_inputs(wildcards):
             f"not in eval.checkpoints, not found under eval.scan_dirs"
         )
     folder = catalogue[key]
+    if folder == "base":
+        return {}
+    if hub_lora(folder):
+        return {"ready": f"{LORA_DIR}/{wildcards.run}"}
     marker = Path(folder) / "COMPLETE"
     return {"ready": str(marker) if marker.exists() else folder}
 
 
-def eval_ckpt_path(wildcards):
-    return eval_catalogue().get(
+def eval_source_args(wildcards):
+    """`marble evaluate` arguments naming what to evaluate (shell-quoted)."""
+    source = eval_catalogue().get(
         (wildcards.run, wildcards.ckpt),
         f"results/runs/{wildcards.run}/checkpoints/{wildcards.ckpt}",
     )
+    if source == "base":
+        return ""
+    if hub_lora(source):
+        return f"--lora_hf_path {shlex_quote(f'{LORA_DIR}/{wildcards.run}')}"
+    return f"--checkpoint_path {shlex_quote(source)}"
+
+
+def hub_loras():
+    """{name: (repo, revision)} of the hub LoRAs in eval.checkpoints."""
+    return {
+        name: hub_lora(str(source))
+        for name, source in EVAL["checkpoints"].items()
+        if hub_lora(str(source))
+    }
 
 
 def eval_args(wildcards):

@@ -24,12 +24,12 @@ rule evaluate_ckpt:
     resources:
         **resources_of("eval"),
     params:
-        ckpt=eval_ckpt_path,
+        source=eval_source_args,
         out_dir=lambda wc, output: os.path.dirname(output.scores),
         args=eval_args,
         ckpts=f"MARBLE_REWARD_CKPTS={config['reward_ckpt_dir']}",
     shell:
-        "{params.ckpts} marble evaluate --checkpoint_path {params.ckpt:q}"
+        "{params.ckpts} marble evaluate {params.source}"
         " --model_path {input.model:q} --model_type sd3 --dataset {wildcards.dataset}"
         " --data_dir {input.raw:q} --output_dir {params.out_dir:q} {params.args}"
         " >> {log:q} 2>&1"
@@ -37,6 +37,27 @@ rule evaluate_ckpt:
 
 localrules:
     eval_summary,
+    fetch_hub_lora,
+    paper_comparison,
+
+
+# A public LoRA named `hf:owner/repo[@revision]` in eval.checkpoints, fetched where
+# Snakemake runs (the login node: compute nodes are often offline), pinned by revision.
+rule fetch_hub_lora:
+    output:
+        directory(f"{LORA_DIR}/{{run}}"),
+    log:
+        "logs/download/lora_{run}.log",
+    conda:
+        MARBLE_ENV
+    params:
+        repo=lambda wc: hub_loras()[wc.run][0],
+        revision=lambda wc: hub_loras()[wc.run][1],
+    shell:
+        "python -c 'import os, sys; from huggingface_hub import snapshot_download;"
+        " snapshot_download(sys.argv[1], revision=sys.argv[2], local_dir=sys.argv[3],"
+        ' token=os.environ.get("HF_TOKEN"))\''
+        " {params.repo:q} {params.revision:q} {output:q} > {log:q} 2>&1"
 
 
 rule eval_summary:
@@ -54,3 +75,22 @@ rule eval_summary:
     shell:
         f"python -m marble.eval_summary --eval-dir {EVAL_DIR}"
         " --out-csv {output.csv:q} --out-md {output.table:q} > {log:q} 2>&1"
+
+
+# Our evaluation of public checkpoints beside the paper's published rows
+# (eval.published, e.g. config/paper_published.yaml with config/paper-eval.yaml).
+rule paper_comparison:
+    input:
+        summary="results/eval/summary.csv",
+        published=EVAL["published"] or [],
+    output:
+        "results/eval/paper_comparison.md",
+    log:
+        "logs/eval/paper_comparison.log",
+    conda:
+        MARBLE_ENV
+    params:
+        eval_dir=EVAL_DIR,
+    shell:
+        "python workflow/scripts/published.py --eval-dir {params.eval_dir:q}"
+        " --published {input.published:q} --out {output:q} > {log:q} 2>&1"
