@@ -179,3 +179,40 @@ def test_tiny_pipeline_through_real_slurm(tiny_pipeline, tmp_path):
                  if "has been submitted with SLURM jobid" in line]
     assert any("rule_train_run" in line for line in submitted), "training did not go through sbatch"
     assert "via srun (job " in log
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_requeued_training_resumes(tiny_pipeline, tmp_path):
+    """`scontrol requeue` of a running training job (what SLURM does on a node failure or
+    what USR1 triggers near the time limit): the same job id restarts, takes over its own
+    run lock, resumes from the last complete checkpoint, appends to the log, and the
+    main Snakemake (slurm-requeue) sees the job finish instead of reporting a failure."""
+    reason = _slurm_ready()
+    if reason:
+        pytest.skip(reason)
+    work = copy_workflow(tmp_path / "repo")
+    copy_inputs(tiny_pipeline["dir"], work, ["data/models", "data/raw-tiny", "data/datasets"])
+    cfg = yaml.safe_load((work / "config.yaml").read_text())
+    cfg["runs"] = {"marble": {"preset": "tiny", "max_steps": 8, "set": ["train.save_every=2"]}}
+    cfg["train"].update(nodes=1, cpus_per_task=1, mem_mb=2000, runtime=20)
+    (work / "config.yaml").write_text(yaml.safe_dump(cfg))
+    target = "results/runs/marble/train_summary.json"
+    main = subprocess.Popen([str(BIN / "snakemake"), "--profile", "slurm", target, "--latency-wait", "5"],
+                            cwd=work, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run_dir = work / "results/runs/marble"
+    marker = run_dir / "checkpoints/checkpoint-000002/COMPLETE"
+    deadline = time.time() + 900
+    while not marker.exists() and main.poll() is None and time.time() < deadline:
+        time.sleep(0.5)
+    assert marker.exists(), "no checkpoint-000002 before the deadline"
+    job_id = (run_dir / "TRAINING.lock").read_text().split()[1]
+    subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=60)
+    out, _ = main.communicate(timeout=1200)
+    assert main.returncode == 0, out[-4000:]
+    summary = json.loads((run_dir / "train_summary.json").read_text())
+    assert summary["final_step"] == 8
+    assert summary["resumed_from"] and int(Path(summary["resumed_from"]).name.split("-")[1]) >= 2
+    log = (work / "logs/train/marble.log").read_text()
+    assert log.count("train_launch: ") >= 2 and "start, lock" in log  # appended, not truncated
+    assert not (run_dir / "TRAINING.lock").exists()

@@ -184,19 +184,34 @@ def final_checkpoints(only_trained=False):
     """{(run, ckpt): folder} of each configured run's final checkpoint.
 
     only_trained: just the runs whose final checkpoint is complete (its COMPLETE
-    marker), so `eval_only` never asks for training, whatever changed in `runs:`.
+    marker and the training summary), so `eval_only` never asks for training, whatever
+    changed in `runs:`.
     """
     out = {}
     for run in RUNS:
         folder = f"results/runs/{run}/checkpoints/{final_ckpt(run)}"
-        if only_trained and not os.path.exists(f"{folder}/COMPLETE"):
+        done = os.path.exists(f"{folder}/COMPLETE") and os.path.exists(
+            f"results/runs/{run}/train_summary.json"
+        )
+        if only_trained and not done:
             continue
         out[(run, final_ckpt(run))] = folder
     return out
 
 
 def eval_only_requested():
-    return "eval_only" in set(workflow.dag_settings.targets or ())
+    targets = getattr(workflow.dag_settings, "targets", None)
+    if targets is None:
+        # At parse time Snakemake has not handed over the targets yet: the command line.
+        import sys
+
+        targets = sys.argv[1:]
+    return "eval_only" in set(targets)
+
+
+# Under `snakemake eval_only` train.smk defines no training job, so nothing it asks for can start
+# a training job (a 2x8-GPU, 48 h job under the profile).
+EVAL_ONLY = eval_only_requested()
 
 
 def eval_catalogue():
@@ -250,15 +265,13 @@ def eval_outputs(keys):
 
 
 def eval_inputs(wildcards):
-    """A configured run's final checkpoint waits for training (not under eval_only:
-    there it is only its COMPLETE marker, ancient so a resumed run's newer files do
-    not trigger a re-evaluation); others must exist."""
+    """A configured run's final checkpoint waits for its training summary (the same
+    input whatever the target, so Snakemake's input trigger never flips between `all`
+    and `eval_only`; under eval_only no rule makes it, see train.smk); others must exist.
+    """
     key = (wildcards.run, wildcards.ckpt)
-    finals = final_checkpoints()
-    if key in finals and not eval_only_requested():
+    if key in final_checkpoints():
         return {"ready": f"results/runs/{wildcards.run}/train_summary.json"}
-    if key in finals:
-        return {"ready": ancient(f"{finals[key]}/COMPLETE")}
     catalogue = eval_catalogue()
     if key not in catalogue:
         raise ValueError(
