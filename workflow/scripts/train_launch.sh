@@ -54,7 +54,10 @@ if [ -n "$run_dir" ]; then
     fi
     # No exec below: this shell stays to drop the lock when training ends.
     trap 'rm -f "$lock"' EXIT
-    echo "train_launch: $(date -u +%FT%TZ) start, lock $lock"
+    # The run folder keeps every attempt's output: Snakemake's jobstep recreates the
+    # rule's log when SLURM requeues the job, so logs/train/<run>.log holds the last one.
+    exec > >(tee -a "$run_dir/train.log") 2>&1
+    echo "train_launch: $(date -u +%FT%TZ) start${SLURM_JOB_ID:+ (job $SLURM_JOB_ID, restart ${SLURM_RESTART_COUNT:-0})}, lock $lock"
 fi
 
 if [ -n "${SLURM_JOB_ID:-}" ] && [ -n "$launcher" ]; then
