@@ -57,7 +57,8 @@ if [ -n "$run_dir" ]; then
     # The run folder keeps every attempt's output: Snakemake's jobstep recreates the
     # rule's log when SLURM requeues the job, so logs/train/<run>.log holds the last one.
     exec > >(tee -a "$run_dir/train.log") 2>&1
-    echo "train_launch: $(date -u +%FT%TZ) start${SLURM_JOB_ID:+ (job $SLURM_JOB_ID, restart ${SLURM_RESTART_COUNT:-0})}, lock $lock"
+    # (No restart count: the plugin's jobstep clears SLURM_* but the job id.)
+    echo "train_launch: $(date -u +%FT%TZ) start${SLURM_JOB_ID:+ (job $SLURM_JOB_ID)}, lock $lock"
 fi
 
 if [ -n "${SLURM_JOB_ID:-}" ] && [ -n "$launcher" ]; then
