@@ -15,6 +15,7 @@ include: "workflow/rules/report.smk"
 
 localrules:
     all,
+    dvc_views,
     prepare,
     train,
     evaluate,
@@ -22,10 +23,20 @@ localrules:
     report,
 
 
+# Compute nodes are often offline: downloads run where Snakemake runs (the login node).
+if MODE == "paper" and config["cluster"]["local_downloads"]:
+
+    localrules:
+        download_model,
+        download_reward_ckpts,
+        download_prompts,
+
+
 rule all:
     input:
         "results/report/report.md",
         "results/eval/summary.csv",
+        "results/dvc",
 
 
 # The stages of dvc.yaml, one target each.
@@ -33,6 +44,7 @@ rule prepare:
     input:
         MODEL_DIR,
         RAW_DIR,
+        config["reward_ckpt_dir"],
         expand(f"{DATASET_DIR}/{{split}}.parquet", split=["train", "test"]),
         [EMBED_DIR] if config["dataset"]["embed"] else [],
 
@@ -50,8 +62,10 @@ rule evaluate:
 rule eval_only:
     input:
         "results/eval/summary.csv",
+        ["results/eval/paper_comparison.md"] if EVAL["published"] else [],
 
 
 rule report:
     input:
         "results/report/report.md",
+        "results/dvc",

@@ -125,6 +125,14 @@ class DataConfig:
 
 
 @dataclass
+class LoggingConfig:
+    # metrics.jsonl is always written; the others are live trackers (marble/trackers.py),
+    # optional extras: a missing one warns and training goes on.
+    backends: list[Literal["jsonl", "tensorboard", "wandb", "dvclive"]] = field(
+        default_factory=lambda: ["jsonl"])
+
+
+@dataclass
 class RunConfig:
     preset: str = ""
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -133,6 +141,7 @@ class RunConfig:
     balancer: BalancerConfig = field(default_factory=BalancerConfig)
     rewards: list[RewardSpec] = field(default_factory=list)
     data: DataConfig = field(default_factory=DataConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     @property
     def reward_names(self) -> list[str]:

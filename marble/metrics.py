@@ -92,15 +92,34 @@ class Timer:
 
 
 class MetricsLog:
-    """The run's metrics.jsonl: append per step; drop lines past a resumed step."""
+    """The run's metrics.jsonl: append per step; drop lines past a resumed step.
 
-    def __init__(self, path: str | Path, enabled: bool = True):
+    `backends` (the run config's logging.backends): live trackers fed the same records,
+    opened on the first record and only where enabled (rank 0).
+    """
+
+    def __init__(self, path: str | Path, enabled: bool = True, backends: list[str] = ("jsonl",)):
         self.path = Path(path)
         self.enabled = enabled
+        self.backends = list(backends)
+        self._trackers = None
 
     def log(self, record: dict) -> None:
         if self.enabled:
             append_jsonl(self.path, _jsonable(record))
+            self.trackers().log(_jsonable(record))
+
+    def trackers(self):
+        from marble.trackers import TrackerFanout, open_trackers
+
+        if self._trackers is None:
+            wanted = self.backends if self.enabled else []
+            self._trackers = TrackerFanout(open_trackers(wanted, self.path.parent))
+        return self._trackers
+
+    def close(self) -> None:
+        if self._trackers is not None:
+            self._trackers.close()
 
     def truncate_after(self, step: int) -> int:
         """Remove records with `step` > the resumed step (logged after the last checkpoint).

@@ -28,6 +28,7 @@ from marble.config import ConfigError, RunConfig, dump_yaml, load_config, to_dic
 RESULT_NEUTRAL_KEYS = {
     "preset", "train.max_steps", "train.save_every", "train.log_every", "train.keep_checkpoints",
     "sampling.eval_num_steps", "data.test", "data.embed_cache",
+    "logging.backends",  # trackers watch a run; a folder from before the key resumes too
 }
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 

@@ -124,7 +124,8 @@ class Trainer:
                                       self.sigmas, self.info, self.autocast,
                                       self._embed_cache(), progress,
                                       reward_device=self.reward_device)
-        self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", enabled=self.info.is_main)
+        self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", enabled=self.info.is_main,
+                                  backends=cfg.logging.backends)
         self.step, self.epoch = 0, 0
 
     def _embed_cache(self):

@@ -62,19 +62,22 @@ def test_dvc_stages_match_snakefile(tmp_path):
     adds to the previous stages; data deps are upstream outs; params are config keys."""
     work = copy_workflow(tmp_path / "repo", config=None)
     config = yaml.safe_load((work / "config.yaml").read_text())
+    params = yaml.safe_load((work / "params.yaml").read_text())
     spec = yaml.safe_load((work / "dvc.yaml").read_text())
-    assert spec["vars"] == ["config.yaml"]
-    stages = _render(spec["stages"], config)
+    assert spec["vars"] == ["config.yaml", "params.yaml"]
+    stages = _render(spec["stages"], {**config, **params})
     targets = [stage["cmd"].split()[1] for stage in stages.values()]
     graph = _rule_graph(work, targets + ["all"])
     rule_outputs = dry_run_outputs(work, "all", extra=targets)  # one dry run, every target
     schema = yaml.safe_load((work / "workflow/schemas/config.schema.yaml").read_text())
-    shipped_configs = [yaml.safe_load((work / f).read_text()) for f in ["config.yaml", ".test/config.yaml"]]
+    shipped_configs = [yaml.safe_load((work / f).read_text())
+                       for f in ["config.yaml", ".test/config.yaml", "config/paper.yaml"]]
     produced: set[str] = set()
     upstream_outs: list[str] = []
     for name, stage in stages.items():
         cmd = stage["cmd"].split()
         assert cmd[0] == "snakemake" and "-c2" in cmd, stage["cmd"]
+        assert cmd[cmd.index("--profile") + 1] == "workflow/profiles/local", stage["cmd"]
         target = cmd[1]  # first: --rerun-triggers takes several values
         assert target in graph, f"stage {name} runs `{target}`, not a rule of the Snakefile"
         outputs = set().union(*(rule_outputs.get(r, set()) for r in graph[target])) - produced
@@ -107,6 +110,47 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _views():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "workflow/scripts/dvc_views.py"
+    spec = importlib.util.spec_from_file_location("dvc_views", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_dvc_views_flat_tables_curves_and_bars(tmp_path):
+    views = _views()
+    runs = tmp_path / "runs"
+    for run, values in {"marble": [0.25, float("nan"), 0.75], "weighted_sum": [0.5, 0.5, 0.5]}.items():
+        (runs / run).mkdir(parents=True)
+        lines = [json.dumps({"step": i + 1, "reward/toy_a": v, "balancer": run})
+                 for i, v in enumerate(values)]
+        (runs / run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    summary = tmp_path / "summary.csv"
+    summary.write_text("run,checkpoint,dataset,metric,value\n"
+                       "marble,checkpoint-000004,pickscore,toy_a,0.5\n"
+                       "marble,checkpoint-000004,pickscore,n_toy_a,3\n"
+                       "weighted_sum,checkpoint-000004,pickscore,toy_a,\n")
+    bench = tmp_path / "step.json"
+    bench.write_text(json.dumps({"balancers": {"weighted_sum": {"step_s": 2.0, "peak_mb": 10},
+                                               "marble": {"step_s": 3.0, "peak_mb": 12}}}))
+    out = tmp_path / "dvc"
+    (out / "curves").mkdir(parents=True)
+    (out / "curves" / "stale.csv").write_text("a reward that is gone\n")
+    views.write_views(runs, summary, bench, out)
+    metrics = json.loads((out / "eval_metrics.json").read_text())
+    assert metrics == {"marble/checkpoint-000004": {"toy_a (pickscore)": 0.5},
+                       "weighted_sum/checkpoint-000004": {"toy_a (pickscore)": None}}
+    assert json.loads((out / "bench_metrics.json").read_text())["marble"]["time_vs_weighted_sum"] == 1.5
+    assert sorted(p.name for p in (out / "curves").iterdir()) == ["toy_a.csv"]
+    curve = (out / "curves/toy_a.csv").read_text().splitlines()
+    assert curve[:4] == ["step,value,run", "1,0.25,marble", "2,,marble", "3,0.75,marble"]
+    bars = (out / "eval_bars/toy_a_pickscore.csv").read_text().splitlines()
+    assert bars == ["run,value", "marble/checkpoint-000004,0.5", "weighted_sum/checkpoint-000004,"]
+
+
 @pytest.mark.slow
 def test_dvc_repro_twice_metrics_and_remote_round_trip(tiny_pipeline, tmp_path):
     work = tiny_pipeline["dir"]
@@ -115,9 +159,18 @@ def test_dvc_repro_twice_metrics_and_remote_round_trip(tiny_pipeline, tmp_path):
     text = again.stdout + again.stderr
     assert "Running stage" not in text, text[-2000:]
     assert "up to date" in dvc(["status"], work).stdout
+    shown = dvc(["metrics", "show"], work)
+    assert "ERROR" not in shown.stdout + shown.stderr and "eval_metrics.json" in shown.stdout
     metrics = json.loads(dvc(["metrics", "show", "--json"], work).stdout)
     flat = json.dumps(metrics)
-    assert "average_scores.json" in flat and "toy_brightness" in flat
+    assert "error" not in flat and "toy_brightness (pickscore)" in flat and "step_s" in flat
+    plots = json.loads(dvc(["plots", "show", "--json"], work).stdout)["data"]
+    curves = [k for k in plots if k.startswith("results/dvc/curves/")]
+    bars = [k for k in plots if k.startswith("results/dvc/eval_bars/")]
+    assert "results/dvc/curves/toy_brightness.csv" in curves and bars, sorted(plots)
+    values = plots[curves[0]][0]["content"]["data"]["values"]
+    runs = yaml.safe_load((work / "config.yaml").read_text())["runs"]
+    assert {v["run"] for v in values} == set(runs)
     # Round trip through a local-folder remote.
     tracked = [work / "results/eval/summary.csv", work / "results/report/report.md",
                work / "data/datasets/tiny/train.parquet"]
@@ -126,8 +179,32 @@ def test_dvc_repro_twice_metrics_and_remote_round_trip(tiny_pipeline, tmp_path):
     dvc(["remote", "add", "-d", "local", str(remote)], work)
     dvc(["push"], work)
     shutil.rmtree(work / ".dvc/cache")
+    assert (work / ".dvc/plots/by_run.json").is_file()  # committed, not cache
     for sub in ["results", "data"]:
         shutil.rmtree(work / sub)
     dvc(["pull"], work)
     assert {p: _sha(p) for p in tracked} == before
     assert "up to date" in dvc(["status"], work).stdout
+
+
+@pytest.mark.slow
+def test_dvc_exp_with_another_balancer_runs_only_affected_stages(tiny_pipeline, tmp_path):
+    """A run with another balancer added through `dvc exp run -S`: prepare is not rerun,
+    the new run is trained and evaluated, the others are not retrained, and
+    `dvc params diff` names the change."""
+    work = tmp_path / "exp"  # a copy: the shared pipeline folder stays as the fixture left it
+    shutil.copytree(tiny_pipeline["dir"], work, symlinks=True)
+    done = work / "results/runs/marble/train_summary.json"
+    before = done.read_text()
+    proc = dvc(["exp", "run", "-S",
+                "config.yaml:+runs.mgda={preset:tiny_mgda,max_steps:2,set:['train.save_every=2']}"],
+               work, timeout=1500)
+    text = proc.stdout + proc.stderr
+    assert "Running stage 'prepare'" not in text and "Stage 'prepare' didn't change" in text
+    assert "Running stage 'train'" in text and "Running stage 'evaluate'" in text
+    assert (work / "results/runs/mgda/train_summary.json").is_file()
+    assert done.read_text() == before
+    diff = dvc(["params", "diff"], work).stdout
+    assert "runs.mgda" in diff and "tiny_mgda" in diff
+    metrics = json.loads((work / "results/dvc/eval_metrics.json").read_text())
+    assert any(key.startswith("mgda/") for key in metrics)

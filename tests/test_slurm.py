@@ -27,6 +27,7 @@ printf '%s\\n' "$@" > "$STUB_DIR/{name}.argv"
 case {name} in
   sbatch) cat > "$STUB_DIR/sbatch.stdin"; echo 4242 ;;
   scontrol) echo "MinJobAge = 600 sec" ;;
+  sacctmgr|sshare) echo "proj42" ;;
 esac
 exit 0
 """
@@ -44,13 +45,18 @@ def _paper_inputs(work: Path) -> None:
 
 
 def test_sbatch_call_for_paper_training(tmp_path):
-    """The real plugin builds the sbatch call for one paper run: 2 nodes x 8 GPUs, one
-    task per node, no --ntasks-per-gpu, requeue + signal, and the job is left to our srun."""
+    """The real plugin builds the sbatch call for one paper run: 2 nodes x 8 GPUs of the
+    configured type on the GPU partition and account, one task per node, no
+    --ntasks-per-gpu, requeue (the plugin's own flag) + signal, the job left to our srun."""
     work = copy_workflow(tmp_path / "repo", config="config/paper.yaml")
+    cfg = yaml.safe_load((work / "config.yaml").read_text())
+    cfg["cluster"].update(partition="cpu", gpu_partition="gpu", account="proj42",
+                          gpu_type="h100", constraint="h100|h200")
+    (work / "config.yaml").write_text(yaml.safe_dump(cfg))
     _paper_inputs(work)
     stubs = tmp_path / "stubs"
     stubs.mkdir()
-    for name in ["sbatch", "squeue", "sinfo", "scontrol", "sacct", "scancel"]:
+    for name in ["sbatch", "squeue", "sinfo", "scontrol", "sacct", "scancel", "sacctmgr", "sshare"]:
         (stubs / name).write_text(STUB.format(name=name))
         (stubs / name).chmod(0o755)
     environ = env()
@@ -67,16 +73,64 @@ def test_sbatch_call_for_paper_training(tmp_path):
     assert (stubs / "sbatch.argv").exists(), f"sbatch never called:\n{out[-3000:]}"
     argv = (stubs / "sbatch.argv").read_text().split("\n")
     call = " ".join(argv)
-    for expected in ["--nodes=2", "--ntasks=2", "--gres=gpu:8", "--requeue",
-                     "--signal=USR1@600", "--ntasks-per-node=1", "--mem", "480000", "2880"]:
+    for expected in ["--nodes=2", "--ntasks=2", "--gres=gpu:h100:8", "--requeue",
+                     "--signal=USR1@600", "--ntasks-per-node=1", "--mem", "480000", "2880",
+                     "-A proj42", "-p gpu"]:
         assert expected in call, f"{expected} missing from: sbatch {call}"
-    assert "--ntasks-per-gpu" not in call and "-A" not in argv and "--account" not in call
+    assert "--ntasks-per-gpu" not in call and call.count("--requeue") == 1
+    assert argv[argv.index("-C") + 1] == "h100|h200"  # one argument: quoted for the shell
     # The job runs Snakemake's own jobstep for exactly this rule.
     assert "--target-jobs" in call and "train_run:run=rho_07" in call
     print("sbatch", shlex.join(argv))
     shell = snakemake(["-n", "-p", "--nolock", "results/runs/rho_07/train_summary.json",
                        "--configfile", "config/paper.yaml"], work).stdout
     assert "train_launch.sh srun --" in shell
+    assert ">> logs/train/rho_07.log" in shell  # a requeued job appends to its log
+
+
+def _launch(tmp_path: Path, lock: str | None, squeue_state: str, job_id: str | None):
+    """train_launch.sh with stub squeue and marble; returns (exit status, output)."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir(exist_ok=True)
+    (stubs / "squeue").write_text(f"#!/bin/sh\necho '{squeue_state}'\n")
+    (stubs / "marble").write_text("#!/bin/sh\necho \"stub marble $*\"\n")
+    for name in ["squeue", "marble"]:
+        (stubs / name).chmod(0o755)
+    run_dir = tmp_path / "runs/marble"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if lock is not None:
+        (run_dir / "TRAINING.lock").write_text(lock)
+    environ = {k: v for k, v in env().items() if not k.startswith("SLURM_")}
+    environ["PATH"] = f"{stubs}:{environ['PATH']}"
+    if job_id:
+        environ["SLURM_JOB_ID"] = job_id
+    # No launcher: as the plugin runs a one-node job (SLURM) or a local run.
+    args = ["bash", str(ROOT / "workflow/scripts/train_launch.sh"), "", "--", "--preset", "tiny",
+            "--output-dir", str(run_dir)]
+    if job_id:  # inside SLURM the launcher runs torchrun_slurm.sh: stub it via marble
+        args[1:2] = [str(ROOT / "workflow/scripts/train_launch.sh")]
+    proc = subprocess.run(args, env=environ, capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path)
+    return proc.returncode, proc.stdout + proc.stderr, run_dir / "TRAINING.lock"
+
+
+def test_restart_never_starts_a_second_trainer(tmp_path):
+    host = subprocess.run(["hostname"], capture_output=True, text=True).stdout.strip()
+    # A live SLURM owner (another job id, RUNNING in squeue): refuse.
+    status, out, lock = _launch(tmp_path, f"slurm 1234 {host}\n", "RUNNING", None)
+    assert status == 75 and "being trained by slurm 1234" in out
+    assert lock.read_text().startswith("slurm 1234")
+    # The owner is gone from squeue: take over, train, drop the lock.
+    status, out, lock = _launch(tmp_path, f"slurm 1234 {host}\n", "", None)
+    assert status == 0 and "stub marble train" in out and not lock.exists()
+    # A live local trainer (this test's own pid stands in for it): refuse.
+    status, out, _ = _launch(tmp_path, f"pid {os.getpid()} {host}\n", "", None)
+    assert status == 75
+    # A dead local pid: take over.
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    status, out, _ = _launch(tmp_path, f"pid {dead.pid} {host}\n", "", None)
+    assert status == 0 and "stub marble train" in out
 
 
 def _slurm_ready() -> str | None:
@@ -125,3 +179,42 @@ def test_tiny_pipeline_through_real_slurm(tiny_pipeline, tmp_path):
                  if "has been submitted with SLURM jobid" in line]
     assert any("rule_train_run" in line for line in submitted), "training did not go through sbatch"
     assert "via srun (job " in log
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_requeued_training_resumes(tiny_pipeline, tmp_path):
+    """`scontrol requeue` of a running training job (what SLURM does on a node failure or
+    what USR1 triggers near the time limit): the same job id restarts, takes over its own
+    run lock, resumes from the last complete checkpoint, appends to the run's train.log, and the
+    main Snakemake (slurm-requeue) sees the job finish instead of reporting a failure."""
+    reason = _slurm_ready()
+    if reason:
+        pytest.skip(reason)
+    work = copy_workflow(tmp_path / "repo")
+    copy_inputs(tiny_pipeline["dir"], work, ["data/models", "data/raw-tiny", "data/datasets"])
+    cfg = yaml.safe_load((work / "config.yaml").read_text())
+    cfg["runs"] = {"marble": {"preset": "tiny", "max_steps": 8, "set": ["train.save_every=2"]}}
+    cfg["train"].update(nodes=1, cpus_per_task=1, mem_mb=2000, runtime=20)
+    (work / "config.yaml").write_text(yaml.safe_dump(cfg))
+    target = "results/runs/marble/train_summary.json"
+    main = subprocess.Popen([str(BIN / "snakemake"), "--profile", "slurm", target, "--latency-wait", "5"],
+                            cwd=work, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run_dir = work / "results/runs/marble"
+    marker = run_dir / "checkpoints/checkpoint-000002/COMPLETE"
+    deadline = time.time() + 900
+    while not marker.exists() and main.poll() is None and time.time() < deadline:
+        time.sleep(0.5)
+    assert marker.exists(), "no checkpoint-000002 before the deadline"
+    job_id = (run_dir / "TRAINING.lock").read_text().split()[1]
+    subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=60)
+    out, _ = main.communicate(timeout=1200)
+    assert main.returncode == 0, out[-4000:]
+    summary = json.loads((run_dir / "train_summary.json").read_text())
+    assert summary["final_step"] == 8
+    assert summary["resumed_from"] and int(Path(summary["resumed_from"]).name.split("-")[1]) >= 2
+    # Every attempt's output, appended in the run folder (the jobstep recreates the rule log).
+    log = (run_dir / "train.log").read_text()
+    starts = [line for line in log.splitlines() if line.startswith("train_launch: ")]
+    assert len(starts) == 2 and all(f"(job {job_id})" in line for line in starts), starts
+    assert not (run_dir / "TRAINING.lock").exists()

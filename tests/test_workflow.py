@@ -61,7 +61,9 @@ def test_schema_fills_defaults_and_accepts_shipped_configs():
     cfg = _validate({})
     assert cfg["mode"] == "tiny" and set(cfg["runs"]) == {"weighted_sum", "equal_alpha", "marble"}
     assert cfg["train"]["nodes"] == 1 and cfg["eval"]["num_inference_steps"] == 40
-    for name in ["config.yaml", "config/paper.yaml", ".test/config.yaml"]:
+    assert cfg["cluster"] == {"partition": None, "gpu_partition": None, "account": None,
+                              "gpu_type": None, "constraint": None, "local_downloads": True}
+    for name in ["config.yaml", "config/paper.yaml", "config/paper-eval.yaml", ".test/config.yaml"]:
         _validate(yaml.safe_load((ROOT / name).read_text()))
 
 
@@ -71,6 +73,9 @@ def test_schema_fills_defaults_and_accepts_shipped_configs():
     ({"runs": {"a": {"preset": "tiny", "max_step": 3}}}, "max_step"),
     ({"train": {"nodes": "two"}}, "nodes"),
     ({"eval": {"datasets": ["imagenet"]}}, "imagenet"),
+    ({"cluster": {"account": "proj; rm -rf ~"}}, "rm -rf"),  # a shell word, nothing else
+    ({"cluster": {"partiton": "gpu"}}, "partiton"),
+    ({"cluster": {"gpu_type": "h100 --wrap=x"}}, "--wrap"),
 ])
 def test_schema_rejects_bad_key_and_wrong_type(cfg, named):
     from snakemake.exceptions import WorkflowError
@@ -113,10 +118,11 @@ def _eval_workdir(tmp_path: Path, pipeline_dir: Path, scan: Path, datasets: list
 
 
 def _evaluated_jobs(stdout: str) -> list[str]:
-    """The average_scores.json of every evaluate job Snakemake ran."""
+    """The average_scores.json of every evaluate job Snakemake ran, without the
+    settings folder (results/eval/<settings>/<run>/...)."""
     firsts = [line.split("output:")[1].split(",")[0].strip() for line in stdout.splitlines()
               if line.strip().startswith("output: results/eval/")]
-    return [p for p in firsts if p.endswith("average_scores.json")]
+    return ["results/eval/" + p.split("/", 3)[3] for p in firsts if p.endswith("average_scores.json")]
 
 
 @pytest.mark.slow
@@ -133,7 +139,7 @@ def test_eval_only_picks_up_new_checkpoints(tiny_pipeline, tmp_path):
         "results/eval/marble/checkpoint-000002/pickscore/average_scores.json",
         "results/eval/marble/checkpoint-000004/pickscore/average_scores.json",
     ]
-    done = work / "results/eval/marble/checkpoint-000002/pickscore/average_scores.json"
+    [done] = (work / "results/eval").glob("*/marble/checkpoint-000002/pickscore/average_scores.json")
     mtime = done.stat().st_mtime_ns
     name = "checkpoint-000004"
     shutil.copytree(src / "weighted_sum/checkpoints" / name, scan / "weighted_sum/checkpoints" / name)

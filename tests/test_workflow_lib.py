@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 WORKFLOW_FILES = [
     "Snakefile", "workflow", "config.yaml", "config", ".test", "slurm", "dvc.yaml", ".dvcignore",
+    "params.yaml", ".dvc",
 ]
 # DVC stages hash these code folders as dependencies.
 CODE_DIRS = ["marble"]
@@ -38,7 +39,8 @@ def env() -> dict:
 def copy_workflow(dest: Path, config: str | None = ".test/config.yaml") -> Path:
     """A fresh git repo at `dest` holding the workflow files (config.yaml := `config`)."""
     dest.mkdir(parents=True, exist_ok=True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".snakemake")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".snakemake", "cache", "tmp",
+                                    "config.local")
     for name in WORKFLOW_FILES + CODE_DIRS:
         src = ROOT / name
         if src.is_dir():
@@ -106,8 +108,11 @@ def dry_run_outputs(cwd: Path, target: str, extra: list[str] = ()) -> dict[str, 
 
 
 def init_dvc(cwd: Path) -> None:
-    dvc(["init", "-q"], cwd)
-    dvc(["config", "core.analytics", "false"], cwd)
+    """The repository's committed .dvc/ (config, plot templates) makes a clone a DVC
+    repo; `dvc init` only where a test copied no .dvc/."""
+    if not (cwd / ".dvc" / "config").is_file():
+        dvc(["init", "-q"], cwd)
+        dvc(["config", "core.analytics", "false"], cwd)
 
 
 _PIPELINE: dict = {}  # one run per session: each importing module gets its own fixture

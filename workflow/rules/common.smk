@@ -26,6 +26,7 @@ DATASET_DIR = f"data/datasets/{config['dataset']['name']}"
 # Inside the dataset folder, so DVC tracks tables and their embeddings as one output.
 EMBED_DIR = f"{DATASET_DIR}/embeddings"
 RUNS = config["runs"]
+CLUSTER = config["cluster"]
 EVAL = config["eval"]
 TRAIN = config["train"]
 MARBLE_ENV = "../envs/marble.yaml"
@@ -101,10 +102,12 @@ def train_resources():
         mem_mb=TRAIN["mem_mb"],
         runtime=TRAIN["runtime"],
         tasks_per_gpu=0,
-        slurm_extra=f"--requeue{signal}{per_node}",
+        **cluster_resources(gpus),
     )
-    if gpus:
-        res["gres"] = f"gpu:{gpus}"
+    # --requeue itself comes from the profile (slurm-requeue), so the plugin knows.
+    extra = f"{signal}{per_node}".strip()
+    if extra:
+        res["slurm_extra"] = extra
     # "" still keeps the jobstep from wrapping us in `srun -n1` but asks sbatch for nothing.
     res["mpi"] = "srun" if tasks > 1 else ""
     return res
@@ -117,6 +120,8 @@ def scanned_checkpoints():
     """{(run, ckpt): folder} of complete marble checkpoints under eval.scan_dirs.
 
     Globbed at every parse, so re-running a target picks up checkpoints saved since.
+    Two folders with one run name (e.g. two scan dirs, each holding a `marble` run)
+    get distinct names: the second is `<run>-<parent folder>` (never silently dropped).
     """
     found = {}
     for root in EVAL["scan_dirs"]:
@@ -129,71 +134,141 @@ def scanned_checkpoints():
                 if folder.parent.name == "checkpoints"
                 else folder.parent
             )
-            found[(run_dir.name, folder.name)] = str(folder)
+            name = run_dir.name
+            # One of our own runs scanned through another spelling (absolute path).
+            same = found.get((name, folder.name))
+            if same is not None and os.path.samefile(same, folder):
+                continue
+            if same is not None:
+                base = re.sub(r"[^A-Za-z0-9_.-]", "_", run_dir.parent.name) or "root"
+                name, n = f"{name}-{base}", 2
+                while (name, folder.name) in found:
+                    name, n = f"{run_dir.name}-{base}{n}", n + 1
+            found[(name, folder.name)] = str(folder)
     return found
 
 
-HUB_PREFIX = "hf:"  # eval.checkpoints entry `hf:<repo id>[@revision]`: a hub LoRA
+HUB_PREFIX = "hf:"
+LORA_DIR = "data/loras"
 
 
-def is_hub_lora(path):
-    return str(path).startswith(HUB_PREFIX)
+def hub_lora(source):
+    """(repo id, revision) of an `hf:owner/repo[@revision]` entry, else None."""
+    if not source.startswith(HUB_PREFIX):
+        return None
+    repo, _, revision = source[len(HUB_PREFIX) :].partition("@")
+    return repo, revision or "main"
 
 
-def ckpt_name(path):
-    """Results folder name of an eval.checkpoints entry (hub: <repo name>[.<revision>])."""
-    if is_hub_lora(path):
-        repo, _, revision = str(path)[len(HUB_PREFIX) :].partition("@")
-        name = Path(repo).name + (f".{revision}" if revision else "")
-        return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
-    return Path(path).name or "lora"
+def checkpoint_label(source):
+    """The <checkpoint> folder name of an eval.checkpoints entry."""
+    if source == "base":
+        return "base"
+    hub = hub_lora(source)
+    if hub:
+        return re.sub(r"[^A-Za-z0-9_.-]", "_", f"hub-{hub[1]}")
+    return Path(source).name or "lora"
 
 
 def named_checkpoints():
-    """{(name, folder name): folder} from eval.checkpoints (marble or plain LoRA folders,
-    or hf:<repo id>[@revision] hub LoRAs)."""
+    """{(name, label): source} from eval.checkpoints: a marble or peft/diffusers LoRA
+    folder, `hf:owner/repo[@revision]` (a public LoRA, fetched on the login node), or
+    `base` (the base model, no LoRA)."""
     return {
-        (name, ckpt_name(path)): str(path) for name, path in EVAL["checkpoints"].items()
+        (name, checkpoint_label(str(source))): str(source)
+        for name, source in EVAL["checkpoints"].items()
     }
 
 
 def final_checkpoints(only_trained=False):
-    """{(run, ckpt): folder} of each configured run's final checkpoint."""
+    """{(run, ckpt): folder} of each configured run's final checkpoint.
+
+    only_trained: just the runs whose final checkpoint is complete (its COMPLETE
+    marker and the training summary), so `eval_only` never asks for training, whatever
+    changed in `runs:`.
+    """
     out = {}
     for run in RUNS:
-        if only_trained and not os.path.exists(
+        folder = f"results/runs/{run}/checkpoints/{final_ckpt(run)}"
+        done = os.path.exists(f"{folder}/COMPLETE") and os.path.exists(
             f"results/runs/{run}/train_summary.json"
-        ):
-            continue
-        out[(run, final_ckpt(run))] = (
-            f"results/runs/{run}/checkpoints/{final_ckpt(run)}"
         )
+        if only_trained and not done:
+            continue
+        out[(run, final_ckpt(run))] = folder
     return out
+
+
+def eval_only_requested():
+    targets = getattr(workflow.dag_settings, "targets", None)
+    if targets is None:
+        # At parse time Snakemake has not handed over the targets yet: the command line.
+        import sys
+
+        targets = sys.argv[1:]
+    return "eval_only" in set(targets)
+
+
+# Under `snakemake eval_only` train.smk defines no training job, so nothing it asks for can start
+# a training job (a 2x8-GPU, 48 h job under the profile).
+EVAL_ONLY = eval_only_requested()
 
 
 def eval_catalogue():
     """Every checkpoint this workflow knows, with a clear error on a name clash."""
     catalogue = dict(final_checkpoints())
     for key, folder in {**scanned_checkpoints(), **named_checkpoints()}.items():
-        if catalogue.get(key, folder) != folder:
+        old = catalogue.get(key, folder)
+        if old != folder and not (
+            os.path.exists(old) and os.path.samefile(old, folder)
+        ):
             raise ValueError(
                 f"config: checkpoint {key[0]}/{key[1]} names two folders: "
                 f"{catalogue[key]} and {folder}; rename one in eval.checkpoints"
             )
-        catalogue[key] = folder
+        catalogue.setdefault(key, folder)
     return catalogue
+
+
+def eval_settings_name():
+    """The folder evaluations go to: named by every setting that changes the images.
+
+    A change of steps, guidance, resolution, precision or model writes a new folder
+    (results there stay valid); limit and rewards are not in it: a larger limit
+    resumes, a new reward re-scores the saved images in place.
+    """
+    import hashlib
+    import json
+
+    keys = ["num_inference_steps", "guidance_scale", "resolution", "mixed_precision"]
+    settings = {k: EVAL[k] for k in keys}
+    settings["model"] = os.path.normpath(MODEL_DIR)
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[
+        :8
+    ]
+    res = EVAL["resolution"] or "native"
+    return (
+        f"n{EVAL['num_inference_steps']}-r{res}-g{EVAL['guidance_scale']}"
+        f"-{EVAL['mixed_precision']}-{digest}"
+    )
+
+
+EVAL_DIR = f"results/eval/{eval_settings_name()}"
 
 
 def eval_outputs(keys):
     return [
-        f"results/eval/{run}/{ckpt}/{ds}/average_scores.json"
+        f"{EVAL_DIR}/{run}/{ckpt}/{ds}/average_scores.json"
         for run, ckpt in sorted(keys)
         for ds in EVAL["datasets"]
     ]
 
 
 def eval_inputs(wildcards):
-    """A configured run's final checkpoint waits for training; others must exist."""
+    """A configured run's final checkpoint waits for its training summary (the same
+    input whatever the target, so Snakemake's input trigger never flips between `all`
+    and `eval_only`; under eval_only no rule makes it, see train.smk); others must exist.
+    """
     key = (wildcards.run, wildcards.ckpt)
     if key in final_checkpoints():
         return {"ready": f"results/runs/{wildcards.run}/train_summary.json"}
@@ -204,23 +279,34 @@ def eval_inputs(wildcards):
             f"not in eval.checkpoints, not found under eval.scan_dirs"
         )
     folder = catalogue[key]
-    # A hub LoRA is fetched by `marble evaluate` itself (huggingface_hub's cache).
-    if is_hub_lora(folder):
+    if folder == "base":
         return {}
+    if hub_lora(folder):
+        return {"ready": f"{LORA_DIR}/{wildcards.run}"}
     marker = Path(folder) / "COMPLETE"
     return {"ready": str(marker) if marker.exists() else folder}
 
 
-def eval_ckpt_path(wildcards):
-    return eval_catalogue().get(
+def eval_source_args(wildcards):
+    """`marble evaluate` arguments naming what to evaluate (shell-quoted)."""
+    source = eval_catalogue().get(
         (wildcards.run, wildcards.ckpt),
         f"results/runs/{wildcards.run}/checkpoints/{wildcards.ckpt}",
     )
+    if source == "base":
+        return ""
+    if hub_lora(source):
+        return f"--lora_hf_path {shlex_quote(f'{LORA_DIR}/{wildcards.run}')}"
+    return f"--checkpoint_path {shlex_quote(source)}"
 
 
-def eval_ckpt_flag(wildcards):
-    hub = is_hub_lora(eval_ckpt_path(wildcards))
-    return "--lora_hf_path" if hub else "--checkpoint_path"
+def hub_loras():
+    """{name: (repo, revision)} of the hub LoRAs in eval.checkpoints."""
+    return {
+        name: hub_lora(str(source))
+        for name, source in EVAL["checkpoints"].items()
+        if hub_lora(str(source))
+    }
 
 
 def eval_args(wildcards):
@@ -244,17 +330,34 @@ def eval_args(wildcards):
 def summary_inputs(wildcards):
     """`all` trains and evaluates every run; `eval_only` never trains: it takes the
     runs already trained plus the named and scanned checkpoints."""
-    only_trained = "eval_only" in set(workflow.dag_settings.targets or ())
-    keys = set(final_checkpoints(only_trained))
+    keys = set(final_checkpoints(eval_only_requested()))
     keys |= set(scanned_checkpoints()) | set(named_checkpoints())
     return eval_outputs(keys)
 
 
-def resources_of(section):
-    res = config[section]["resources"]
+def cluster_resources(gpus):
+    """SLURM partition, account, GPU type and constraint from `cluster:` (schema-checked
+    words, so safe on the sbatch line). GPU jobs take gpu_partition and the constraint.
+    """
+    out = {}
+    partition = (CLUSTER["gpu_partition"] or CLUSTER["partition"]) if gpus else None
+    partition = partition or CLUSTER["partition"]
+    if partition:
+        out["slurm_partition"] = partition
+    if CLUSTER["account"]:
+        out["slurm_account"] = CLUSTER["account"]
+    if gpus:
+        kind = f"{CLUSTER['gpu_type']}:" if CLUSTER["gpu_type"] else ""
+        out["gres"] = f"gpu:{kind}{gpus}"
+        if CLUSTER["constraint"]:
+            out["constraint"] = CLUSTER["constraint"]
+    return out
+
+
+def resources_of(section, key="resources"):
+    res = config[section][key]
     out = dict(
         cpus_per_task=res["cpus_per_task"], mem_mb=res["mem_mb"], runtime=res["runtime"]
     )
-    if res["gpus"]:
-        out["gres"] = f"gpu:{res['gpus']}"
+    out.update(cluster_resources(res["gpus"]))
     return out

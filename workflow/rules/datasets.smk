@@ -37,8 +37,29 @@ rule embed_prompts:
         "benchmarks/datasets/embed.tsv"
     conda:
         MARBLE_ENV
+    threads: config["dataset"]["embed_resources"]["cpus_per_task"]
     resources:
-        **resources_of("eval"),
+        **resources_of("dataset", "embed_resources"),
+    params:
+        device=config["dataset"]["embed_device"],
+        dtype=config["dataset"]["embed_dtype"],
     shell:
         "marble data embed --table {input.train:q} --table {input.test:q}"
-        " --model {input.model:q} --out {output:q} > {log:q} 2>&1"
+        " --model {input.model:q} --out {output:q}"
+        " --device {params.device} --dtype {params.dtype} > {log:q} 2>&1"
+
+
+if MODE == "tiny":
+
+    # The toy rewards need no checkpoints; the folder exists so the prepare stage
+    # (dvc.yaml) has the same outputs in both modes.
+    rule tiny_reward_ckpts:
+        output:
+            directory(config["reward_ckpt_dir"]),
+        log:
+            "logs/download/rewards.log",
+        conda:
+            MARBLE_ENV
+        shell:
+            "mkdir -p {output:q} && echo 'toy rewards: no checkpoints'"
+            " > {output:q}/README.txt 2> {log:q}"

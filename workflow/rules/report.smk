@@ -52,7 +52,29 @@ rule make_report:
         **resources_of("report"),
     params:
         out_dir=lambda wc, output: os.path.dirname(output.md),
+        eval_dir=EVAL_DIR,
     shell:
         "marble report --runs results/runs --eval-summary {input.summary:q}"
-        " --bench {input.bench:q} --eval-dir results/eval --out {params.out_dir:q}"
+        " --bench {input.bench:q} --eval-dir {params.eval_dir:q} --out {params.out_dir:q}"
+        " > {log:q} 2>&1"
+
+
+# Flat files for DVC (dvc.yaml: metrics and plots): one metrics file per table,
+# per-reward training curves and per-run eval bars.
+rule dvc_views:
+    input:
+        runs=expand("results/runs/{run}/train_summary.json", run=RUNS),
+        summary="results/eval/summary.csv",
+        bench="results/bench/step.json",
+    output:
+        directory("results/dvc"),
+    log:
+        "logs/report/dvc_views.log",
+    conda:
+        MARBLE_ENV
+    resources:
+        **resources_of("report"),
+    shell:
+        "python workflow/scripts/dvc_views.py --runs results/runs"
+        " --eval-summary {input.summary:q} --bench {input.bench:q} --out {output:q}"
         " > {log:q} 2>&1"

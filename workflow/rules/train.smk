@@ -5,35 +5,37 @@
 REWARD_INPUT = [config["reward_ckpt_dir"]] if MODE == "paper" else []
 
 
-rule train_run:
-    input:
-        model=MODEL_DIR,
-        train=f"{DATASET_DIR}/train.parquet",
-        test=f"{DATASET_DIR}/test.parquet",
-        embed=[EMBED_DIR] if config["dataset"]["embed"] else [],
-        rewards=REWARD_INPUT,
-    output:
-        "results/runs/{run}/train_summary.json",
-    log:
-        "logs/train/{run}.log",
-    benchmark:
-        "benchmarks/train/{run}.tsv"
-    conda:
-        MARBLE_ENV
-    threads: TRAIN["cpus_per_task"]
-    resources:
-        **train_resources(),
-    params:
-        preset=lambda wc: RUNS[wc.run]["preset"],
-        run_dir=lambda wc, output: os.path.dirname(output[0]),
-        args=train_args,
-        gpus=TRAIN["gpus_per_node"],
-        port=TRAIN["port"],
-        ckpts=f"MARBLE_REWARD_CKPTS={config['reward_ckpt_dir']}",
-    shell:
-        "{params.ckpts} MARBLE_GPUS_PER_NODE={params.gpus} MARBLE_RDZV_PORT={params.port}"
-        " MARBLE_NODES={resources.nodes} MARBLE_TASKS={resources.tasks}"
-        " MARBLE_CPUS_PER_TASK={resources.cpus_per_task}"
-        " bash workflow/scripts/train_launch.sh {resources.mpi:q} --"
-        " --preset {params.preset:q} --output-dir {params.run_dir:q} {params.args}"
-        " > {log:q} 2>&1"
+if not EVAL_ONLY:
+
+    rule train_run:
+        input:
+            model=MODEL_DIR,
+            train=f"{DATASET_DIR}/train.parquet",
+            test=f"{DATASET_DIR}/test.parquet",
+            embed=[EMBED_DIR] if config["dataset"]["embed"] else [],
+            rewards=REWARD_INPUT,
+        output:
+            "results/runs/{run}/train_summary.json",
+        log:
+            "logs/train/{run}.log",
+        benchmark:
+            "benchmarks/train/{run}.tsv"
+        conda:
+            MARBLE_ENV
+        threads: TRAIN["cpus_per_task"]
+        resources:
+            **train_resources(),
+        params:
+            preset=lambda wc: RUNS[wc.run]["preset"],
+            run_dir=lambda wc, output: os.path.dirname(output[0]),
+            args=train_args,
+            gpus=TRAIN["gpus_per_node"],
+            port=TRAIN["port"],
+            ckpts=f"MARBLE_REWARD_CKPTS={config['reward_ckpt_dir']}",
+        shell:
+            "{params.ckpts} MARBLE_GPUS_PER_NODE={params.gpus} MARBLE_RDZV_PORT={params.port}"
+            " MARBLE_NODES={resources.nodes} MARBLE_TASKS={resources.tasks}"
+            " MARBLE_CPUS_PER_TASK={resources.cpus_per_task}"
+            " bash workflow/scripts/train_launch.sh {resources.mpi:q} --"
+            " --preset {params.preset:q} --output-dir {params.run_dir:q} {params.args}"
+            " >> {log:q} 2>&1"
