@@ -15,7 +15,7 @@ from marble.dev import replicas
 from marble.rewards import build
 
 REWARD_REPOS = ("yuvalkirstain/PickScore_v1", "laion/CLIP-ViT-H-14-laion2B-s32B-b79K",
-                "openai/clip-vit-large-patch14", "google-bert/bert-base-uncased", "zai-org/ImageReward")
+                "openai/clip-vit-large-patch14", "google-bert/bert-base-uncased", "zai-org/ImageReward", "xswu/HPSv2")
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +34,7 @@ def ckpts(tmp_path_factory):
     replicas.aesthetic_head(out / "sac+logos+ava1-l14-linearMSE.pth", 6)
     (out / "geneval").mkdir()
     replicas.object_names(out / "geneval/object_names.txt")
+    replicas.write_hps_config(out / "marble-tiny-hps.json")
     return out
 
 
@@ -65,6 +66,15 @@ def test_paper_scorers_read_the_downloaded_folders_by_their_hub_ids(ckpts, offli
     detail = geneval.evaluate_detail(black, [colour])[0]  # the real CLIP colour classifier, local copy
     assert detail["score"] in (0.5, 0.75, 1.0)  # count credit 1, colour credit 0, 1/2 or 1
     assert type(geneval.color_classifier).__name__ == "ClipColorClassifier"
+
+
+def test_hpsv2_reads_the_downloaded_checkpoint(ckpts, offline):
+    pytest.importorskip("open_clip", reason="HPSv2.1 needs open_clip (make test-clip / test-paper env)")
+    from marble.dev.mirror import replica_reward_options
+
+    options = replica_reward_options(ckpts)["hpsv2"]
+    scores = build("hpsv2", ckpt_dir=str(ckpts), **options)(torch.rand(2, 3, 32, 32), ["a red car", "a dog"])
+    assert scores.shape == (2,) and torch.isfinite(scores).all() and scores.abs().max() <= 1
 
 
 def test_a_missing_download_names_the_command(tmp_path, offline):
