@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 EXTRAS ?= dev,workflow,ocr
 
-.PHONY: setup demo test test-clip test-paper clean
+.PHONY: setup demo test test-clip test-paper gpu-check clean
 
 $(BIN)/marble: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ demo: setup
 
 test: setup
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q --timeout=1800 tests
+
+# One GPU, <= 8 minutes: bench step (fp16+GradScaler, bf16) and a 3-step rho_07-path run on a
+# random-init SD3.5 Medium plus its resume; prints (and writes) one JSON. CPU plumbing: --tiny.
+gpu-check: setup
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m marble.gpu_check --out results/gpu_check.json
 
 # The open_clip-based scorers (HPSv2.1) need torchvision, which must match torch exactly:
 # a second environment with the torch 2.14.1 / torchvision 0.29.1 pair runs their tests and

@@ -38,7 +38,12 @@ class ModelConfig:
     lora_rank: int = 32
     lora_alpha: int = 64
     lora_targets: list[str] = field(default_factory=lambda: list(SD3_LORA_TARGETS))
+    # Autocast dtype of the forwards; fp16 adds a GradScaler (bf16 needs none).
     mixed_precision: Literal["no", "fp16", "bf16"] = "fp16"
+    # Weights of the frozen base transformer. fp32 under fp16 autocast is the reference's
+    # setup; SD3.5 Medium's 2.243 B parameters take 9.0 GB in fp32, 4.5 GB in fp16/bf16.
+    base_dtype: Literal["fp32", "fp16", "bf16"] = "fp32"
+    allow_tf32: bool = True  # TF32 matmuls on CUDA (reference `allow_tf32`)
     max_sequence_length: int = 128  # T5 tokens (docs/algorithm.md §2)
 
 
@@ -74,6 +79,9 @@ class TrainConfig:
     keep_checkpoints: int = 3  # newest complete checkpoints kept in RUN/checkpoints
     log_every: int = 1
     seed: int = 42
+    # Device of the reward scorers that take one: `auto` = cuda:{LOCAL_RANK} when CUDA
+    # is available, else cpu; or `cpu`, `cuda` (= cuda:{LOCAL_RANK}), `cuda:N`.
+    reward_device: str = "auto"
 
 
 @dataclass
@@ -90,8 +98,13 @@ class BalancerConfig:
     # presets False, the tiny ones and the `rho_07_exact` ablation True.
     exact_masking: bool = True
     # Per-reward gradients and cosines on the first micro-step of every n-th optimizer
-    # step, for every balancer (the weighted sum too, so the report can compare).
+    # step, for every balancer (the weighted sum too, so the report can compare); 0 = none,
+    # not even the cosines of full solves (the reference logs none).
     diagnostics_every: int = 10
+    # Full solves: `retain` keeps one forward's graph for the K per-reward backward passes
+    # (the reference); `recompute` runs one forward + backward per reward on the same
+    # micro-batch instead: same gradients, no retained graph, a plain step's peak memory.
+    full_solve: Literal["retain", "recompute"] = "retain"
 
 
 @dataclass
@@ -286,11 +299,17 @@ def validate(cfg: RunConfig, origin: str = "config") -> None:
         raise ConfigError(f"{origin}: `train.timestep_fraction` must be in (0, 1]")
     if not 0 <= b.alpha_ema < 1:
         raise ConfigError(f"{origin}: `balancer.alpha_ema` must be in [0, 1)")
+    if b.diagnostics_every < 0:
+        raise ConfigError(f"{origin}: `balancer.diagnostics_every` must be >= 0 (0 = off)")
     if b.fixed_alphas is not None:
         if len(b.fixed_alphas) != len(names) or abs(sum(b.fixed_alphas) - 1) > 1e-6:
             raise ConfigError(
                 f"{origin}: `balancer.fixed_alphas` needs {len(names)} values summing to 1"
             )
+    rd = t.reward_device
+    if rd not in ("auto", "cpu", "cuda") and not (rd.startswith("cuda:") and rd[5:].isdigit()):
+        raise ConfigError(f"{origin}: `train.reward_device` = {rd!r}: expected auto, cpu, "
+                          f"cuda or cuda:N")
     if t.old_decay_type not in (0, 1, 2):
         raise ConfigError(f"{origin}: `train.old_decay_type` must be 0, 1 or 2")
 

@@ -125,6 +125,14 @@ def all_reduce_sum_(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def any_rank(flag: bool, device: torch.device | None = None) -> bool:
+    """True on every rank when `flag` is True on at least one (e.g. a found-inf flag)."""
+    if not _active():
+        return bool(flag)
+    box = torch.tensor([1.0 if flag else 0.0], device=device or world().device)
+    return bool(all_reduce_sum_(box).item() > 0)
+
+
 def all_gather_cat(tensor: torch.Tensor, dim: int = 0) -> torch.Tensor:
     """Concatenate every rank's tensor along `dim`, in rank order (same shapes required)."""
     if not _active():

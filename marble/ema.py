@@ -31,7 +31,11 @@ class WeightEMA:
 
     @torch.no_grad()
     def update(self, step: int) -> float:
-        """shadow <- d shadow + (1 - d) param with d = ema_decay(step); returns d."""
+        """shadow <- d shadow + (1 - d) param with d = ema_decay(step); returns d.
+
+        `step` is the number of optimizer steps completed, this one included: the
+        reference calls its EMA after `global_step += 1` (so d = 2/11 after step 1).
+        """
         d = ema_decay(step, self.max_decay)
         for s, p in zip(self.shadow, self.params):
             s.lerp_(p.detach().to(s), 1.0 - d)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["optimality_prob", "nft_terms", "nft_loss_from_terms", "nft_loss", "kl_loss"]
+__all__ = ["optimality_prob", "nft_terms", "nft_loss_from_terms", "nft_loss", "kl_loss",
+           "amortized_coefficients", "weighted_loss"]
 
 WEIGHT_FLOOR = 1e-5  # clamp of the adaptive weight (reference train_nft_sd3.py:940-957)
 
@@ -84,3 +85,42 @@ def kl_loss(v_theta: torch.Tensor, v_ref: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"v_theta {tuple(v_theta.shape)} and v_ref {tuple(v_ref.shape)} differ")
     work = torch.promote_types(v_theta.dtype, torch.float32)
     return _pixel_mean((v_theta.to(work) - v_ref.detach().to(work)) ** 2)
+
+
+def amortized_coefficients(advantages: torch.Tensor, alpha, adv_clip: float = 5.0,
+                           exact_masking: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(r [B], w [B]) such that sum_i w_i l_i(r_i) = sum_k alpha_k L_k for per-sample losses
+    l_i affine in r (the NFT loss is), so the K-reward objective costs one loss evaluation.
+
+    advantages [B, K] (NaN = reward k does not apply to sample i), alpha [K].
+    exact_masking=True: L_k is the masked mean over V_k = {i: A_ki finite} of l_i(r(A_ki)), so
+      c_ik = alpha_k [i in V_k] / max(|V_k|, 1), w_i = sum_k c_ik, r_i = sum_k c_ik r_ki / w_i
+      (affinity: sum_k c_ik l_i(r_ki) = w_i l_i(r_i)); a row no reward applies to gets w_i = 0.
+    exact_masking=False (the reference, docs/algorithm.md §7.6): r_i = r(sum_k alpha_k nan->0(A_ki)), the clip
+      applied after combining, and w_i = 1/B (plain mean over all samples).
+    The weighted-sum baseline is the exact form with K = 1: its mean-reward advantage, alpha = [1].
+    """
+    if advantages.dim() != 2:
+        raise ValueError(f"advantages must be [B, K], got {tuple(advantages.shape)}")
+    b, k = advantages.shape
+    a = torch.as_tensor(alpha, dtype=torch.float64, device=advantages.device).reshape(-1)
+    if a.numel() != k:
+        raise ValueError(f"alpha has {a.numel()} values for {k} rewards")
+    if not exact_masking:
+        # Same arithmetic as the reference: combine in the advantages' dtype, then clip + map.
+        combined = (torch.nan_to_num(advantages, nan=0.0) * a.to(advantages.dtype)).sum(1)
+        r = optimality_prob(combined, adv_clip)
+        return r, torch.full_like(r, 1.0 / max(b, 1))
+    valid = torch.isfinite(advantages)
+    r_k = optimality_prob(torch.nan_to_num(advantages, nan=0.0), adv_clip).double()
+    counts = valid.sum(0).clamp(min=1).double()  # a tensor: no host sync on a GPU
+    coef = valid.double() * (a / counts)  # [B, K]
+    w = coef.sum(1)
+    r = torch.where(w > 0, (coef * r_k).sum(1) / w.clamp(min=1e-300), 0.5)
+    return r.to(advantages.dtype), w.to(advantages.dtype)
+
+
+def weighted_loss(per_sample: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """sum_i w_i l_i, rows with w_i = 0 left out even where l_i is not finite."""
+    w = w.to(per_sample.dtype)
+    return torch.where(w > 0, per_sample * w, torch.zeros_like(per_sample)).sum()

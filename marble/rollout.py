@@ -53,14 +53,22 @@ class Rollouts:
         return self.x0.shape[0]
 
 
+def set_thread_device(device: str) -> None:
+    """Pool-thread initializer: a new thread's current CUDA device is 0 whatever the rank's,
+    so a scorer on `cuda:N` would put its inputs on cuda:0 without this."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.set_device(torch.device(device))
+
+
 class RewardScorer:
     """Scores decoded batches on a thread pool (rewards overlap each other and the sampler)."""
 
-    def __init__(self, rewards: dict, masks: dict[str, torch.Tensor]):
+    def __init__(self, rewards: dict, masks: dict[str, torch.Tensor], device: str = "cpu"):
         self.rewards = rewards  # name -> callable reward
         self.masks = masks  # name -> [rows] bool applicability from the table (may be absent)
         self.pool = ThreadPoolExecutor(max_workers=max(1, len(rewards)),
-                                       thread_name_prefix="reward")
+                                       thread_name_prefix="reward",
+                                       initializer=set_thread_device, initargs=(device,))
         self.seconds = {name: 0.0 for name in rewards}
 
     def _score_one(self, name: str, images, prompts, metadata, rows) -> torch.Tensor:
@@ -125,7 +133,8 @@ class RolloutEngine:
     """Draws, samples, decodes and scores one epoch's rollouts on this rank."""
 
     def __init__(self, pipe, cfg: RunConfig, table: pd.DataFrame, rewards: dict, sampler,
-                 sigmas: torch.Tensor, info, autocast, embed_cache=None, progress: bool = True):
+                 sigmas: torch.Tensor, info, autocast, embed_cache=None, progress: bool = True,
+                 reward_device: str = "cpu"):
         self.pipe, self.cfg, self.table = pipe, cfg, table
         self.names = cfg.reward_names
         self.sampler, self.sigmas, self.info = sampler, sigmas, info
@@ -133,7 +142,7 @@ class RolloutEngine:
         self.groups = torch.as_tensor(pd.factorize(table["prompt_id"])[0], dtype=torch.long)
         self.metadata = [json.loads(m) if isinstance(m, str) else dict(m or {})
                          for m in table["metadata"]]
-        self.scorer = RewardScorer(rewards, table_masks(table, self.names))
+        self.scorer = RewardScorer(rewards, table_masks(table, self.names), reward_device)
 
     def embed(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Prompt embeddings: the cache when configured, else the text encoders."""

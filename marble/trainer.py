@@ -8,7 +8,6 @@ state, so N steps straight equal k steps + resume + N-k steps bitwise on the CPU
 
 from __future__ import annotations
 
-import contextlib
 import random
 import time
 from pathlib import Path
@@ -25,20 +24,18 @@ from marble.config import RunConfig, dump_yaml, grad_accumulation, training_time
 from marble.ema import WeightEMA, old_policy_decay
 from marble.io import write_json, write_text
 from marble.metrics import MetricsLog, StepAverager
-from marble.nft import nft_loss_from_terms, nft_terms, kl_loss, optimality_prob
+from marble.precision import (DTYPES, Precision, base_weight_dtype, enable_tf32, make_precision,
+                              optimizer_update, text_encoder_dtype, upcast_lora_)
 from marble.rollout import (STREAM_SHUFFLE, STREAM_TIMESTEPS, RolloutEngine, Rollouts,
                             keyed_generator)
 from marble.stopping import StopRequest
 
-_DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+_DTYPES = DTYPES  # kept for importers (bench)
 
 
-def autocast_factory(mixed_precision: str, device: torch.device):
-    """A zero-arg context factory: autocast on CUDA for fp16/bf16, nothing otherwise."""
-    if device.type != "cuda" or mixed_precision == "no":
-        return contextlib.nullcontext
-    dtype = _DTYPES[mixed_precision]
-    return lambda: torch.autocast("cuda", dtype=dtype)
+def autocast_factory(mixed_precision: str, device: torch.device) -> Precision:
+    """A zero-arg autocast context factory; fp16 also carries its GradScaler (`.scaler`)."""
+    return make_precision(mixed_precision, device)
 
 
 def seed_everything(seed: int) -> None:
@@ -47,20 +44,35 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-@torch.no_grad()
-def upcast_lora_(transformer) -> None:
-    """Adapter weights in fp32 over fp16/bf16 base weights: AdamW and GradScaler.unscale_
-    need fp32 master weights (a no-op on the CPU, where everything is fp32)."""
-    for name, param in transformer.named_parameters():
-        if "lora_" in name and param.dtype != torch.float32:
-            param.data = param.data.float()
+def reward_device(setting: str, local_rank: int, cuda: bool | None = None) -> str:
+    """`train.reward_device`: auto -> cuda:{LOCAL_RANK} when CUDA is there (`cuda`: the
+    run trains on CUDA; default torch.cuda.is_available()), else cpu."""
+    if setting == "auto":
+        cuda = torch.cuda.is_available() if cuda is None else cuda
+        setting = "cuda" if cuda else "cpu"
+    return f"cuda:{local_rank}" if setting == "cuda" else setting
 
 
-def build_rewards(cfg: RunConfig) -> dict:
+def _takes_device(name: str) -> bool:
+    import inspect
+
     from marble import rewards as registry
 
-    return {spec.name: registry.build(spec.name, applies_to=spec.applies_to, **spec.options)
-            for spec in cfg.rewards}
+    cls = type(registry.applicability(name))  # the class, without loading weights
+    return "device" in inspect.signature(cls.__init__).parameters
+
+
+def build_rewards(cfg: RunConfig, device: str = "cpu") -> dict:
+    """The configured scorers; those taking a `device` get `device` unless set per reward."""
+    from marble import rewards as registry
+
+    out = {}
+    for spec in cfg.rewards:
+        options = dict(spec.options)
+        if "device" not in options and _takes_device(spec.name):
+            options["device"] = device
+        out[spec.name] = registry.build(spec.name, applies_to=spec.applies_to, **options)
+    return out
 
 
 class Trainer:
@@ -79,9 +91,14 @@ class Trainer:
         self.info = dist.init_distributed(device)
         dev = self.info.device
         t, m, s = cfg.train, cfg.model, cfg.sampling
-        # Base weights in the compute dtype on CUDA; LoRA stays fp32 (peft upcasts adapters).
-        weight_dtype = _DTYPES[m.mixed_precision] if dev.type == "cuda" else torch.float32
-        self.pipe = load_pipeline(m.path, revision=m.revision, dtype=weight_dtype, device=dev)
+        enable_tf32(dev, m.allow_tf32)
+        # Base transformer in model.base_dtype (fp32 by default, as the reference), text
+        # encoders in the autocast dtype, not loaded at all when the embedding cache
+        # serves the prompts; LoRA in fp32 (upcast below).
+        self.pipe = load_pipeline(
+            m.path, revision=m.revision, dtype=text_encoder_dtype(m.mixed_precision, dev),
+            device=dev, transformer_dtype=base_weight_dtype(m.base_dtype),
+            text_encoders=not cfg.data.embed_cache)
         seed_everything(t.seed)  # same LoRA init on every rank
         add_lora_adapters(self.pipe.transformer, rank=m.lora_rank, alpha=m.lora_alpha,
                           targets=m.lora_targets, seed=t.seed)
@@ -91,18 +108,22 @@ class Trainer:
                                            weight_decay=t.weight_decay, eps=t.adam_eps)
         self.ema = WeightEMA(self.params, max_decay=t.ema_decay)
         self.balancer = build_balancer(cfg.balancer, cfg.reward_names)
-        use_scaler = dev.type == "cuda" and m.mixed_precision == "fp16"
-        self.scaler = torch.amp.GradScaler("cuda") if use_scaler else None
-        self.autocast = autocast_factory(m.mixed_precision, dev)
+        self.precision: Precision = make_precision(m.mixed_precision, dev)
+        self.scaler = self.precision.scaler  # fp16 only
+        self.autocast = self.precision
         self.table = load_table(cfg.data.train)
         self.sampler = StratifiedKRepeatSampler(
             self.table["source"].tolist(), k=s.images_per_prompt, batch_size=s.batch_size,
             world_size=self.info.world_size, rank=self.info.rank, seed=t.seed,
             stratified=cfg.data.stratified)
         self.sigmas = sigma_schedule(self.pipe.scheduler, s.num_steps).to(dev, torch.float32)
-        self.rollouts = RolloutEngine(self.pipe, cfg, self.table, build_rewards(cfg),
-                                      self.sampler, self.sigmas, self.info, self.autocast,
-                                      self._embed_cache(), progress)
+        self.reward_device = reward_device(t.reward_device, self.info.local_rank,
+                                           cuda=dev.type == "cuda")
+        self.rollouts = RolloutEngine(self.pipe, cfg, self.table,
+                                      build_rewards(cfg, self.reward_device), self.sampler,
+                                      self.sigmas, self.info, self.autocast,
+                                      self._embed_cache(), progress,
+                                      reward_device=self.reward_device)
         self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", enabled=self.info.is_main)
         self.step, self.epoch = 0, 0
 
@@ -230,43 +251,19 @@ class Trainer:
         return torch.stack(tsel).to(dev), torch.stack(noise).to(dev)
 
     def _micro_step(self, ro: Rollouts, idx, t_index, eps, scale: float, micro: int) -> dict:
-        from marble.balancers import MicroStep
-        from marble.models.encode import velocity
-        from marble.models.lora import adapters_disabled, use_adapter
+        from marble.microstep import MicroBatch, build_micro_step, logged_losses, noised
 
-        t = self.cfg.train
-        tr = self.pipe.transformer
-        x0, emb, pooled = ro.x0[idx], ro.prompt_embeds[idx], ro.pooled[idx]
-        sig = self.sigmas[t_index]
-        sb = sig.view(-1, *([1] * (x0.dim() - 1)))
-        x_t = (1.0 - sb) * x0 + sb * eps
-        with torch.no_grad(), self.autocast():
-            with use_adapter(tr, "old"):
-                v_old = velocity(tr, x_t, sig, emb, pooled).float()
-            with adapters_disabled(tr):
-                v_ref = velocity(tr, x_t, sig, emb, pooled).float()
-        with use_adapter(tr, "default"), self.autocast():
-            v_theta = velocity(tr, x_t, sig, emb, pooled).float()
-        l_pos, l_neg = nft_terms(v_theta, v_old, x0, x_t, sig, t.nft_beta)
-        # fp16: scale both terms by the GradScaler's factor; every balancer is
-        # positively homogeneous in the gradients, so unscale_ later undoes it exactly.
-        loss_scale = float(self.scaler.get_scale()) if self.scaler is not None else 1.0
-        kl_term = t.kl_beta * kl_loss(v_theta, v_ref).mean()
-
-        def loss_per_sample(r: torch.Tensor) -> torch.Tensor:
-            return nft_loss_from_terms(l_pos, l_neg, r, t.nft_beta, t.adv_clip) * loss_scale
-
-        step = MicroStep(
-            loss_per_sample=loss_per_sample, kl=kl_term * loss_scale,
-            advantages=ro.advantages[idx], avg_advantage=ro.avg_advantage[idx], scale=scale,
-            params=self.params, global_step=self.step, micro_index=micro, adv_clip=t.adv_clip)
+        x0, sig = ro.x0[idx], self.sigmas[t_index]
+        batch = MicroBatch(x0=x0, x_t=noised(x0, eps, sig), sigma=sig,
+                           prompt_embeds=ro.prompt_embeds[idx], pooled=ro.pooled[idx],
+                           advantages=ro.advantages[idx], avg_advantage=ro.avg_advantage[idx])
+        step = build_micro_step(self.pipe.transformer, batch, self.cfg.train, self.params,
+                                self.autocast, scale=scale, global_step=self.step,
+                                micro_index=micro, grad_scaler=self.scaler)
         metrics = dict(self.balancer.backward(step))
-        with torch.no_grad():
-            r_avg = optimality_prob(torch.nan_to_num(ro.avg_advantage[idx], nan=0.0), t.adv_clip)
-            ws_loss = nft_loss_from_terms(l_pos, l_neg, r_avg, t.nft_beta, t.adv_clip).mean()
         # The weighted-sum objective is logged for every balancer, so runs compare.
-        metrics.setdefault("loss/policy", float(ws_loss))
-        metrics.setdefault("loss/kl", float(kl_term.detach()))
+        for key, value in logged_losses(step).items():
+            metrics.setdefault(key, value)
         return metrics
 
     def _optimize(self, ro: Rollouts, averager: StepAverager) -> None:
@@ -281,44 +278,32 @@ class Trainer:
                                                            self.info.rank))
         bar = tqdm(total=n_micro * n_t, desc=f"step {self.step}", leave=False,
                    disable=not (self.progress and self.info.is_main))
+        hidden = 0.0  # gradient entries a balancer zeroed (full solves): still an overflow
         for g in range(n_micro):
             idx = perm[g * bsz:(g + 1) * bsz].to(self.info.device)
             t_sel, noise = self._per_sample_draws(ro.global_index[idx.cpu()], n_t,
                                                   tuple(ro.x0.shape[1:]))
             for j in range(n_t):
-                averager.add(self._micro_step(ro, idx, t_sel[:, j], noise[:, j], scale,
-                                              g * n_t + j))
+                metrics = self._micro_step(ro, idx, t_sel[:, j], noise[:, j], scale, g * n_t + j)
+                hidden += metrics.get("nonfinite_grad_entries", 0.0)
+                averager.add(metrics)
                 bar.update(1)
         bar.close()
-        averager.add(self._apply_update())
+        averager.add(self._apply_update(hidden))
 
-    def _all_reduce_grads(self) -> None:
-        """Mean of .grad over ranks in one flat collective (no DDP wrapper, see ARCHITECTURE)."""
-        if self.info.world_size == 1:
-            return
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        flat = dist.all_reduce_mean_(torch.cat([g.reshape(-1).float() for g in grads]))
-        offset = 0
-        for p in self.params:
-            numel = p.numel()
-            p.grad = flat[offset:offset + numel].view_as(p).to(p.dtype).clone()
-            offset += numel
+    def _apply_update(self, hidden_nonfinite: float = 0.0) -> dict:
+        """Optimizer step (or a skip on any rank's overflow), then the weight EMA.
 
-    def _apply_update(self) -> dict:
-        t = self.cfg.train
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
-        self._all_reduce_grads()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, t.max_grad_norm)
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        decay = self.ema.update(self.step)
+        Like the reference, a skipped step still counts and the EMA still updates, with
+        the decay of the post-increment step (min((1+s)/(10+s), 0.9), s = 1 first).
+        """
+        out = optimizer_update(self.params, self.optimizer, self.precision,
+                               self.cfg.train.max_grad_norm, hidden_nonfinite)
         self.step += 1
-        return {"grad_norm": float(grad_norm), "ema_decay": decay}
+        out["ema_decay"] = self.ema.update(self.step)
+        if self.info.device.type == "cuda":
+            out["memory/peak_gb"] = torch.cuda.max_memory_allocated(self.info.device) / 2**30
+        return out
 
     def close(self) -> None:
         self.rollouts.close()

@@ -174,3 +174,16 @@ def test_real_mask_counts_per_reward(real_test_records, reward):
         pytest.skip(f"reward {reward!r}: module not written yet ({exc})")
     counts = Counter(r.source for r in real_test_records if built.applies(r.prompt, r.metadata))
     assert {s: counts.get(s, 0) for s in REAL_COUNTS} == REAL_MASKS[reward]
+
+
+def test_paper_preset_masks_use_the_reference_ocr_rule(real_test_records):
+    """The paper presets set `ocr.reference_rules` (target = text after the first `"`), and
+    assembly must honour it: 65 pickscore test prompts instead of 63 under our rule."""
+    from collections import Counter
+
+    from marble.config import load_config
+
+    specs = load_config("rho_07").rewards
+    built = build_rewards(["ocr"], specs)["ocr"]
+    counts = Counter(r.source for r in real_test_records if built.applies(r.prompt, r.metadata))
+    assert counts["pickscore"] == 65 and counts["ocr"] == 1018 and counts.get("drawbench", 0) == 0

@@ -62,3 +62,36 @@ def test_blend_params():
     old = [torch.tensor([1.0, 1.0])]
     blend_params_(old, [torch.tensor([3.0, -1.0])], decay=0.25)
     torch.testing.assert_close(old[0], torch.tensor([2.5, -0.5]))
+
+
+def _reference_ema_sequence(param_values, max_decay):
+    """The reference's EMAModuleWrapper as train.py drives it: after each optimizer
+    step, global_step += 1, then ema += (1 - min((1+s)/(10+s), decay)) (p - ema)."""
+    ema, decays = param_values[0].clone(), []
+    for s, value in enumerate(param_values[1:], start=1):  # s: the post-increment step
+        d = min((1 + s) / (10 + s), max_decay)
+        ema = ema + (1 - d) * (value - ema)
+        decays.append(d)
+    return ema, decays
+
+
+def test_ema_decay_sequence_matches_reference_steps_1_to_20():
+    """The trainer's order (step += 1, then ema.update(step)) against the reference."""
+    from marble.precision import make_precision, optimizer_update
+
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(5))
+    opt = torch.optim.SGD([p], lr=0.1)
+    ema = WeightEMA([p], max_decay=0.9)
+    values, decays, step = [p.detach().clone()], [], 0
+    precision = make_precision("no", torch.device("cpu"))
+    for _ in range(20):
+        p.square().sum().backward()
+        optimizer_update([p], opt, precision, max_grad_norm=1e9)
+        step += 1
+        decays.append(ema.update(step))
+        values.append(p.detach().clone())
+    ref_shadow, ref_decays = _reference_ema_sequence(values, 0.9)
+    assert decays == pytest.approx(ref_decays, abs=0, rel=1e-15)
+    assert decays[0] == pytest.approx(2 / 11) and decays[-1] == pytest.approx(21 / 30)
+    torch.testing.assert_close(ema.shadow[0], ref_shadow, rtol=1e-6, atol=1e-7)

@@ -79,3 +79,83 @@ def test_kl_loss_by_hand():
     v_theta = torch.tensor([[[[3.0, 0.0]]], [[[1.0, 1.0]]]])
     v_ref = torch.tensor([[[[1.0, 2.0]]], [[[1.0, 0.0]]]])
     torch.testing.assert_close(kl_loss(v_theta, v_ref), torch.tensor([4.0, 0.5]))
+
+
+# ---------------------------------------------------------------- one-evaluation amortized loss
+
+from marble.nft import amortized_coefficients, weighted_loss  # noqa: E402
+
+CLIP, BETA = 5.0, 0.1
+
+
+def _terms(seed, batch=7):
+    """l_pos, l_neg [B] depending on a parameter, in float64."""
+    gen = torch.Generator().manual_seed(seed)
+    theta = torch.randn(3, dtype=torch.float64, generator=gen, requires_grad=True)
+    feats = torch.randn(batch, 3, 2, dtype=torch.float64, generator=gen)
+    l_pos = ((feats[..., 0] @ theta) ** 2).reshape(-1)
+    l_neg = ((feats[..., 1] @ theta) ** 2 + 0.3).reshape(-1)
+    return theta, l_pos, l_neg
+
+
+def _masked_adv(seed, batch=7, k=4, scale=2.0):
+    gen = torch.Generator().manual_seed(seed)
+    adv = (torch.rand(batch, k, dtype=torch.float64, generator=gen) * 2 - 1) * scale
+    adv[0, 1] = adv[2, 1] = adv[4, 3] = adv[5, 0] = float("nan")
+    adv[3, :] = float("nan")  # a sample no reward applies to
+    adv[:, 2] = float("nan")  # a specialist reward that applies to one sample only
+    adv[6, 2] = 1.5
+    return adv
+
+
+def _k_evaluations(l_pos, l_neg, adv, alpha, exact):
+    """sum_k alpha_k L_k with one loss evaluation per reward, written out directly."""
+    total = 0.0
+    for k, a in enumerate(alpha):
+        col = adv[:, k]
+        valid = torch.isfinite(col)
+        r = optimality_prob(torch.nan_to_num(col, nan=0.0), CLIP)  # NaN -> A = 0 -> r = 1/2
+        loss = nft_loss_from_terms(l_pos, l_neg, r, BETA, CLIP)
+        if exact:
+            total = total + a * loss[valid].sum() / max(int(valid.sum()), 1)
+        else:
+            total = total + a * loss.mean()
+    return total
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_one_evaluation_equals_k_evaluations(exact):
+    theta, l_pos, l_neg = _terms(0)
+    adv, alpha = _masked_adv(1), [0.1, 0.4, 0.2, 0.3]
+    calls = []
+
+    def head(r):  # the loss head, counted
+        calls.append(r)
+        return nft_loss_from_terms(l_pos, l_neg, r, BETA, CLIP)
+
+    r, w = amortized_coefficients(adv, alpha, CLIP, exact_masking=exact)
+    one = weighted_loss(head(r), w)
+    many = _k_evaluations(l_pos, l_neg, adv, alpha, exact)
+    assert len(calls) == 1
+    torch.testing.assert_close(one, many, rtol=1e-6, atol=1e-12)
+    g_one, = torch.autograd.grad(one, theta, retain_graph=True)
+    g_many, = torch.autograd.grad(many, theta)
+    torch.testing.assert_close(g_one, g_many, rtol=1e-6, atol=1e-12)
+    if exact:  # the sample with no applicable reward carries no weight
+        assert float(w[3]) == 0.0 and float(w.sum()) == pytest.approx(1.0)
+
+
+def test_reference_mode_clips_after_combining():
+    """exact_masking=False is the reference's r(clip(sum_k alpha_k nan->0(A_k))), mean over B."""
+    adv = torch.tensor([[9.0, -2.0], [float("nan"), 8.0], [-7.0, -6.0]])
+    r, w = amortized_coefficients(adv, [0.5, 0.5], CLIP, exact_masking=False)
+    combined = torch.tensor([3.5, 4.0, -6.5])
+    torch.testing.assert_close(r, optimality_prob(combined, CLIP))
+    torch.testing.assert_close(w, torch.full((3,), 1 / 3))
+
+
+def test_weighted_loss_ignores_masked_non_finite_rows_and_checks_alpha():
+    per = torch.tensor([1.0, float("inf"), 3.0])
+    assert float(weighted_loss(per, torch.tensor([0.5, 0.0, 0.5]))) == 2.0
+    with pytest.raises(ValueError, match="alpha has 3 values for 2 rewards"):
+        amortized_coefficients(torch.zeros(4, 2), [0.2, 0.3, 0.5])

@@ -6,7 +6,9 @@ sampling steps (T_train = 2), 3 prompts x 2 images per epoch, 2 micro-batches.
 
 from __future__ import annotations
 
+
 import json
+import math
 import os
 import subprocess
 import sys
@@ -82,6 +84,9 @@ def test_tiny_training_each_balancer(method, tiny_model_dir, table_path, tmp_pat
             f"time/reward_{n}_s" for n in REWARDS]:
         assert key in last, f"{method}: metrics.jsonl lacks {key}"
     assert last["balancer"] == method
+    # Weight EMA after the step counter moves, as the reference: s = 1, 2 -> 2/11, 3/12.
+    assert [r["ema_decay"] for r in records] == pytest.approx([2 / 11, 3 / 12])
+    assert all(r["skipped_step"] == 0.0 and r["loss_scale"] == 1.0 for r in records)
     assert all(torch.isfinite(torch.tensor(r["loss/policy"])) for r in records)
     assert last["reward_applicable/toy_brightness"] == 6 and last["reward_nan/toy_brightness"] == 0
     assert last["reward_applicable/toy_color_match"] in (0, 2)  # only the red-apple prompt
@@ -136,6 +141,65 @@ def test_resume_is_bitwise(tiny_model_dir, table_path, tmp_path):
             assert ra[key] == rb[key], f"step {ra['step']}: {key} {ra[key]} != {rb[key]}"
     summary = json.loads((resumed / "train_summary.json").read_text())
     assert summary["resumed_from"].endswith("checkpoint-000002")
+
+
+def _inject_overflow(monkeypatch, at_step: int) -> None:
+    """Blow up x_t (x 1e6: inf in fp16) on the first micro-step of optimizer step `at_step`."""
+    import dataclasses
+    import functools
+
+    from marble import microstep
+
+    real = microstep.build_micro_step
+
+    @functools.wraps(real)
+    def build(transformer, batch, train_cfg, params, autocast, *, scale, global_step,
+              micro_index, grad_scaler=None):
+        if global_step == at_step and micro_index == 0:
+            batch = dataclasses.replace(batch, x_t=batch.x_t * 1e6)
+        return real(transformer, batch, train_cfg, params, autocast, scale=scale,
+                    global_step=global_step, micro_index=micro_index, grad_scaler=grad_scaler)
+
+    monkeypatch.setattr(microstep, "build_micro_step", build)
+
+
+def test_fp16_gradscaler_skips_overflow_and_resumes_bitwise(monkeypatch, tiny_model_dir,
+                                                            table_path, tmp_path):
+    """tiny_fp16 (autocast fp16 + GradScaler("cpu")), mgda: the full solve zeroes the
+    overflowed entries, the trainer still skips the step and the scaler backs off."""
+    _inject_overflow(monkeypatch, at_step=1)
+
+    def args(run, steps):
+        argv = small_args(tiny_model_dir, table_path, run, "mgda", extra=("train.save_every=1",))
+        argv[argv.index("tiny")] = "tiny_fp16"
+        return argv + ["--max-steps", str(steps)]
+
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert train_main(args(straight, 3)) == 0
+    records = read_metrics(straight)
+    assert [r["skipped_step"] for r in records] == [0.0, 1.0, 0.0]
+    assert [r["loss_scale"] for r in records] == [65536.0, 65536.0, 32768.0]
+    assert records[1]["nonfinite_grad_entries"] > 0
+    for r in (records[0], records[2]):  # logged unscaled (x65536 would be ~1e6)
+        logged = [k for k in r if k.startswith(("loss/", "grad_norm"))]
+        assert "grad_norm/toy_brightness" in logged
+        # NaN = a reward absent from the micro-batch (its loss is not logged as 0)
+        assert all(abs(r[k]) < 1e3 or math.isnan(r[k]) for k in logged), {k: r[k] for k in logged}
+    a1, a2, a3 = adapters(straight, 1), adapters(straight, 2), adapters(straight, 3)
+    trained = [k for k in a1 if k.startswith("default::")]
+    assert all(torch.equal(a1[k], a2[k]) for k in trained), "the overflowed step moved weights"
+    assert any(not torch.equal(a2[k], a3[k]) for k in trained)
+    assert all(torch.isfinite(v).all() for v in a3.values())
+    # Resume from step 2 (the run folder as a kill after step 2 leaves it).
+    import shutil
+
+    shutil.copytree(straight, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "checkpoint-000003")
+    assert train_main(args(resumed, 3)) == 0
+    b3 = adapters(resumed, 3)
+    for key in a3:
+        assert torch.equal(a3[key], b3[key]), f"{key} differs after resume"
+    assert read_metrics(resumed)[-1]["loss_scale"] == 32768.0
 
 
 def test_torchrun_two_processes_match_one(tiny_model_dir, table_path, tmp_path):
@@ -200,3 +264,19 @@ def test_cli_error_in_subprocess(tmp_path):
     assert proc.stderr.strip().splitlines()[-1].startswith("marble train: error:")
     assert "balancer.bogus" in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_recompute_full_solves_train_like_retain(tiny_model_dir, table_path, tmp_path):
+    """`balancer.full_solve: recompute` (one forward per pass, via MicroStep.recompute in the
+    trainer) ends with the adapters of the retained-graph run: full solves on step 0,
+    amortized steps with diagnostics on step 1."""
+    final = {}
+    for mode in ("retain", "recompute"):
+        run = tmp_path / mode
+        argv = small_args(tiny_model_dir, table_path, run, "marble",
+                          extra=(f"balancer.full_solve={mode}",)) + ["--max-steps", "2"]
+        assert train_main(argv) == 0
+        final[mode] = adapters(run, 2)
+        assert [r["full_solve"] for r in read_metrics(run)] == [1.0, 0.0]
+    for key, value in final["retain"].items():
+        torch.testing.assert_close(final["recompute"][key], value, rtol=1e-5, atol=1e-6)

@@ -19,10 +19,10 @@ import pandas as pd
 
 from marble.data.records import DataError, PromptRecord, mask_column, to_frame
 from marble.io import atomic_path
+from marble.rewards.geneval_rules import TAGS as GENEVAL_TAGS  # the one definition of the six tags
 
 log = logging.getLogger(__name__)
 
-GENEVAL_TAGS = frozenset({"single_object", "two_object", "counting", "colors", "position", "color_attr"})
 SOURCES = ("pickscore", "ocr", "geneval", "drawbench")
 SPLITS = ("train", "test")
 
@@ -175,9 +175,11 @@ def write_assembled(out_dir: str | Path, parts: Sequence[Assembled]) -> list[Pat
 
 def build_rewards(names: Sequence[str], specs: Sequence | None = None) -> dict[str, object]:
     """Weight-free reward objects that answer `applies(prompt, metadata)`, honouring a
-    spec's `applies_to` override (its scoring `options` play no part in a mask)."""
+    spec's `applies_to` override and the options that change a mask (the OCR
+    `reference_rules` target rule); other scoring options play no part in a mask."""
     from marble import rewards as registry
 
     by_name = {s.name: s for s in specs or []}
-    return {name: registry.applicability(name, getattr(by_name.get(name), "applies_to", None))
+    return {name: registry.applicability(name, getattr(by_name.get(name), "applies_to", None),
+                                         getattr(by_name.get(name), "options", None))
             for name in names}

@@ -15,7 +15,7 @@ from typing import Iterable
 
 from marble.io import read_jsonl
 
-GENEVAL_TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
+from marble.rewards.geneval_rules import TAGS as GENEVAL_TAGS  # the one definition of the six tags
 GENEVAL_DETAIL_KEYS = ("accuracy", "strict_accuracy")
 # Arguments that change the images; a resume with any of them changed would mix two runs.
 IDENTITY_KEYS = (

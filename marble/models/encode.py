@@ -41,13 +41,14 @@ def velocity(transformer, x_t: Tensor, sigma: Tensor | float, prompt_embeds: Ten
     """v(x_t, sigma) of the flow x_t = (1 - sigma) x0 + sigma * eps (so v ~ eps - x0).
 
     `sigma` is a scalar or a [B] tensor. The output has x_t's shape; it is cast back
-    to x_t's dtype (the transformer may run in bf16/fp16).
+    to x_t's dtype (the transformer may run in bf16/fp16). The timestep stays fp32 (the
+    reference feeds its fp32 scheduler timesteps; sigma*1000 in fp16 would round to 0.5).
     """
     batch = x_t.shape[0]
     timestep = timestep_from_sigma(sigma, batch, integer_timestep, device=x_t.device)
     model_dtype = next(transformer.parameters()).dtype
     out = transformer(
-        hidden_states=x_t.to(model_dtype), timestep=timestep.to(model_dtype),
+        hidden_states=x_t.to(model_dtype), timestep=timestep,
         encoder_hidden_states=prompt_embeds.to(model_dtype),
         pooled_projections=pooled.to(model_dtype), return_dict=False)[0]
     return out.to(x_t.dtype)

@@ -36,45 +36,50 @@ def _missing_model_message(path: str) -> str:
             f"`marble download model --out {path}` (SD3.5 Medium from the hub, needs HF_TOKEN).")
 
 
-def build_random_pipeline(name: str, dtype: torch.dtype = torch.float32, device="cpu"):
+def build_random_pipeline(name: str, dtype: torch.dtype = torch.float32, device="cpu",
+                          transformer_dtype: torch.dtype | None = None, text_encoders: bool = True):
     """`random:tiny` or `random:sd35m`, built in memory from configs."""
     from diffusers import SD3Transformer2DModel
 
-    from marble.models.tiny import SD35M_TRANSFORMER_CONFIG, build_tiny_pipeline
+    from marble.models.tiny import (SD35M_TEXT_WIDTHS, SD35M_TRANSFORMER_CONFIG,
+                                    TINY_TEXT_WIDTHS, build_tiny_pipeline)
 
     if name not in RANDOM_MODELS:
         raise ModelNotFoundError(f"unknown in-memory model {name!r}; choose one of {RANDOM_MODELS}")
-    pipe = build_tiny_pipeline(seed=0)
-    if name == "random:sd35m":
+    sd35m = name == "random:sd35m"
+    pipe = build_tiny_pipeline(seed=0, text_widths=SD35M_TEXT_WIDTHS if sd35m else TINY_TEXT_WIDTHS)
+    if sd35m:
         # Build directly on the target device: a 2.2 B-parameter init on the CPU is slow.
         with torch.random.fork_rng(devices=[]), torch.device(device):
             torch.manual_seed(0)
             transformer = SD3Transformer2DModel(**SD35M_TRANSFORMER_CONFIG)
         pipe.register_modules(transformer=transformer)
-    return _place(pipe, dtype, device)
+    if not text_encoders:
+        pipe.register_modules(text_encoder=None, text_encoder_2=None, text_encoder_3=None)
+    return _place(pipe, dtype, device, transformer_dtype)
 
 
-def _place(pipe, dtype: torch.dtype, device):
-    """Move to device; everything in `dtype` except the VAE, which stays fp32
-    (docs/algorithm.md §6, §10)."""
+def _place(pipe, dtype: torch.dtype, device, transformer_dtype: torch.dtype | None = None):
+    """Move to device; everything in `dtype` except the VAE, which stays fp32 (docs/algorithm.md §6, §10),
+    and the transformer, in `transformer_dtype` when given (`model.base_dtype`)."""
     from diffusers.utils import logging as diffusers_logging
 
     # diffusers warns on every explicit cast of a model; the cast here is deliberate.
     level = diffusers_logging.get_verbosity()
     diffusers_logging.set_verbosity_error()
     try:
-        _move_components(pipe, dtype, device)
+        _move_components(pipe, dtype, device, transformer_dtype or dtype)
     finally:
         diffusers_logging.set_verbosity(level)
     return pipe
 
 
-def _move_components(pipe, dtype: torch.dtype, device) -> None:
+def _move_components(pipe, dtype: torch.dtype, device, transformer_dtype: torch.dtype) -> None:
     for name in ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3"):
         module = getattr(pipe, name, None)
         if module is None:
             continue
-        want = torch.float32 if name == "vae" else dtype
+        want = {"vae": torch.float32, "transformer": transformer_dtype}.get(name, dtype)
         param = next(module.parameters())
         # Only call .to() when something changes (diffusers warns on every cast).
         if param.dtype != want or param.device != torch.device(device):
@@ -83,17 +88,24 @@ def _move_components(pipe, dtype: torch.dtype, device) -> None:
 
 
 def load_pipeline(path: str, *, revision: str | None = None, dtype: torch.dtype = torch.float32,
-                  device="cpu"):
+                  device="cpu", transformer_dtype: torch.dtype | None = None,
+                  text_encoders: bool = True):
     """A StableDiffusion3Pipeline from a hub id, a local folder, or `random:tiny|sd35m`.
 
     All weights are frozen (requires_grad False); LoRA adapters added later are the only
-    trainable parameters.
+    trainable parameters. `transformer_dtype` (default `dtype`) is the base transformer's
+    weight dtype. `text_encoders=False` skips loading the three text encoders (a run
+    reading prompt embeddings from the cache never uses them: ~11 GB for SD3.5 Medium).
     """
     from diffusers import StableDiffusion3Pipeline
 
     path = str(path)
     if path.startswith(RANDOM_PREFIX):
-        return build_random_pipeline(path, dtype=dtype, device=device)
+        return build_random_pipeline(path, dtype=dtype, device=device,
+                                     transformer_dtype=transformer_dtype,
+                                     text_encoders=text_encoders)
+    skip = {} if text_encoders else {"text_encoder": None, "text_encoder_2": None,
+                                     "text_encoder_3": None}
     local = Path(path).expanduser()
     if looks_local(path) or local.exists():
         if not local.is_dir():
@@ -104,9 +116,9 @@ def load_pipeline(path: str, *, revision: str | None = None, dtype: torch.dtype 
                 + _missing_model_message(path).split(". ", 1)[1])
         # Load in fp32 then cast: keeps the VAE in fp32 whatever `dtype` is.
         pipe = StableDiffusion3Pipeline.from_pretrained(
-            str(local), local_files_only=True, dtype=torch.float32)
+            str(local), local_files_only=True, dtype=torch.float32, **skip)
     else:
         pipe = StableDiffusion3Pipeline.from_pretrained(
-            path, revision=revision, token=os.environ.get("HF_TOKEN"), dtype=torch.float32)
+            path, revision=revision, token=os.environ.get("HF_TOKEN"), dtype=torch.float32, **skip)
     pipe.set_progress_bar_config(disable=True)
-    return _place(pipe, dtype, device)
+    return _place(pipe, dtype, device, transformer_dtype)

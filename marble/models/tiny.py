@@ -151,23 +151,30 @@ def _train_t5_tokenizer():
     return T5Tokenizer(vocab=pieces, extra_ids=0, model_max_length=512)
 
 
-def _text_encoders(clip_tok, t5_tok):
+# Text-encoder widths (CLIP-L, CLIP-G, T5) of the tiny model and of SD3.5 Medium: the
+# `random:sd35m` pipeline keeps shallow encoders but with the real widths, so prompt
+# embeddings (4096 wide, pooled 2048) fit its full-size transformer.
+TINY_TEXT_WIDTHS = (CLIP_HIDDEN, CLIP_HIDDEN, T5_WIDTH)
+SD35M_TEXT_WIDTHS = (768, 1280, 4096)
+
+
+def _text_encoders(clip_tok, t5_tok, widths=TINY_TEXT_WIDTHS):
     from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
-    def clip():
+    def clip(width):
         cfg = CLIPTextConfig(
-            vocab_size=len(clip_tok), hidden_size=CLIP_HIDDEN, intermediate_size=64,
+            vocab_size=len(clip_tok), hidden_size=width, intermediate_size=64,
             num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=77,
-            projection_dim=CLIP_PROJECTION, hidden_act="gelu",
+            projection_dim=width, hidden_act="gelu",
             bos_token_id=clip_tok.bos_token_id, eos_token_id=clip_tok.eos_token_id,
             pad_token_id=clip_tok.pad_token_id)
         return CLIPTextModelWithProjection(cfg)
 
     t5_cfg = T5Config(
-        vocab_size=len(t5_tok), d_model=T5_WIDTH, d_ff=64, d_kv=16, num_layers=2, num_heads=4,
+        vocab_size=len(t5_tok), d_model=widths[2], d_ff=64, d_kv=16, num_layers=2, num_heads=4,
         relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1,
         decoder_start_token_id=0, feed_forward_proj="gated-gelu")
-    return clip(), clip(), T5EncoderModel(t5_cfg)
+    return clip(widths[0]), clip(widths[1]), T5EncoderModel(t5_cfg)
 
 
 def _tiny_vae():
@@ -185,7 +192,7 @@ def _tiny_vae():
         use_quant_conv=False, use_post_quant_conv=False)
 
 
-def build_tiny_pipeline(seed: int = 0):
+def build_tiny_pipeline(seed: int = 0, text_widths=TINY_TEXT_WIDTHS):
     """The tiny SD3 pipeline, fully deterministic given `seed`, in fp32 on the CPU."""
     from diffusers import (FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel,
                            StableDiffusion3Pipeline)
@@ -194,7 +201,7 @@ def build_tiny_pipeline(seed: int = 0):
     # Forked RNG: building a model must not perturb the caller's global torch stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        text_l, text_g, t5 = _text_encoders(clip_tok, t5_tok)
+        text_l, text_g, t5 = _text_encoders(clip_tok, t5_tok, text_widths)
         transformer = SD3Transformer2DModel(**TINY_TRANSFORMER_CONFIG)
         vae = _tiny_vae()
     pipe = StableDiffusion3Pipeline(

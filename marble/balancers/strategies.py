@@ -1,0 +1,270 @@
+"""The four balancers (docs/algorithm.md §7) as small strategies behind one contract.
+
+`Balancer.backward(step)` accumulates one micro-step's gradient into p.grad and returns
+its metrics. A strategy only says what differs: whether this micro-step is a full solve
+(`wants_full_solve`), which alpha the single-backward step applies (`applied_alpha`;
+None = the weighted sum) and what a solve updates (`solved`). `state_dict` has one
+format for all four, so checkpoints load across versions.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from marble.balancers.common import (
+    MicroStep, add_into_grads, all_reduce_mean_, amortized_loss, loss_scale, reward_loss, scaled,
+    weighted_sum_loss, zero_nonfinite,
+)
+from marble.balancers.solve import combine, cosine_metrics, gradient_passes, reduce_reward_grads
+from marble.config import BalancerConfig
+from marble.ema import update_alpha_cache
+
+__all__ = ["Balancer", "WeightedSum", "EqualAlpha", "MGDA", "Marble"]
+
+
+def _kl(step: MicroStep) -> torch.Tensor:
+    return torch.as_tensor(step.kl)
+
+
+class Balancer:
+    """Shared machinery; subclasses are the methods. Use `build_balancer`."""
+
+    method = ""
+
+    def __init__(self, cfg: BalancerConfig, reward_names: Sequence[str], weights=None):
+        self.cfg = cfg
+        self.reward_names = list(reward_names)
+        k = len(self.reward_names)
+        if k == 0:
+            raise ValueError("a balancer needs at least one reward name")
+        # The reference's optional per-reward QP weights (pareto.weights) are off in its
+        # release and were never used here: refuse any but all-ones rather than ignore them.
+        if weights is not None and (len(weights) != k or any(float(w) != 1.0 for w in weights)):
+            raise ValueError(f"per-reward QP weights are not supported (got {weights}); "
+                             "reward weights of the weighted sum live in `rewards[].weight`")
+        self.alpha_cache: np.ndarray | None = None
+        self.last_full: int | None = None
+        self.last_alpha: np.ndarray | None = None
+        self.solver_fallbacks = 0
+
+    # -------------------------------------------------------------- strategy hooks
+
+    def wants_full_solve(self, step: MicroStep) -> bool:
+        return False
+
+    def applied_alpha(self) -> np.ndarray | None:
+        """alpha of the single-backward step; None = the weighted-sum objective."""
+        return None
+
+    def solved(self, step: MicroStep, alpha: np.ndarray, valid: np.ndarray, metrics) -> None:
+        self.last_alpha = alpha
+
+    def step_metrics(self, step: MicroStep, metrics: dict) -> None:
+        pass
+
+    # -------------------------------------------------------------- the contract
+
+    def backward(self, step: MicroStep) -> dict[str, float]:
+        self._check(step)
+        full = self.wants_full_solve(step)
+        metrics = self._full_solve(step) if full else self._single_backward(step)
+        metrics["full_solve"] = float(full)
+        self.step_metrics(step, metrics)
+        metrics["solver_fallbacks"] = float(self.solver_fallbacks)
+        return metrics
+
+    def policy_loss(self, step: MicroStep) -> torch.Tensor:
+        alpha = self.applied_alpha()
+        if alpha is None:
+            return weighted_sum_loss(step)
+        return amortized_loss(step, alpha, self.cfg.exact_masking)
+
+    def wants_diagnostics(self, step: MicroStep) -> bool:
+        every = int(self.cfg.diagnostics_every)  # 0: never
+        return every > 0 and step.micro_index == 0 and step.global_step % every == 0
+
+    @property
+    def recompute(self) -> bool:
+        return self.cfg.full_solve == "recompute"
+
+    def _check(self, step: MicroStep) -> None:
+        adv, k = step.advantages, len(self.reward_names)
+        if adv.dim() != 2 or adv.shape[1] != k:
+            raise ValueError(f"MicroStep.advantages must be [B, {k}], got {tuple(adv.shape)}")
+        if step.avg_advantage.shape != (adv.shape[0],):
+            raise ValueError(f"MicroStep.avg_advantage must be [{adv.shape[0]}], "
+                             f"got {tuple(step.avg_advantage.shape)}")
+        if not step.params:
+            raise ValueError("MicroStep.params is empty: no trainable parameters")
+
+    def _reward_fns(self, step: MicroStep) -> list:
+        """One loss per reward; None (no pass at all) for a reward absent from the batch."""
+        counts = torch.isfinite(step.advantages).sum(0).tolist()
+        return [(lambda s, k=k: reward_loss(s, k)) if c > 0 else None
+                for k, c in enumerate(counts)]
+
+    # -------------------------------------------------------------- single backward
+
+    def _single_backward(self, step: MicroStep) -> dict[str, float]:
+        alpha = self.applied_alpha()
+        policy, kl = self.policy_loss(step), _kl(step)
+        metrics = {"loss/policy": float(policy.detach()), "loss/kl": float(kl.detach())}
+        if alpha is not None:
+            metrics.update({f"alpha/{n}": float(a) for n, a in zip(self.reward_names, alpha)})
+        if not self.wants_diagnostics(step):
+            torch.autograd.backward(scaled(step, step.scale * (policy + kl)),
+                                    inputs=list(step.params))
+            return metrics
+        del policy, kl
+        metrics.update(self._diagnostic_backward(step))
+        return metrics
+
+    def _diagnostic_backward(self, step: MicroStep) -> dict[str, float]:
+        """The applied step as separate passes (applied policy, each L_k, the weighted sum
+        unless it is the applied one, KL), so cos(d, g_k) comes from the same batch (D.9)."""
+        k = len(self.reward_names)
+        ws_applied = self.applied_alpha() is None
+        fns = [self.policy_loss, *self._reward_fns(step)]
+        fns += ([] if ws_applied else [weighted_sum_loss]) + [_kl]
+        local, values = gradient_passes(step, fns, self.recompute)
+        # .grad holds scaled gradients under fp16 (the GradScaler unscales them at the step).
+        add_into_grads(step.params, local[0] * loss_scale(step))
+        add_into_grads(step.params, local[-1] * loss_scale(step))
+        applied = all_reduce_mean_(local[0])  # in place from here: p.grad has its own copy
+        grads, norms, valid, _ = reduce_reward_grads(local[1:1 + k], self.cfg.grad_eps)
+        ws = applied if ws_applied else all_reduce_mean_(local[1 + k])
+        out = cosine_metrics(self.reward_names, [("cos", applied), ("cos_ws", ws)],
+                             grads, norms, valid)
+        out.update(self._reward_metrics(norms, values[1:1 + k]))
+        return out
+
+    def _reward_metrics(self, norms, losses) -> dict[str, float]:
+        out = {f"grad_norm/{n}": float(v) for n, v in zip(self.reward_names, norms)}
+        out.update({f"loss/policy_{n}": float(v) for n, v in zip(self.reward_names, losses)})
+        return out
+
+    # -------------------------------------------------------------- full solve
+
+    def _full_solve(self, step: MicroStep) -> dict[str, float]:
+        """Spec D.4: K per-reward gradients, all-reduced; min-norm QP on the unit gradients;
+        rescaled combination + the KL gradient (outside the QP) added into p.grad."""
+        k = len(self.reward_names)
+        diagnostics = int(self.cfg.diagnostics_every) > 0
+        # cos(d, g_k) is free here; the weighted-sum direction costs one more pass, so it is
+        # measured on the first micro-step of an optimizer step only.
+        with_ws = diagnostics and step.micro_index == 0
+        fns = [*self._reward_fns(step), _kl] + ([weighted_sum_loss] if with_ws else [])
+        local, values = gradient_passes(step, fns, self.recompute)
+        grads, norms, valid, nonfinite = reduce_reward_grads(local[:k], self.cfg.grad_eps)
+        kl_grad, bad = zero_nonfinite(all_reduce_mean_(local[k]))
+        combined, alpha, failed = combine(grads, norms, valid)
+        self.solver_fallbacks += int(failed)  # reference: uniform alpha on solver failure
+        metrics = self._reward_metrics(norms, values[:k])
+        used = [a * v for a, v in zip(alpha, values[:k]) if a > 0]
+        metrics["loss/policy"] = float(sum(used)) if used else float("nan")
+        metrics["loss/kl"] = values[k]
+        metrics.update({f"alpha/{n}": float(a) for n, a in zip(self.reward_names, alpha)})
+        metrics["valid_rewards"] = float(valid.sum())
+        # Entries zeroed above never reach .grad: the trainer reads this count so an
+        # overflow still skips the optimizer step (and backs off the GradScaler).
+        metrics["nonfinite_grad_entries"] = float(nonfinite + bad)
+        if diagnostics:
+            dirs = [("cos", combined)]
+            if with_ws:
+                dirs.append(("cos_ws", all_reduce_mean_(local[k + 1])))
+            metrics.update(cosine_metrics(self.reward_names, dirs, grads, norms, valid))
+        del local, grads
+        add_into_grads(step.params, combined.add_(kl_grad).mul_(loss_scale(step)))
+        self.solved(step, alpha, valid, metrics)
+        return metrics
+
+    # -------------------------------------------------------------- state
+
+    def state_dict(self) -> dict:
+        def as_list(a):
+            return None if a is None else [float(x) for x in a]
+
+        return {
+            "method": self.method, "reward_names": list(self.reward_names),
+            "alpha_cache": as_list(self.alpha_cache), "last_full": self.last_full,
+            "last_alpha": as_list(self.last_alpha), "solver_fallbacks": self.solver_fallbacks,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        names = list(state.get("reward_names", []))
+        if names != self.reward_names:
+            raise ValueError(
+                f"balancer state is for rewards {names}, this run has {self.reward_names}")
+        self.solver_fallbacks = int(state.get("solver_fallbacks", 0))
+        if state.get("method") != self.method:
+            # Spec D.7: a cache from another method (e.g. equal_alpha) is discarded.
+            self.alpha_cache, self.last_full, self.last_alpha = None, None, None
+            return
+        cache, last = state.get("alpha_cache"), state.get("last_alpha")
+        self.alpha_cache = None if cache is None else np.asarray(cache, np.float64)
+        self.last_alpha = None if last is None else np.asarray(last, np.float64)
+        self.last_full = None if state.get("last_full") is None else int(state["last_full"])
+
+
+class WeightedSum(Balancer):
+    """The DiffusionNFT baseline: one advantage from the NaN-aware mean reward."""
+
+    method = "weighted_sum"
+
+
+class EqualAlpha(Balancer):
+    """Fixed alpha (1/K by default) on the per-reward advantages, one backward, no solve."""
+
+    method = "equal_alpha"
+
+    def __init__(self, cfg: BalancerConfig, reward_names: Sequence[str], weights=None):
+        super().__init__(cfg, reward_names, weights)
+        k, fixed = len(self.reward_names), cfg.fixed_alphas
+        self.fixed_alpha = np.full(k, 1.0 / k) if fixed is None else np.asarray(fixed, np.float64)
+        if self.fixed_alpha.shape != (k,) or abs(self.fixed_alpha.sum() - 1) > 1e-6:
+            raise ValueError(f"balancer.fixed_alphas must be {k} values summing to 1, got {fixed}")
+
+    def applied_alpha(self) -> np.ndarray:
+        return self.fixed_alpha
+
+
+class MGDA(Balancer):
+    """A full solve on every micro-step."""
+
+    method = "mgda"
+
+    def wants_full_solve(self, step: MicroStep) -> bool:
+        return True
+
+
+class Marble(Balancer):
+    """Full solves during warm-up and every `amortize_every` optimizer steps; the EMA of
+    their alpha is applied with one backward in between (docs/algorithm.md §7.5)."""
+
+    method = "marble"
+
+    def wants_full_solve(self, step: MicroStep) -> bool:
+        if self.alpha_cache is None or self.last_full is None:
+            return True
+        if step.global_step < self.cfg.warmup_steps:
+            return True
+        return step.global_step - self.last_full >= self.cfg.amortize_every
+
+    def applied_alpha(self) -> np.ndarray | None:
+        return self.alpha_cache
+
+    def solved(self, step: MicroStep, alpha: np.ndarray, valid: np.ndarray, metrics) -> None:
+        super().solved(step, alpha, valid, metrics)
+        if valid.any():  # an all-invalid solve has no simplex point to average in
+            self.alpha_cache = update_alpha_cache(self.alpha_cache, alpha, self.cfg.alpha_ema)
+        self.last_full = step.global_step
+        if self.alpha_cache is not None:
+            metrics.update({f"alpha_cache/{n}": float(a)
+                            for n, a in zip(self.reward_names, self.alpha_cache)})
+
+    def step_metrics(self, step: MicroStep, metrics: dict) -> None:
+        if self.last_full is not None:
+            metrics["alpha_staleness"] = float(step.global_step - self.last_full)
