@@ -26,30 +26,32 @@ demo: setup
 test: setup
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q --timeout=1800 tests
 
-# The paper configuration with only sizes shrunk, from nothing, against a local loopback mirror of
-# every paper asset (tiny random replicas in the real formats; no network). On failure it names the
-# stage and its log. See docs/downloads.md.
-test-paper: setup
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m marble.dev.paper_mini
-
 # One GPU, <= 8 minutes: bench step (fp16+GradScaler, bf16) and a 3-step rho_07-path run on a
 # random-init SD3.5 Medium plus its resume; prints (and writes) one JSON. CPU plumbing: --tiny.
 gpu-check: setup
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m marble.gpu_check --out results/gpu_check.json
 
 # The open_clip-based scorers (HPSv2.1) need torchvision, which must match torch exactly:
-# a second environment with the torch 2.14.1 / torchvision 0.29.1 pair runs their tests.
+# a second environment with the torch 2.14.1 / torchvision 0.29.1 pair runs their tests and
+# test-paper (about 100 s to install when the wheels are cached, ~5.6 GB).
 CLIP_VENV ?= .venv-clip
 CLIP_TORCH ?= torch==2.14.1 torchvision==0.29.1
 
 $(CLIP_VENV)/bin/marble: pyproject.toml
 	$(PYTHON) -m venv $(CLIP_VENV)
 	$(CLIP_VENV)/bin/pip install $(CLIP_TORCH)
-	$(CLIP_VENV)/bin/pip install -e ".[dev,clip]" $(CLIP_TORCH)
+	$(CLIP_VENV)/bin/pip install -e ".[dev,clip,workflow,ocr]" $(CLIP_TORCH)
 	touch $@
 
 test-clip: $(CLIP_VENV)/bin/marble
 	$(CLIP_VENV)/bin/python -m pytest -q tests/test_rewards_hpsv2.py
+
+# The paper configuration with only sizes shrunk, from nothing, against a local loopback mirror of
+# every paper asset (tiny random replicas in the real formats; no network). On failure it names the
+# stage and its log. Every paper reward runs through its real class, HPSv2.1 on open_clip too, so it
+# runs in the clip environment above (with the workflow and OCR extras). See docs/downloads.md.
+test-paper: $(CLIP_VENV)/bin/marble
+	PATH="$(abspath $(CLIP_VENV)/bin):$$PATH" $(CLIP_VENV)/bin/python -m marble.dev.paper_mini
 
 clean:
 	rm -rf $(VENV) $(CLIP_VENV) .snakemake results/runs results/eval results/report results/bench logs benchmarks data/mirror

@@ -66,7 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip_generation", action="store_true", help="score the saved images only")
     p.add_argument("--limit", type=int, default=None, help="first N samples only")
     p.add_argument("--rewards", default=None, help="comma-separated reward list (default: per dataset)")
-    p.add_argument("--reward_options", default=None, help="YAML file {reward: {option: value}}")
+    # The env default lets a harness (marble.dev.paper_mini) point every evaluation of a workflow at
+    # its scorer options without a workflow key.
+    p.add_argument("--reward_options", default=os.environ.get("MARBLE_REWARD_OPTIONS") or None,
+                   help="YAML file {reward: {option: value}} (default: $MARBLE_REWARD_OPTIONS)")
     return p
 
 

@@ -67,7 +67,7 @@ class StandInDetector:
 class StandInColors:
     """The CLIP colour classifier's interface: every crop is red."""
 
-    def __init__(self, model: str = "", device: str = "cpu", batch_size: int = 16):
+    def __init__(self, model: str = "", device: str = "cpu", batch_size: int = 16, ckpt_dir: str | None = None):
         pass
 
     def __call__(self, image_rgb, objects, classname):

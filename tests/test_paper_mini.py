@@ -55,3 +55,41 @@ def test_failed_stages_name_the_rule_and_its_log():
               "Error in rule evaluate_checkpoint:\n    jobid: 9\n    shell: marble evaluate\n"
               "Shutting down, this might take some time.\n")
     assert failed_stages(output) == [("train_run", "logs/train/rho_07.log"), ("evaluate_checkpoint", None)]
+
+
+def test_stage_times_read_snakemake_benchmarks(tmp_path):
+    from marble.dev.paper_mini import stage_times
+
+    (tmp_path / "train").mkdir()
+    header = "s\th:m:s\tmax_rss\n"
+    (tmp_path / "train/rho_07.tsv").write_text(header + "12.5\t0:00:12\t100\n")
+    (tmp_path / "download_model.tsv").write_text(header + "40.0\t0:00:40\t50\n")
+    (tmp_path / "notes.tsv").write_text("other\n1\n")
+    assert stage_times(tmp_path) == [("download_model", 40.0), ("train/rho_07", 12.5)]
+
+
+def test_evaluation_takes_reward_options_from_the_environment(tmp_path, monkeypatch):
+    from marble.dev.mirror import HPS_ARCH, replica_reward_options
+    from marble.evaluate import build_parser, read_reward_options
+
+    options = tmp_path / "reward_options.yaml"
+    options.write_text(yaml.safe_dump(replica_reward_options(tmp_path)))
+    monkeypatch.setenv("MARBLE_REWARD_OPTIONS", str(options))
+    read = read_reward_options(build_parser().parse_args(["--dataset", "ocr"]).reward_options)
+    assert read["geneval"] == {"detector": "stub"} and read["hpsv2"]["arch"] == HPS_ARCH
+    assert Path(read["hpsv2"]["model_config"]).is_absolute()
+    assert build_parser().parse_args(["--dataset", "ocr", "--reward_options", "x.yaml"]).reward_options == "x.yaml"  # flag wins
+    monkeypatch.delenv("MARBLE_REWARD_OPTIONS")
+    assert build_parser().parse_args(["--dataset", "ocr"]).reward_options is None
+
+
+def test_an_older_mirror_is_rebuilt(tmp_path):
+    import json
+
+    from marble.dev.mirror import REPLICA_VERSION, is_current
+
+    assert not is_current(tmp_path)
+    (tmp_path / "mirror.json").write_text(json.dumps({"seed": 0, "repos": {}}))  # before versions
+    assert not is_current(tmp_path)
+    (tmp_path / "mirror.json").write_text(json.dumps({"seed": 0, "version": REPLICA_VERSION, "repos": {}}))
+    assert is_current(tmp_path)

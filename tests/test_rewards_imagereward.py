@@ -177,7 +177,8 @@ def test_missing_and_foreign_files_are_clear_errors(ckpt_dir, tmp_path):
         build("imagereward", ckpt_dir=str(tmp_path))
     for name in ("ImageReward.pt", "med_config.json"):
         (tmp_path / name).write_bytes((ckpt_dir / name).read_bytes())
-    with pytest.raises(FileNotFoundError, match="tokenizer folder .*bert-base-uncased is missing"):
+    # neither bert-base-uncased/ beside the checkpoint nor the download's hub/google-bert/bert-base-uncased
+    with pytest.raises(FileNotFoundError, match="hub/google-bert/bert-base-uncased is missing.*marble download"):
         build("imagereward", ckpt_dir=str(tmp_path))
     state = torch.load(ckpt_dir / "ImageReward.pt", weights_only=True)
     state["blip.visual_encoder.head.weight"] = torch.zeros(1)

@@ -31,6 +31,21 @@ from marble.dev import replicas
 
 # open_clip architecture of the HPS replica (pass it as the hpsv2 reward's model_config/arch).
 HPS_ARCH = "marble-tiny-hps"
+# Bumped when a replica's format changes, so a harness rebuilds an older mirror folder.
+REPLICA_VERSION = 2
+
+
+def is_current(out: str | Path) -> bool:
+    """Whether `out` holds a mirror written by this version of the generator."""
+    meta = Path(out) / "mirror.json"
+    return meta.is_file() and json.loads(meta.read_text()).get("version") == REPLICA_VERSION
+
+
+def replica_reward_options(out: str | Path) -> dict[str, dict]:
+    """{reward: options} that point the real scorer classes at what the replicas cannot say by
+    their files alone: HPS's tiny open_clip architecture, GenEval's stand-in detector (no mmdet)."""
+    return {"hpsv2": {"arch": HPS_ARCH, "model_config": str(Path(out).resolve() / f"{HPS_ARCH}.json")},
+            "geneval": {"detector": "stub"}}
 
 
 def _hub_builders(seed: int) -> dict:
@@ -109,7 +124,7 @@ def build_mirror(out: str | Path, seed: int = 0, manifest: str | Path = MANIFEST
         where = out / "hub" / e.repo / e.remote if e.repo else out / "urls" / url_path(e.url)
         if not where.is_file():
             raise FileNotFoundError(f"mirror replica of {e.group}/{e.path} was not written ({where})")
-    (out / "mirror.json").write_text(json.dumps({"seed": seed, "repos": repos}, indent=1, sort_keys=True))
+    (out / "mirror.json").write_text(json.dumps({"seed": seed, "version": REPLICA_VERSION, "repos": repos}, indent=1, sort_keys=True))
     (out / "manifest.yaml").write_text(yaml.safe_dump(mirror_manifest(out, manifest), sort_keys=False))
     replicas.write_hps_config(out / f"{HPS_ARCH}.json")
     return out

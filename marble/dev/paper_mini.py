@@ -2,9 +2,12 @@
 
 Builds the mirror (data/mirror), serves it on a loopback port (stops by itself when idle),
 points every download at it (HF_ENDPOINT, MARBLE_MIRROR, MARBLE_MANIFEST; a stand-in
-HF_TOKEN for the gated repo), then runs
+HF_TOKEN for the gated repo), starts a loopback fake sglang server for UnifiedReward
+(MARBLE_UNIFIEDREWARD_URL), writes the replicas' scorer options for evaluation
+(MARBLE_REWARD_OPTIONS: HPS's tiny architecture, GenEval's stand-in detector), then runs
     snakemake --configfile config/paper.yaml .test/paper-mini.yaml -c2 all
-On failure it names the failing stage (rule) and its log, and prints the log's tail.
+It prints each stage's wall time (Snakemake's benchmark files); on failure it names the
+failing stage (rule) and its log, and prints the log's tail.
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ import sys
 import time
 from pathlib import Path
 
-from marble.dev.mirror import build_mirror
+import yaml
+
+from marble.dev.fake_sglang import FakeSglangServer
+from marble.dev.mirror import build_mirror, is_current, replica_reward_options
 from marble.dev.mirror_server import MirrorServer
 
 CONFIGS = ("config/paper.yaml", ".test/paper-mini.yaml")
@@ -42,6 +48,16 @@ def tail(path: str | None, lines: int = 25) -> str:
     return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
 
 
+def stage_times(root: str | Path = "benchmarks") -> list[tuple[str, float]]:
+    """(stage, wall seconds) from Snakemake's benchmark TSVs (`s` column), slowest first."""
+    out = []
+    for tsv in sorted(Path(root).rglob("*.tsv")):
+        lines = tsv.read_text().splitlines()
+        if len(lines) >= 2 and lines[0].split("\t")[0] == "s":
+            out.append((tsv.relative_to(root).with_suffix("").as_posix(), float(lines[1].split("\t")[0])))
+    return sorted(out, key=lambda item: -item[1])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m marble.dev.paper_mini", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -54,20 +70,26 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     start = time.monotonic()
     mirror = Path(args.mirror)
-    if not (mirror / "mirror.json").is_file():
+    if not is_current(mirror):
         build_mirror(mirror, seed=0)
-    env = dict(os.environ, MARBLE_MANIFEST=str(mirror / "manifest.yaml"), HF_HUB_DISABLE_TELEMETRY="1")
+    options = mirror / "reward_options.yaml"
+    options.write_text(yaml.safe_dump(replica_reward_options(mirror), sort_keys=True))
+    env = dict(os.environ, MARBLE_MANIFEST=str(mirror / "manifest.yaml"), HF_HUB_DISABLE_TELEMETRY="1",
+               MARBLE_REWARD_OPTIONS=str(options.resolve()))
     env.setdefault("HF_TOKEN", "hf_mirror")  # the mirror's gated repo wants a bearer token, any
-    with MirrorServer(mirror, idle_s=1800) as server:
-        env.update(HF_ENDPOINT=server.url, MARBLE_MIRROR=server.url)
+    with MirrorServer(mirror, idle_s=1800) as server, FakeSglangServer(idle_s=1800) as judge:
+        env.update(HF_ENDPOINT=server.url, MARBLE_MIRROR=server.url, MARBLE_UNIFIEDREWARD_URL=judge.url)
         cmd = ["snakemake", "--configfile", *CONFIGS, *args.also, f"-c{args.cores}", *args.targets]
-        print(" ".join(cmd), f"(mirror {server.url})", flush=True)
+        print(" ".join(cmd), f"(mirror {server.url}, fake sglang {judge.url})", flush=True)
         Path(args.log).parent.mkdir(parents=True, exist_ok=True)
         with open(args.log, "w") as log:
             proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     wall = time.monotonic() - start
+    for stage, seconds in stage_times():
+        print(f"  {seconds:7.1f} s  {stage}")
     if proc.returncode == 0:
-        print(f"test-paper: passed in {wall / 60:.1f} min (snakemake log {args.log})")
+        print(f"test-paper: passed in {wall / 60:.1f} min (snakemake log {args.log}; "
+              f"{judge.requests} fake judge requests)")
         return 0
     stages = failed_stages(Path(args.log).read_text(errors="replace"))
     print(f"test-paper: FAILED after {wall / 60:.1f} min (snakemake log {args.log})", file=sys.stderr)

@@ -238,27 +238,61 @@ def med_config() -> dict:
             "hidden_dropout_prob": 0.1, "hidden_size": BERT_HIDDEN, "initializer_range": 0.02,
             "intermediate_size": 64, "layer_norm_eps": 1e-12, "max_position_embeddings": 512,
             "model_type": "bert", "num_attention_heads": 2, "num_hidden_layers": 2, "pad_token_id": 0,
-            "type_vocab_size": 2, "vocab_size": len(bert_vocab()) + 2, "encoder_width": BERT_HIDDEN,
+            "type_vocab_size": 2, "vocab_size": len(bert_vocab()) + 2, "encoder_width": IR_VISION_WIDTH,
             "add_cross_attention": True}
 
 
-def imagereward_repo(folder: Path, seed: int = 0) -> None:
-    """med_config.json + ImageReward.pt: a plain state dict (`blip.text_encoder.*` from a BERT of
-    med_config's shape, the `mlp.layers.*` head on its width). ImageReward.load builds a ViT-L
-    vision tower whatever the config says, so this replica checks the files and the text side;
-    a tiny full BLIP needs the reward's own builder."""
-    from transformers import BertConfig, BertModel
+IR_VISION_WIDTH, IR_PATCH = 64, 16  # one 64-dim head, as BLIP's ViTs; 2x2 patches at CLIP_IMAGE
 
+
+def imagereward_state(cfg: dict, seed: int = 0) -> dict[str, torch.Tensor]:
+    """ImageReward.pt's keys (image-reward's module names: BLIP's timm ViT under
+    `blip.visual_encoder.`, BERT-MED with cross-attention under `blip.text_encoder.`, the
+    `mlp.layers.*` head), random, shaped by `cfg` (med_config) and a one-block tiny ViT."""
+    g = torch.Generator().manual_seed(seed)
+    vw, hid, inter = IR_VISION_WIDTH, cfg["hidden_size"], cfg["intermediate_size"]
+
+    def r(*shape, scale=0.2):
+        return torch.randn(*shape, generator=g) * scale
+
+    def norm(prefix, dim):
+        return {f"{prefix}.weight": 1 + r(dim, scale=0.05), f"{prefix}.bias": r(dim, scale=0.05)}
+
+    def linear(prefix, n_out, n_in):
+        return {f"{prefix}.weight": r(n_out, n_in), f"{prefix}.bias": r(n_out, scale=0.05)}
+
+    v, t = "blip.visual_encoder", "blip.text_encoder"
+    s = {f"{v}.cls_token": r(1, 1, vw), f"{v}.pos_embed": r(1, (CLIP_IMAGE // IR_PATCH) ** 2 + 1, vw),
+         f"{v}.patch_embed.proj.weight": r(vw, 3, IR_PATCH, IR_PATCH, scale=0.02),
+         f"{v}.patch_embed.proj.bias": r(vw, scale=0.05), **norm(f"{v}.norm", vw),
+         **norm(f"{v}.blocks.0.norm1", vw), **linear(f"{v}.blocks.0.attn.qkv", 3 * vw, vw),
+         **linear(f"{v}.blocks.0.attn.proj", vw, vw), **norm(f"{v}.blocks.0.norm2", vw),
+         **linear(f"{v}.blocks.0.mlp.fc1", 4 * vw, vw), **linear(f"{v}.blocks.0.mlp.fc2", vw, 4 * vw),
+         f"{t}.embeddings.word_embeddings.weight": r(cfg["vocab_size"], hid),
+         f"{t}.embeddings.position_embeddings.weight": r(cfg["max_position_embeddings"], hid),
+         f"{t}.embeddings.position_ids": torch.arange(cfg["max_position_embeddings"])[None],
+         **norm(f"{t}.embeddings.LayerNorm", hid)}
+    for i in range(cfg["num_hidden_layers"]):
+        b = f"{t}.encoder.layer.{i}"
+        for kind, kv_in in (("attention", hid), ("crossattention", vw)):
+            s |= {**linear(f"{b}.{kind}.self.query", hid, hid), **linear(f"{b}.{kind}.self.key", hid, kv_in),
+                  **linear(f"{b}.{kind}.self.value", hid, kv_in), **linear(f"{b}.{kind}.output.dense", hid, hid),
+                  **norm(f"{b}.{kind}.output.LayerNorm", hid)}
+        s |= {**linear(f"{b}.intermediate.dense", inter, hid), **linear(f"{b}.output.dense", hid, inter),
+              **norm(f"{b}.output.LayerNorm", hid)}
+    s |= {**linear("blip.vision_proj", 16, vw), **linear("blip.text_proj", 16, hid)}  # saved, unused by the score
+    for idx, (n_out, n_in) in zip((0, 2, 4, 6, 7), ((1024, hid), (128, 1024), (64, 128), (16, 64), (1, 16))):
+        s |= linear(f"mlp.layers.{idx}", n_out, n_in)
+    return s
+
+
+def imagereward_repo(folder: Path, seed: int = 0) -> None:
+    """med_config.json + ImageReward.pt (a plain state dict in image-reward's names, the whole
+    model: ViT, BERT-MED with cross-attention, head), read by marble/rewards/blip.py."""
     folder.mkdir(parents=True, exist_ok=True)
     cfg = med_config()
     _json(folder / "med_config.json", cfg)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        bert = {k: v for k, v in cfg.items() if k not in ("encoder_width", "add_cross_attention")}
-        text = BertModel(BertConfig(**bert), add_pooling_layer=False)  # cross-attention keys: BLIP's med.py
-    state = {f"blip.text_encoder.{k}": v for k, v in text.state_dict().items()}
-    state.update({f"mlp.{k}": v for k, v in _mlp_head(BERT_HIDDEN, seed + 1).items()})
-    torch.save(state, folder / "ImageReward.pt")
+    torch.save(imagereward_state(cfg, seed), folder / "ImageReward.pt")
 
 
 def detector_ckpt(path: Path, seed: int = 0) -> None:

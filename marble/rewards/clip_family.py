@@ -1,7 +1,9 @@
 """PickScore, CLIPScore and the LAION aesthetic predictor on transformers' CLIP.
 
-Each loads `CLIPModel` + `CLIPProcessor` from a hub id or a local folder (`model=`,
-`processor=`), scores a batch in chunks of `batch_size`, and applies to every prompt.
+Each loads `CLIPModel` + `CLIPProcessor` from a local folder or a hub id (`model=`,
+`processor=`); a hub id the manifest lists is read from its downloaded folder under the
+reward-checkpoint dir (`marble.data.hub.local_model`), never fetched at run time. Scores a
+batch in chunks of `batch_size`, and applies to every prompt.
 """
 
 from __future__ import annotations
@@ -22,11 +24,16 @@ def _projected(out) -> torch.Tensor:
     return out if isinstance(out, torch.Tensor) else out.pooler_output
 
 
-def load_clip(model: str, processor: str | None, device: str):
+def load_clip(model: str, processor: str | None, device: str, ckpt_dir: str | None = None):
+    """CLIP model + processor; manifest hub ids resolve to their downloaded folders (offline nodes)."""
     from transformers import CLIPModel, CLIPProcessor
 
+    from marble.data.hub import local_model
+
+    model = local_model(model, ckpt_dir)
+    processor = local_model(processor, ckpt_dir) if processor else model
     clip = CLIPModel.from_pretrained(model).to(device).eval()
-    return clip, CLIPProcessor.from_pretrained(processor or model)
+    return clip, CLIPProcessor.from_pretrained(processor)
 
 
 class _ClipReward(Reward):
@@ -34,11 +41,11 @@ class _ClipReward(Reward):
     default_processor: str | None = None
 
     def __init__(self, model: str | None = None, processor: str | None = None, device: str = "cpu",
-                 batch_size: int = 32, **kw):
+                 batch_size: int = 32, ckpt_dir: str | None = None, **kw):
         super().__init__(**kw)
         self.device, self.batch_size = device, int(batch_size)
         self.model, self.processor = load_clip(
-            model or self.default_model, processor or (None if model else self.default_processor), device
+            model or self.default_model, processor or (None if model else self.default_processor), device, ckpt_dir
         )
 
     def image_embeds(self, images: torch.Tensor) -> torch.Tensor:
@@ -114,7 +121,7 @@ class Aesthetic(_ClipReward):
     def __init__(self, head: str | None = None, ckpt_dir: str | None = None, **kw):
         folder = resolve_ckpt_dir(ckpt_dir)
         head_path = require_file(self.name, head or AESTHETIC_HEAD, folder)
-        super().__init__(**kw)
+        super().__init__(ckpt_dir=ckpt_dir, **kw)
         self.head = load_aesthetic_head(head_path).to(self.device)
         dim = self.model.config.projection_dim
         if self.head.layers[0].in_features != dim:

@@ -70,10 +70,12 @@ class ClipColorClassifier:
     """Zero-shot colour of object crops (mask composited on grey #999, cropped to the box)
     with transformers' CLIP (openai ViT-L/14 is the model GenEval uses through open_clip)."""
 
-    def __init__(self, model: str = "openai/clip-vit-large-patch14", device: str = "cpu", batch_size: int = 16):
+    def __init__(self, model: str = "openai/clip-vit-large-patch14", device: str = "cpu", batch_size: int = 16,
+                 ckpt_dir: str | None = None):
         from marble.rewards.clip_family import load_clip
 
-        self.model, self.processor = load_clip(model, None, device)
+        # The hub id resolves to its downloaded folder under the reward-checkpoint dir.
+        self.model, self.processor = load_clip(model, None, device, ckpt_dir)
         self.device, self.batch_size = device, batch_size
         self._classifiers: dict[str, torch.Tensor] = {}
 
@@ -115,19 +117,33 @@ class ClipColorClassifier:
 
 
 class GenEvalReward(Reward):
-    """Applies to records with GenEval `include` clauses; returns the partial-credit score."""
+    """Applies to records with GenEval `include` clauses; returns the partial-credit score.
+
+    `detector`: "mmdet" (default, the paper's Mask2Former), "stub" (marble.rewards.geneval_stub:
+    deterministic made-up detections over GenEval's object_names.txt, for runs without mmdet;
+    not GenEval scores), or a `Detector` object (tests)."""
 
     name = "geneval"
 
     def __init__(self, detector_config: str | None = None, detector_ckpt: str | None = None,
                  clip_model: str = "openai/clip-vit-large-patch14", ckpt_dir: str | None = None,
-                 device: str = "cpu", batch_size: int = 64, detector: Detector | None = None,
+                 device: str = "cpu", batch_size: int = 64, detector: Detector | str = "mmdet",
                  color_classifier=None, **kw):
         super().__init__(**kw)
         self.device, self.batch_size, self.clip_model = device, int(batch_size), clip_model
+        self.ckpt_dir = ckpt_dir
+        folder = resolve_ckpt_dir(ckpt_dir)
+        if detector == "stub":
+            from marble.rewards.geneval_stub import OBJECT_NAMES, StubDetector, read_object_names
+
+            detector = StubDetector(read_object_names(require_file(self.name, OBJECT_NAMES, folder)))
+        elif detector == "mmdet":
+            detector = None
+        elif isinstance(detector, str):
+            raise ValueError(f"reward 'geneval': option detector={detector!r}; choose 'mmdet' or 'stub'")
         self.detector, self.color_classifier = detector, color_classifier
         if detector is None:  # fail at build time, not after the first rollout
-            self.detector_ckpt = require_file(self.name, detector_ckpt or DETECTOR_CKPT, resolve_ckpt_dir(ckpt_dir))
+            self.detector_ckpt = require_file(self.name, detector_ckpt or DETECTOR_CKPT, folder)
             self.detector_config = detector_config or _mmdet_config(DETECTOR_CONFIG)
 
     def applies_by_content(self, prompt, metadata):
@@ -137,7 +153,7 @@ class GenEvalReward(Reward):
         if self.detector is None:
             self.detector = MMDetDetector(str(self.detector_config), str(self.detector_ckpt), self.device)
         if self.color_classifier is None:
-            self.color_classifier = ClipColorClassifier(self.clip_model, self.device)
+            self.color_classifier = ClipColorClassifier(self.clip_model, self.device, ckpt_dir=self.ckpt_dir)
 
     def evaluate_detail(self, images: torch.Tensor, metadata: list[dict], strict_only: bool = False) -> list[dict]:
         """Per image: score, strict_accuracy, accuracy, tag, reasons (for evaluation)."""

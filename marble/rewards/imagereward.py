@@ -15,12 +15,14 @@ from marble.rewards.base import DOWNLOAD_HINT, Reward, ckpt_dir as resolve_ckpt_
 
 IMAGEREWARD_CKPT = "ImageReward.pt"
 MED_CONFIG = "med_config.json"
-TOKENIZER_DIR = "bert-base-uncased"  # BLIP's tokenizer, a folder next to the checkpoint
+TOKENIZER_DIR = "bert-base-uncased"  # BLIP's tokenizer: a folder next to the checkpoint, else the download
 
 
 class ImageRewardScorer(Reward):
     """Applies to every prompt; raw ImageReward (~ -2..+2). Options: `ckpt`, `med_config`,
-    `tokenizer` (a local BERT tokenizer folder), `ckpt_dir`, `device`, `batch_size`."""
+    `tokenizer` (a local BERT tokenizer folder; default `bert-base-uncased` next to the
+    checkpoint, else the downloaded `hub/google-bert/bert-base-uncased`), `ckpt_dir`, `device`,
+    `batch_size`."""
 
     name = "imagereward"
 
@@ -35,6 +37,11 @@ class ImageRewardScorer(Reward):
         tokenizer_dir = Path(tokenizer or TOKENIZER_DIR)
         if not tokenizer_dir.is_absolute() and not tokenizer_dir.is_dir():
             tokenizer_dir = folder / tokenizer_dir
+        if tokenizer is None and not tokenizer_dir.is_dir():
+            from marble.data.hub import local_model
+
+            # `marble download rewards` puts BERT under hub/<repo id>: the id maps to it.
+            tokenizer_dir = Path(local_model(TOKENIZER_DIR, folder))
         if not tokenizer_dir.is_dir():
             raise FileNotFoundError(
                 f"reward {self.name!r}: tokenizer folder {tokenizer_dir} is missing; download it with "
