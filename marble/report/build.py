@@ -10,7 +10,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from marble.io import atomic_path
-from marble.report import figures, tables
+from marble.report import claim, figures, tables
 from marble.report.loading import RunData, eval_samples, load_bench, load_eval_summary, load_runs
 from marble.report.render import Figure, Section, Table, Text, to_html, to_markdown
 from marble.report.verdict import RunTrend, Verdict, reward_changes, specialist_rewards, verdict
@@ -68,9 +68,51 @@ def all_specialists(runs: list[RunData]) -> dict[str, float]:
     return found
 
 
-def _verdict_section(b: Builder, runs, trends, specialists, inp: ReportInputs) -> Verdict:
+def _anti_aligned(runs: list[RunData]) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """Anti-aligned fraction of logged steps: per run (applied direction, weighted-sum
+    direction on the same batches) and pooled per balancer (applied direction)."""
+    by_run = tables.harmony_by_run(runs)
+    by_bal = tables.harmony_by_balancer(runs)
+    col = "applied_anti_aligned_frac"
+    applied = by_run[col].to_dict() if col in by_run else {}
+    ws_dir = by_run["ws_dir_anti_aligned_frac"].to_dict() if "ws_dir_anti_aligned_frac" in by_run else {}
+    pooled = by_bal[col].to_dict() if col in by_bal else {}
+    return applied, ws_dir, pooled
+
+
+def _claim_json(trends, specialists, runs) -> tuple[dict, list[str], pd.DataFrame]:
+    """verdict.json's claim keys, the claim sentences and the per-balancer change table."""
+    by_balancer = claim.balancer_changes(trends)
+    applied, ws_dir, pooled = _anti_aligned(runs)
+    answers, lines = claim.claim_lines(by_balancer, list(specialists), pooled)
+    num = claim._json_num  # NaN -> null: verdict.json stays strict JSON
+    data = {
+        **answers,
+        "anti_aligned": {r: num(v) for r, v in applied.items()},
+        "anti_aligned_weighted_sum_direction": {r: num(v) for r, v in ws_dir.items()},
+        "anti_aligned_by_balancer": {k: num(v) for k, v in pooled.items()},
+        "anti_aligned_published": dict(claim.PUBLISHED_ANTI_ALIGNED),
+        "reward_change": {t.run: {c.reward: [num(c.delta), num(c.stderr)]
+                                  for c in t.changes.values()} for t in trends},
+        "reward_change_by_balancer": {bal: {r: c.pair() + [c.runs] for r, c in ch.items()}
+                                      for bal, ch in by_balancer.items()},
+        "error_bars": f"standard errors; 'beyond the error bars' = more than {claim.Z:g} of them",
+    }
+    rows = [{"balancer": bal, "reward": r, "specialist": r in specialists, "change": c.mean,
+             "stderr": c.se, "runs": c.runs} for bal, ch in by_balancer.items() for r, c in ch.items()]
+    return data, lines, pd.DataFrame(rows)
+
+
+def _verdict_section(b: Builder, runs, trends, specialists, inp: ReportInputs) -> tuple[Verdict, dict]:
     result = verdict(trends, specialists)
+    claim_data, claim_text, change_table = _claim_json(trends, specialists, runs)
     s = b.section("Verdict")
+    for line in claim_text:
+        s.blocks.append(Text(line))
+    if not change_table.empty:
+        b.table(s, "reward_change_by_balancer", "Training reward change per balancer, runs "
+                "(seeds) pooled: mean and standard error (the larger of the between-run spread "
+                "and the runs' own epoch-to-epoch error)", change_table)
     s.blocks.append(Text(result.text))
     spec = ", ".join(f"`{k}` ({v:.0%} of rollouts)" for k, v in specialists.items()) or "none"
     s.blocks.append(Text(
@@ -84,7 +126,7 @@ def _verdict_section(b: Builder, runs, trends, specialists, inp: ReportInputs) -
     if trends:
         b.table(s, "training_reward_change", "Training reward change per run",
                 tables.training_change_table(trends))
-    return result
+    return result, claim_data
 
 
 def _eval_section(b: Builder, inp: ReportInputs) -> pd.DataFrame | None:
@@ -197,7 +239,7 @@ def build_report(inp: ReportInputs) -> Verdict:
             b.section("Runs").blocks.append(Text(
                 f"Missing: no run folder with a metrics.jsonl under `{inp.runs_dir}`. Train with "
                 "`marble train --preset tiny --output-dir results/runs/<run>`."))
-        result = _verdict_section(b, runs, trends, specialists, inp)
+        result, claim_data = _verdict_section(b, runs, trends, specialists, inp)
         evals = _eval_section(b, inp)
         _training_sections(b, runs, inp)
         _harmony_section(b, runs)
@@ -207,8 +249,9 @@ def build_report(inp: ReportInputs) -> Verdict:
         (tmp / "report.md").write_text(to_markdown(TITLE, b.sections), encoding="utf-8")
         (tmp / "report.html").write_text(to_html(TITLE, b.sections, tmp), encoding="utf-8")
         (tmp / "verdict.json").write_text(json.dumps(
-            {"outcomes": result.outcomes, "text": result.text, "specialists": specialists,
-             "runs": result.run_lines}, indent=2) + "\n", encoding="utf-8")
+            {**claim_data, "outcomes": result.outcomes, "text": result.text,
+             "specialists": specialists, "runs": result.run_lines},
+            indent=2, allow_nan=False) + "\n", encoding="utf-8")
     return result
 
 
