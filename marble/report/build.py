@@ -68,7 +68,7 @@ def all_specialists(runs: list[RunData]) -> dict[str, float]:
     return found
 
 
-def _anti_aligned(runs: list[RunData]) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+def _anti_aligned(runs: list[RunData]) -> tuple[dict, dict, dict, dict]:
     """Anti-aligned fraction of logged steps: per run (applied direction, weighted-sum
     direction on the same batches) and pooled per balancer (applied direction)."""
     by_run = tables.harmony_by_run(runs)
@@ -77,14 +77,17 @@ def _anti_aligned(runs: list[RunData]) -> tuple[dict[str, float], dict[str, floa
     applied = by_run[col].to_dict() if col in by_run else {}
     ws_dir = by_run["ws_dir_anti_aligned_frac"].to_dict() if "ws_dir_anti_aligned_frac" in by_run else {}
     pooled = by_bal[col].to_dict() if col in by_bal else {}
-    return applied, ws_dir, pooled
+    ws_col = "ws_dir_anti_aligned_frac"
+    pooled_ws = by_bal[ws_col].to_dict() if ws_col in by_bal else {}
+    return applied, ws_dir, pooled, pooled_ws
 
 
 def _claim_json(trends, specialists, runs) -> tuple[dict, list[str], pd.DataFrame]:
     """verdict.json's claim keys, the claim sentences and the per-balancer change table."""
     by_balancer = claim.balancer_changes(trends)
-    applied, ws_dir, pooled = _anti_aligned(runs)
-    answers, lines = claim.claim_lines(by_balancer, list(specialists), pooled)
+    applied, ws_dir, pooled, pooled_ws = _anti_aligned(runs)
+    answers, lines = claim.claim_lines(by_balancer, list(specialists), pooled,
+                                       anti_ws_direction=pooled_ws)
     num = claim._json_num  # NaN -> null: verdict.json stays strict JSON
     data = {
         **answers,

@@ -123,7 +123,8 @@ def _answer(a) -> str:
 
 
 def claim_lines(by_balancer: dict[str, dict[str, Change]], specialists: list[str],
-                anti_by_balancer: dict[str, float], z: float = Z) -> tuple[dict, list[str]]:
+                anti_by_balancer: dict[str, float], z: float = Z,
+                anti_ws_direction: dict[str, float] | None = None) -> tuple[dict, list[str]]:
     """({question: answer}, sentences) for (a), (b), (c)."""
     marble, ws = by_balancer.get("marble"), by_balancer.get("weighted_sum")
     answers: dict = {}
@@ -149,7 +150,10 @@ def claim_lines(by_balancer: dict[str, dict[str, Change]], specialists: list[str
         why = "no specialist reward" if not specialists else "it needs a MARBLE and a weighted-sum run"
         lines.append(f"(b) Specialists rise more under MARBLE: inconclusive ({why}).")
     shown = ", ".join(f"{b} {f:.0%}" for b, f in anti_by_balancer.items() if math.isfinite(f))
+    ws_dir = ", ".join(f"{b} {f:.0%}" for b, f in (anti_ws_direction or {}).items()
+                       if math.isfinite(f))
+    ws_txt = (f" (the weighted-sum direction on the same batches: {ws_dir})" if ws_dir else "")
     lines.append(f"(c) Steps with an anti-aligned reward (the applied direction against some "
-                 f"reward's gradient): {shown or 'not logged'}; published (MARBLE project page): "
-                 f"weighted sum 80%, MARBLE 0%.")
+                 f"reward's gradient): {shown or 'not logged'}{ws_txt}; published (MARBLE "
+                 f"project page): weighted sum 80%, MARBLE 0%.")
     return answers, lines
