@@ -73,9 +73,19 @@ def test_specialists_rise_more_known_answers(marble_slope, ws_slope, expected):
     assert specialists_rise_more(by["marble"], by["weighted_sum"], ["spec"]) == expected
     answers, lines = claim_lines(by, ["spec"], {"weighted_sum": 0.75, "marble": 0.1})
     assert answers["specialists_rise_more_under_marble"] == expected
+    assert answers["specialist_rises_more_under_marble"] == {"spec": expected}
     assert answers["every_reward_rises_under_marble"] == (
         True if expected is True else (False if expected is False else INCONCLUSIVE))
     assert "weighted_sum 75%" in lines[2] and "weighted sum 80%, MARBLE 0%" in lines[2]
+
+
+def test_one_specialist_beyond_noise_and_one_within_is_inconclusive_overall():
+    marble = {"ocr": Change(0.5, 0.1, 2), "gen": Change(0.02, 0.1, 2)}
+    ws = {"ocr": Change(-0.1, 0.1, 2), "gen": Change(0.0, 0.1, 2)}
+    assert specialists_rise_more(marble, ws, ["ocr", "gen"]) == INCONCLUSIVE
+    answers, lines = claim_lines({"marble": marble, "weighted_sum": ws}, ["ocr", "gen"], {})
+    assert answers["specialist_rises_more_under_marble"] == {"ocr": True, "gen": INCONCLUSIVE}
+    assert "ocr: MARBLE +0.5 ± 0.1 vs weighted sum -0.1 ± 0.1, difference +0.6 ± 0.14 (yes)" in lines[1]
 
 
 def test_claim_without_runs_or_specialists_is_inconclusive():

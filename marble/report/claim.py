@@ -104,12 +104,18 @@ def difference(a: Change, b: Change) -> Change:
     return Change(a.mean - b.mean, math.hypot(a.se, b.se), min(a.runs, b.runs))
 
 
+def rise_more_by_specialist(marble: dict[str, Change], ws: dict[str, Change],
+                            specialists: list[str], z: float = Z) -> dict:
+    """Per specialist: its change under MARBLE minus under the weighted sum, beyond z se?"""
+    shared = [s for s in specialists if s in marble and s in ws]
+    return {s: sign_beyond(difference(marble[s], ws[s]).mean, difference(marble[s], ws[s]).se, z)
+            for s in shared}
+
+
 def specialists_rise_more(marble: dict[str, Change], ws: dict[str, Change],
                           specialists: list[str], z: float = Z):
     """(b): every specialist's change under MARBLE minus under the weighted sum > z se."""
-    shared = [s for s in specialists if s in marble and s in ws]
-    return all_of([sign_beyond(difference(marble[s], ws[s]).mean,
-                               difference(marble[s], ws[s]).se, z) for s in shared])
+    return all_of(list(rise_more_by_specialist(marble, ws, specialists, z).values()))
 
 
 def _fmt(c: Change) -> str:
@@ -140,9 +146,12 @@ def claim_lines(by_balancer: dict[str, dict[str, Change]], specialists: list[str
     if marble and ws and specialists:
         answers["specialists_rise_more_under_marble"] = b = specialists_rise_more(
             marble, ws, specialists, z)
+        answers["specialist_rises_more_under_marble"] = rise_more_by_specialist(
+            marble, ws, specialists, z)
+        per = answers["specialist_rises_more_under_marble"]
         detail = "; ".join(
             f"{s}: MARBLE {_fmt(marble[s])} vs weighted sum {_fmt(ws[s])}, difference "
-            f"{_fmt(difference(marble[s], ws[s]))}" for s in specialists if s in marble and s in ws)
+            f"{_fmt(difference(marble[s], ws[s]))} ({_answer(per[s])})" for s in per)
         lines.append(f"(b) The specialists rise more under MARBLE than under the weighted sum "
                      f"(beyond {z:g} standard errors of the difference): **{_answer(b)}**. {detail}.")
     else:
