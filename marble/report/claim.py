@@ -139,7 +139,7 @@ def claim_lines(by_balancer: dict[str, dict[str, Change]], specialists: list[str
         answers["every_reward_rises_under_marble"] = a = every_reward_rises(marble, z)
         detail = "; ".join(f"{r} {_fmt(c)} ({c.runs} runs)" for r, c in marble.items())
         lines.append(f"(a) Every reward rises under MARBLE (beyond {z:g} standard errors): "
-                     f"**{_answer(a)}**. Change per reward: {detail}.")
+                     f"{_answer(a).upper()}. Change per reward: {detail}.")
     else:
         answers["every_reward_rises_under_marble"] = INCONCLUSIVE
         lines.append("(a) Every reward rises under MARBLE: inconclusive (no MARBLE run).")
@@ -153,7 +153,7 @@ def claim_lines(by_balancer: dict[str, dict[str, Change]], specialists: list[str
             f"{s}: MARBLE {_fmt(marble[s])} vs weighted sum {_fmt(ws[s])}, difference "
             f"{_fmt(difference(marble[s], ws[s]))} ({_answer(per[s])})" for s in per)
         lines.append(f"(b) The specialists rise more under MARBLE than under the weighted sum "
-                     f"(beyond {z:g} standard errors of the difference): **{_answer(b)}**. {detail}.")
+                     f"(beyond {z:g} standard errors of the difference): {_answer(b).upper()}. {detail}.")
     else:
         answers["specialists_rise_more_under_marble"] = INCONCLUSIVE
         why = "no specialist reward" if not specialists else "it needs a MARBLE and a weighted-sum run"
