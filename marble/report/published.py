@@ -44,8 +44,8 @@ def table1() -> pd.DataFrame:
 
 
 def beside_paper(evals: pd.DataFrame | None, balancer_of: dict[str, str]) -> pd.DataFrame:
-    """One row per balancer: this run's eval scores (mean over the balancer's runs, i.e.
-    seeds), then the published row's numbers in `published: ...` columns."""
+    """One row per balancer: this run's eval scores (per reward, mean over the eval datasets
+    and the balancer's runs, i.e. seeds), then the published row in `published: ...` columns."""
     balancers = list(dict.fromkeys(balancer_of.values())) or list(BALANCER_ROWS)
     rows = []
     for bal in balancers:
@@ -55,9 +55,14 @@ def beside_paper(evals: pd.DataFrame | None, balancer_of: dict[str, str]) -> pd.
             mine = evals.loc[[r for r in runs if r in evals.index]].drop(columns="checkpoint",
                                                                         errors="ignore")
             row["runs"] = len(mine)
+            # One column per reward (its mean over the eval datasets) keeps the table
+            # readable beside the published columns; the full table is `eval_scores`.
+            by_reward: dict[str, list[str]] = {}
             for col in mine.columns:
-                row[f"this run: {col}"] = float(pd.to_numeric(mine[col], errors="coerce").mean()) \
-                    if len(mine) else math.nan
+                by_reward.setdefault(col.rsplit("/", 1)[-1], []).append(col)
+            for reward, cols in by_reward.items():
+                values = mine[cols].apply(pd.to_numeric, errors="coerce")
+                row[f"this run: {reward}"] = float(values.stack().mean()) if len(mine) else math.nan
         published = TABLE1.get(BALANCER_ROWS.get(bal, ""), [math.nan] * len(TABLE1_COLUMNS))
         row.update({f"published: {c}": v for c, v in zip(TABLE1_COLUMNS, published)})
         rows.append(row)
