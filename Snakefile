@@ -8,6 +8,7 @@
 include: "workflow/rules/common.smk"
 include: "workflow/rules/download.smk"
 include: "workflow/rules/datasets.smk"
+include: "workflow/rules/pretrain.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"

@@ -149,7 +149,7 @@ def test_harmony_tables_hold_the_right_numbers(full_report):
     assert by_run.loc["equal_alpha", "logged_steps"] == 0
     pooled = pd.read_csv(full_report / "tables" / "harmony_by_balancer.csv", index_col="balancer")
     assert pooled.loc["marble", "applied_anti_aligned_frac"] == 0.0  # rho runs logged no cosines
-    assert pooled.loc["weighted_sum", "paper_anti_aligned_frac"] == pytest.approx(0.8)
+    assert pooled.loc["weighted_sum", "published_anti_aligned_frac"] == pytest.approx(0.8)
 
 
 def test_cost_table_relative_speed_is_inverse_time_ratio(full_report):
@@ -158,8 +158,8 @@ def test_cost_table_relative_speed_is_inverse_time_ratio(full_report):
     assert cost.loc["mgda", "relative_speed"] == pytest.approx(0.5)
     assert cost.loc["marble", "memory_ratio"] == pytest.approx(1.1)
     assert cost.loc["weighted_sum", "relative_speed"] == pytest.approx(1.0)
-    assert cost.loc["marble", "paper_relative_speed"] == pytest.approx(0.97)
-    assert cost.loc["mgda", "paper_memory_ratio"] == pytest.approx(1.14)
+    assert cost.loc["marble", "published_relative_speed"] == pytest.approx(0.97)
+    assert cost.loc["mgda", "published_memory_ratio"] == pytest.approx(1.14)
 
 
 def test_rho_ablation_groups_runs_differing_only_in_alpha_ema(full_report):
@@ -182,6 +182,42 @@ def test_verdict_and_training_changes(full_report):
     assert not row["improved"]
     md = (full_report / "report.md").read_text()
     assert verdict["text"] in md
+
+
+def test_verdict_json_shape(full_report):
+    """The claim's keys CI checks: the answer, anti-aligned fractions, [mean, stderr] per reward."""
+    verdict = json.loads((full_report / "verdict.json").read_text())
+    assert verdict["specialists_rise_more_under_marble"] in (True, False, "inconclusive")
+    assert verdict["every_reward_rises_under_marble"] in (True, False, "inconclusive")
+    assert verdict["anti_aligned"]["weighted_sum"] == pytest.approx(0.5)
+    assert verdict["anti_aligned"]["marble"] == pytest.approx(0.0)
+    assert verdict["anti_aligned_weighted_sum_direction"]["marble"] == pytest.approx(0.75)
+    assert verdict["anti_aligned_published"] == {"weighted_sum": 0.8, "marble": 0.0}
+    runs = {"weighted_sum", "marble", "rho_05", "rho_09", "equal_alpha"}
+    assert set(verdict["reward_change"]) == runs
+    for per_reward in verdict["reward_change"].values():
+        assert set(per_reward) == set(REWARDS)
+        for pair in per_reward.values():
+            assert len(pair) == 2 and all(x is None or isinstance(x, float) for x in pair)
+    mean, se = verdict["reward_change"]["weighted_sum"]["color"]
+    assert mean == pytest.approx(np.mean(DOWN[-2:]) - np.mean(DOWN[:2]))
+    # Three MARBLE runs pooled: their color changes are all +0.3 -> mean 0.3.
+    assert verdict["reward_change_by_balancer"]["marble"]["color"][0] == pytest.approx(0.3)
+    assert verdict["reward_change_by_balancer"]["marble"]["color"][2] == 3
+
+
+def test_table1_beside_the_published_numbers(full_report):
+    side = pd.read_csv(full_report / "tables" / "table1_beside_paper.csv", index_col=0)
+    # This run's evaluated marble runs (marble, rho_05) averaged; the published MARBLE row beside.
+    assert side.loc["marble", "runs"] == 2
+    assert side.loc["marble", "this run: color"] == pytest.approx(np.mean([0.6, 0.4]))
+    assert side.loc["marble", "published: Composite"] == pytest.approx(1.12)
+    assert side.loc["weighted_sum", "published: OCR"] == pytest.approx(0.91)
+    assert np.isnan(side.loc["equal_alpha", "published: GenEval"])  # no published row
+    md = (full_report / "report.md").read_text()
+    assert "## Beside the paper" in md and "MARBLE project page" in md
+    published = pd.read_csv(full_report / "tables" / "table1_published.csv", index_col=0)
+    assert len(published) == 11 and published.loc["+ MARBLE", "HPSv2.1"] == pytest.approx(0.355)
 
 
 FIGURES = ["training_rewards", "alpha", "worst_cosine", "anti_aligned", "samples_marble",

@@ -63,6 +63,17 @@ def test_text_contrast_mask_and_values():
     assert math.isnan(out[2].item())
 
 
+def test_text_contrast_is_the_rms_luma_contrast():
+    from marble.rewards.toy import rms_contrast
+
+    half = torch.full((3, 8, 8), 0.2)
+    half[:, :, 4:] = 0.6  # two luma levels, half the pixels each: std = 0.2
+    grey_ramp = torch.linspace(0, 1, 8).view(1, 1, 8).expand(3, 8, 8)
+    out = rms_contrast(torch.stack([half, grey_ramp]))
+    assert out[0].item() == pytest.approx(0.2, abs=1e-6)
+    assert out[1].item() == pytest.approx(torch.linspace(0, 1, 8).std(unbiased=False).item(), abs=1e-6)
+
+
 def test_applies_to_overrides_content_rule():
     reward = build("toy_text_contrast", applies_to=["ocr"])
     assert reward.applies("no quotes here", {"source": "ocr"})

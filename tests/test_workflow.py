@@ -103,6 +103,17 @@ def test_tiny_pipeline_end_to_end(tiny_pipeline):
     assert report.is_file() and "weighted_sum" in report.read_text()
     assert (work / "results/report/report.html").is_file()
     assert (work / "results/bench/step.json").is_file()
+    # The pretraining stage ran with the configured budget and left its summary in the model.
+    pretrained = json.loads((work / cfg["model_dir"] / "pretrain_summary.json").read_text())
+    assert pretrained["settings"]["flow_steps"] == cfg["pretrain"]["flow_steps"]
+    # The claim, with its uncertainty, in the shape CI checks.
+    verdict = json.loads((work / "results/report/verdict.json").read_text())
+    assert verdict["specialists_rise_more_under_marble"] in (True, False, "inconclusive")
+    assert set(verdict["anti_aligned"]) == set(cfg["runs"])
+    assert set(verdict["reward_change"]) == set(cfg["runs"])
+    for per_reward in verdict["reward_change"].values():
+        assert per_reward and all(len(pair) == 2 for pair in per_reward.values())
+    assert "## Beside the paper" in report.read_text()
     # The DVC stages cover the whole `all` target: Snakemake finds nothing left to do.
     assert "Nothing to be done" in tiny_pipeline["dry_all"]
 

@@ -1,8 +1,28 @@
-"""`marble models tiny --out DIR [--seed 0]`: build and save the tiny SD3 pipeline."""
+"""`marble models tiny --out DIR [--seed 0]`: build and save the tiny SD3 pipeline.
+`marble models pretrain --table PARQUET --out DIR [--model DIR]`: teach it to draw
+(marble.models.pretrain), so the embedded default's RL run has something to move."""
 
 from __future__ import annotations
 
 import argparse
+
+
+def _pretrain_parser(sub) -> None:
+    from marble.models.pretrain import PretrainSettings
+
+    d = PretrainSettings()
+    p = sub.add_parser("pretrain", help="fit the tiny VAE and transformer to draw toy pictures "
+                                        "of the training prompts")
+    p.add_argument("--model", default="random:tiny",
+                   help="pipeline to start from (default: the tiny one built from configs, seed 0)")
+    p.add_argument("--table", required=True, help="assembled training table (its prompts)")
+    p.add_argument("--out", required=True, help="output folder (diffusers layout + pretrain_summary.json)")
+    p.add_argument("--vae-steps", type=int, default=d.vae_steps)
+    p.add_argument("--flow-steps", type=int, default=d.flow_steps)
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--resolution", type=int, default=d.resolution)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -11,7 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     tiny = sub.add_parser("tiny", help="build the tiny SD3 pipeline from configs and save it")
     tiny.add_argument("--out", required=True, help="output folder (diffusers save_pretrained layout)")
     tiny.add_argument("--seed", type=int, default=0, help="init seed (the build is deterministic)")
+    _pretrain_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "pretrain":
+        return _pretrain(args)
 
     from marble.models.loading import load_pipeline
     from marble.models.tiny import folder_size_bytes, parameter_count, save_tiny_pipeline
@@ -20,6 +43,22 @@ def main(argv: list[str] | None = None) -> int:
     pipe = load_pipeline(str(out))  # reload: proves the folder loads offline
     print(f"tiny SD3 saved to {out}: {parameter_count(pipe):,} parameters, "
           f"{folder_size_bytes(out) / 2**20:.2f} MiB on disk")
+    return 0
+
+
+def _pretrain(args) -> int:
+    import torch
+
+    from marble.models.pretrain import PretrainSettings, pretrain
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    settings = PretrainSettings(vae_steps=args.vae_steps, flow_steps=args.flow_steps,
+                                batch_size=args.batch_size, resolution=args.resolution,
+                                seed=args.seed)
+    summary = pretrain(args.model, args.table, args.out, settings)
+    print(f"pretrained {args.model} on {summary['prompts']} prompts -> {args.out}: "
+          f"VAE loss {summary['vae_loss']}, flow loss {summary['flow_loss']}")
     return 0
 
 

@@ -10,7 +10,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from marble.io import atomic_path
-from marble.report import figures, tables
+from marble.report import claim, figures, published, tables
 from marble.report.loading import RunData, eval_samples, load_bench, load_eval_summary, load_runs
 from marble.report.render import Figure, Section, Table, Text, to_html, to_markdown
 from marble.report.verdict import RunTrend, Verdict, reward_changes, specialist_rewards, verdict
@@ -68,9 +68,54 @@ def all_specialists(runs: list[RunData]) -> dict[str, float]:
     return found
 
 
-def _verdict_section(b: Builder, runs, trends, specialists, inp: ReportInputs) -> Verdict:
+def _anti_aligned(runs: list[RunData]) -> tuple[dict, dict, dict, dict]:
+    """Anti-aligned fraction of logged steps: per run (applied direction, weighted-sum
+    direction on the same batches) and pooled per balancer (applied direction)."""
+    by_run = tables.harmony_by_run(runs)
+    by_bal = tables.harmony_by_balancer(runs)
+    col = "applied_anti_aligned_frac"
+    applied = by_run[col].to_dict() if col in by_run else {}
+    ws_dir = by_run["ws_dir_anti_aligned_frac"].to_dict() if "ws_dir_anti_aligned_frac" in by_run else {}
+    pooled = by_bal[col].to_dict() if col in by_bal else {}
+    ws_col = "ws_dir_anti_aligned_frac"
+    pooled_ws = by_bal[ws_col].to_dict() if ws_col in by_bal else {}
+    return applied, ws_dir, pooled, pooled_ws
+
+
+def _claim_json(trends, specialists, runs) -> tuple[dict, list[str], pd.DataFrame]:
+    """verdict.json's claim keys, the claim sentences and the per-balancer change table."""
+    by_balancer = claim.balancer_changes(trends)
+    applied, ws_dir, pooled, pooled_ws = _anti_aligned(runs)
+    answers, lines = claim.claim_lines(by_balancer, list(specialists), pooled,
+                                       anti_ws_direction=pooled_ws)
+    num = claim._json_num  # NaN -> null: verdict.json stays strict JSON
+    data = {
+        **answers,
+        "anti_aligned": {r: num(v) for r, v in applied.items()},
+        "anti_aligned_weighted_sum_direction": {r: num(v) for r, v in ws_dir.items()},
+        "anti_aligned_by_balancer": {k: num(v) for k, v in pooled.items()},
+        "anti_aligned_published": dict(claim.PUBLISHED_ANTI_ALIGNED),
+        "reward_change": {t.run: {c.reward: [num(c.delta), num(c.stderr)]
+                                  for c in t.changes.values()} for t in trends},
+        "reward_change_by_balancer": {bal: {r: c.pair() + [c.runs] for r, c in ch.items()}
+                                      for bal, ch in by_balancer.items()},
+        "error_bars": f"standard errors; 'beyond the error bars' = more than {claim.Z:g} of them",
+    }
+    rows = [{"balancer": bal, "reward": r, "specialist": r in specialists, "change": c.mean,
+             "stderr": c.se, "runs": c.runs} for bal, ch in by_balancer.items() for r, c in ch.items()]
+    return data, lines, pd.DataFrame(rows)
+
+
+def _verdict_section(b: Builder, runs, trends, specialists, inp: ReportInputs) -> tuple[Verdict, dict]:
     result = verdict(trends, specialists)
+    claim_data, claim_text, change_table = _claim_json(trends, specialists, runs)
     s = b.section("Verdict")
+    for line in claim_text:
+        s.blocks.append(Text(line))
+    if not change_table.empty:
+        b.table(s, "reward_change_by_balancer", "Training reward change per balancer, runs "
+                "(seeds) pooled: mean and standard error (the larger of the between-run spread "
+                "and the runs' own epoch-to-epoch error)", change_table)
     s.blocks.append(Text(result.text))
     spec = ", ".join(f"`{k}` ({v:.0%} of rollouts)" for k, v in specialists.items()) or "none"
     s.blocks.append(Text(
@@ -84,7 +129,7 @@ def _verdict_section(b: Builder, runs, trends, specialists, inp: ReportInputs) -
     if trends:
         b.table(s, "training_reward_change", "Training reward change per run",
                 tables.training_change_table(trends))
-    return result
+    return result, claim_data
 
 
 def _eval_section(b: Builder, inp: ReportInputs) -> pd.DataFrame | None:
@@ -104,9 +149,21 @@ def _eval_section(b: Builder, inp: ReportInputs) -> pd.DataFrame | None:
     if tables.composite_function() is None:
         s.blocks.append(Text("Composite unavailable: `marble.eval_summary.composite_zscore` "
                              "could not be imported."))
-    s.blocks.append(Text("Paper (SD3.5-M, Table 1): composite MARBLE +1.12, sequential +1.02, "
-                         "weighted sum +0.18. Rows here use each run's latest evaluated checkpoint."))
     return wide
+
+
+def _paper_section(b: Builder, runs: list[RunData], evals: pd.DataFrame | None) -> None:
+    s = b.section("Beside the paper")
+    s.blocks.append(Text(
+        "The paper's numbers are SD3.5-M at 512 px with five model-based rewards; this run's are "
+        "the tiny model with toy rewards (brightness and saturation stand in for the general "
+        "rewards, text contrast for OCR, colour match for GenEval). Compare directions and "
+        f"orderings, not values. Source of every `published` column: {published.SOURCE}."))
+    b.table(s, "table1_beside_paper", "Table 1, this run (eval scores, mean over a balancer's "
+            "seeds) beside the published row of the same method (`published: ...` columns; "
+            "equal_alpha has no published row)",
+            published.beside_paper(evals, {r.name: r.balancer for r in runs}))
+    b.table(s, "table1_published", f"Table 1 as published ({published.SOURCE})", published.table1())
 
 
 def _training_sections(b: Builder, runs: list[RunData], inp: ReportInputs) -> None:
@@ -135,8 +192,9 @@ def _harmony_section(b: Builder, runs: list[RunData]) -> None:
             "of the cosine, anti-aligned fraction; `applied` = the direction the balancer applied, "
             "`ws_dir` = the weighted-sum direction on the same batches; a step's `anti_aligned` is "
             "the mean over its diagnostic micro-batches, so the fraction counts batches", by_run)
-    b.table(s, "harmony_by_balancer", "Pooled per balancer, beside the paper's values "
-            "(weighted sum 80% anti-aligned, min cos -0.13, var 0.161; MARBLE 0%, +0.37, 0.006)",
+    b.table(s, "harmony_by_balancer", "Pooled per balancer, beside the published values "
+            "(`published_*` columns, MARBLE project page: weighted sum 80% anti-aligned, min cos "
+            "-0.13, var 0.161; MARBLE 0%, +0.37, 0.006)",
             tables.harmony_by_balancer(runs))
 
 
@@ -150,8 +208,9 @@ def _cost_section(b: Builder, inp: ReportInputs) -> None:
         ))
         return
     b.table(s, "cost", "Step time and peak memory; relative speed = 1 / time ratio vs the weighted "
-            "sum; paper (8xH200, K = 5): MARBLE 0.97x speed / 1.14x memory, MGDA without "
-            "amortization 0.56x / 1.14x", tables.cost_table(bench))
+            "sum; `published_*` columns: the paper's cost table (MARBLE project page, 8xH200, "
+            "K = 5): weighted sum 1.00x / 59 GB, MARBLE (amortized, N = 10) 0.97x / 67 GB, "
+            "without amortization 0.56x / 67 GB", tables.cost_table(bench))
 
 
 def _rho_section(b: Builder, runs, trends, evals) -> None:
@@ -200,8 +259,9 @@ def build_report(inp: ReportInputs) -> Verdict:
             b.section("Runs").blocks.append(Text(
                 f"Missing: no run folder with a metrics.jsonl under `{inp.runs_dir}`. Train with "
                 "`marble train --preset tiny --output-dir results/runs/<run>`."))
-        result = _verdict_section(b, runs, trends, specialists, inp)
+        result, claim_data = _verdict_section(b, runs, trends, specialists, inp)
         evals = _eval_section(b, inp)
+        _paper_section(b, runs, evals)
         _training_sections(b, runs, inp)
         _harmony_section(b, runs)
         _cost_section(b, inp)
@@ -210,8 +270,9 @@ def build_report(inp: ReportInputs) -> Verdict:
         (tmp / "report.md").write_text(to_markdown(TITLE, b.sections), encoding="utf-8")
         (tmp / "report.html").write_text(to_html(TITLE, b.sections, tmp), encoding="utf-8")
         (tmp / "verdict.json").write_text(json.dumps(
-            {"outcomes": result.outcomes, "text": result.text, "specialists": specialists,
-             "runs": result.run_lines}, indent=2) + "\n", encoding="utf-8")
+            {**claim_data, "outcomes": result.outcomes, "text": result.text,
+             "specialists": specialists, "runs": result.run_lines},
+            indent=2, allow_nan=False) + "\n", encoding="utf-8")
     return result
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from marble.report.loading import RunData, latest_checkpoint_name
+from marble.report.published import COST as PUBLISHED_COST
 from marble.report.verdict import RunTrend
 
 # The MARBLE page's cost table (8xH200, K = 5), relative to the weighted sum.
@@ -102,9 +103,9 @@ def harmony_by_balancer(runs: list[RunData]) -> pd.DataFrame:
         pooled = pd.concat([r.metrics for r in runs if r.balancer == balancer], ignore_index=True)
         row = {"balancer": balancer, **_harmony_row(pooled)}
         paper = PAPER_HARMONY.get(balancer, {})
-        row["paper_anti_aligned_frac"] = paper.get("anti_aligned_frac", math.nan)
-        row["paper_cos_min"] = paper.get("cos_min_mean", math.nan)
-        row["paper_cos_var"] = paper.get("cos_var_mean", math.nan)
+        row["published_anti_aligned_frac"] = paper.get("anti_aligned_frac", math.nan)
+        row["published_cos_min"] = paper.get("cos_min_mean", math.nan)
+        row["published_cos_var"] = paper.get("cos_var_mean", math.nan)
         rows.append(row)
     return pd.DataFrame(rows).set_index("balancer") if rows else pd.DataFrame()
 
@@ -122,14 +123,16 @@ def cost_table(bench: dict) -> pd.DataFrame:
         time_ratio = ratio.get("time", _safe_div(stats.get("step_s"), base.get("step_s")))
         mem_ratio = ratio.get("memory", _safe_div(stats.get("peak_mb"), base.get("peak_mb")))
         paper_speed, paper_mem = PAPER_COST.get(name, (math.nan, math.nan))
+        paper_gb = PUBLISHED_COST.get(name, (math.nan, math.nan))[1]
         rows.append({
             "balancer": name,
             "step_s": _num(stats.get("step_s")),
             "peak_mb": _num(stats.get("peak_mb")),
             "relative_speed": _safe_div(1.0, time_ratio),
             "memory_ratio": _num(mem_ratio),
-            "paper_relative_speed": paper_speed,
-            "paper_memory_ratio": paper_mem,
+            "published_relative_speed": paper_speed,
+            "published_memory_ratio": paper_mem,
+            "published_peak_gb": paper_gb,
         })
     return pd.DataFrame(rows).set_index("balancer") if rows else pd.DataFrame()
 

@@ -62,6 +62,12 @@ def color_match(images: torch.Tensor, color: str) -> torch.Tensor:
     return (1.0 - torch.linalg.vector_norm(mean_rgb - target, dim=1) / 3**0.5).float()
 
 
+def rms_contrast(images: torch.Tensor) -> torch.Tensor:
+    """Standard deviation of the luma over the image, in [0, 0.5]: legible text on a
+    background raises it; smooth in the pixels (unlike an edge count)."""
+    return luminance(images).flatten(1).std(dim=1, unbiased=False).float()
+
+
 def edge_density(images: torch.Tensor) -> torch.Tensor:
     """(mean |dx| + mean |dy|) / 2 of the luma, in [0,1]: high for sharp, high-contrast strokes."""
     y = luminance(images)
@@ -105,8 +111,9 @@ class ToyColorMatch(Reward):
 
 
 class ToyTextContrast(Reward):
-    """Specialist like OCR: applies only to prompts with a quoted span, and scores local
-    contrast (edge density), which legible text raises."""
+    """Specialist like OCR: applies only to prompts with a quoted span, and scores the
+    luma contrast (RMS), which legible text on a background raises. It partly conflicts
+    with brightness (a white page has none) and with saturation (black-on-white text)."""
 
     name = "toy_text_contrast"
 
@@ -114,4 +121,4 @@ class ToyTextContrast(Reward):
         return quoted_target(prompt) is not None
 
     def score(self, images, prompts, metadata):
-        return edge_density(images)
+        return rms_contrast(images)

@@ -4,19 +4,7 @@
 
 if MODE == "tiny":
 
-    rule build_tiny_model:
-        output:
-            directory(MODEL_DIR),
-        log:
-            "logs/download/model.log",
-        benchmark:
-            "benchmarks/download/model.tsv"
-        conda:
-            MARBLE_ENV
-        resources:
-            **resources_of("report"),
-        shell:
-            "marble models tiny --out {output:q} > {log:q} 2>&1"
+    # The tiny model itself: workflow/rules/pretrain.smk (built, then taught to draw).
 
     rule make_tiny_prompts:
         output:

@@ -1,0 +1,69 @@
+"""The paper's published numbers, to set beside a run's (source: the MARBLE project page,
+aim-uofa.github.io/MARBLE; transcribed in shared/docs/algorithm.md section E).
+
+SD3.5-M fine-tuned on PickScore, CLIPScore, HPSv2.1, OCR and GenEval; PickScore on the
+x26 scale, UnifiedReward on 1-5; composite = mean of column-wise z-scores over the 11 rows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+SOURCE = "published: MARBLE project page (aim-uofa.github.io/MARBLE), Table 1"
+TABLE1_COLUMNS = ["GenEval", "OCR", "PickScore", "CLIPScore", "HPSv2.1", "Aesthetic",
+                  "ImgRwd", "UniRwd", "Composite"]
+TABLE1 = {
+    "SD-XL": [0.55, 0.14, 22.42, 0.287, 0.280, 5.60, 0.76, 2.93, -0.46],
+    "SD3.5-L": [0.71, 0.68, 22.91, 0.289, 0.288, 5.50, 0.96, 3.25, 0.12],
+    "FLUX.1-Dev": [0.66, 0.59, 22.84, 0.295, 0.274, 5.71, 0.96, 3.27, 0.10],
+    "SD3.5-M (w/o CFG)": [0.24, 0.12, 20.51, 0.237, 0.204, 5.13, -0.58, 2.02, -2.32],
+    "SD3.5-M + CFG": [0.63, 0.59, 22.34, 0.285, 0.279, 5.36, 0.85, 3.03, -0.26],
+    "+ FlowGRPO (GenEval)": [0.95, 0.66, 22.51, 0.293, 0.274, 5.32, 1.06, 3.18, 0.12],
+    "+ FlowGRPO (OCR)": [0.66, 0.92, 22.41, 0.290, 0.280, 5.32, 0.95, 3.15, 0.01],
+    "+ FlowGRPO (PickScore)": [0.54, 0.68, 23.50, 0.280, 0.316, 5.90, 1.29, 3.37, 0.36],
+    "+ DiffusionNFT (sequential)": [0.94, 0.91, 23.80, 0.293, 0.331, 6.01, 1.49, 3.49, 1.02],
+    "+ DiffusionNFT (weighted-sum)": [0.92, 0.91, 21.53, 0.267, 0.300, 6.15, 1.16, 3.04, 0.18],
+    "+ MARBLE": [0.94, 0.96, 22.83, 0.286, 0.355, 6.59, 1.53, 3.52, 1.12],
+}
+# Our balancer -> its published row (equal_alpha and mgda have none on the page).
+BALANCER_ROWS = {"weighted_sum": "+ DiffusionNFT (weighted-sum)", "marble": "+ MARBLE"}
+# The cost table (8xH200, K = 5): relative speed, peak GPU memory in GB.
+COST = {
+    "weighted_sum": (1.00, 59.0),
+    "marble": (0.97, 67.0),  # amortized, N = 10
+    "mgda": (0.56, 67.0),  # "without amortization": a full solve every step
+}
+
+
+def table1() -> pd.DataFrame:
+    frame = pd.DataFrame.from_dict(TABLE1, orient="index", columns=TABLE1_COLUMNS)
+    frame.index.name = "model (published)"
+    return frame
+
+
+def beside_paper(evals: pd.DataFrame | None, balancer_of: dict[str, str]) -> pd.DataFrame:
+    """One row per balancer: this run's eval scores (per reward, mean over the eval datasets
+    and the balancer's runs, i.e. seeds), then the published row in `published: ...` columns."""
+    balancers = list(dict.fromkeys(balancer_of.values())) or list(BALANCER_ROWS)
+    rows = []
+    for bal in balancers:
+        row: dict = {"balancer": bal}
+        runs = [r for r, b in balancer_of.items() if b == bal]
+        if evals is not None:
+            mine = evals.loc[[r for r in runs if r in evals.index]].drop(columns="checkpoint",
+                                                                        errors="ignore")
+            row["runs"] = len(mine)
+            # One column per reward (its mean over the eval datasets) keeps the table
+            # readable beside the published columns; the full table is `eval_scores`.
+            by_reward: dict[str, list[str]] = {}
+            for col in mine.columns:
+                by_reward.setdefault(col.rsplit("/", 1)[-1], []).append(col)
+            for reward, cols in by_reward.items():
+                values = mine[cols].apply(pd.to_numeric, errors="coerce")
+                row[f"this run: {reward}"] = float(values.stack().mean()) if len(mine) else math.nan
+        published = TABLE1.get(BALANCER_ROWS.get(bal, ""), [math.nan] * len(TABLE1_COLUMNS))
+        row.update({f"published: {c}": v for c, v in zip(TABLE1_COLUMNS, published)})
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("balancer")
