@@ -66,10 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip_generation", action="store_true", help="score the saved images only")
     p.add_argument("--limit", type=int, default=None, help="first N samples only")
     p.add_argument("--rewards", default=None, help="comma-separated reward list (default: per dataset)")
-    # The env default lets a harness (marble.dev.paper_mini) point every evaluation of a workflow at
-    # its scorer options without a workflow key.
-    p.add_argument("--reward_options", default=os.environ.get("MARBLE_REWARD_OPTIONS") or None,
-                   help="YAML file {reward: {option: value}} (default: $MARBLE_REWARD_OPTIONS)")
+    # $MARBLE_REWARD_OPTIONS (a YAML file) is the base every evaluation starts from: a harness
+    # (marble.dev.paper_mini) or a site points all evaluations at its scorer options; the
+    # flag (the workflow's eval.reward_options) overrides it option by option.
+    p.add_argument("--reward_options", default=None,
+                   help="YAML file or inline mapping {reward: {option: value}}, applied over "
+                        "$MARBLE_REWARD_OPTIONS")
     return p
 
 
@@ -102,15 +104,28 @@ def reward_names(args) -> list[str]:
 
 
 def read_reward_options(path: str | None) -> dict[str, dict]:
+    """`--reward_options`: a YAML file, or an inline JSON/YAML mapping (`{"ocr": {...}}`,
+    as the workflow passes `eval.reward_options`)."""
     if path is None:
         return {}
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        inline = path.lstrip().startswith("{") and not Path(path).exists()
+        text = path if inline else Path(path).read_text(encoding="utf-8")
+        data = yaml.safe_load(text) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise SystemExit(f"marble evaluate: --reward_options {path}: {exc}") from exc
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise SystemExit(f"marble evaluate: --reward_options {path}: expected {{reward: {{option: value}}}}")
     return data
+
+
+def merged_reward_options(flag: str | None, env: str | None = None) -> dict[str, dict]:
+    """$MARBLE_REWARD_OPTIONS, then `--reward_options` over it (per reward, per option)."""
+    env = os.environ.get("MARBLE_REWARD_OPTIONS") or None if env is None else env
+    merged = {name: dict(opts) for name, opts in read_reward_options(env).items()}
+    for name, opts in read_reward_options(flag).items():
+        merged.setdefault(name, {}).update(opts)
+    return merged
 
 
 def resolve_checkpoint(args):
@@ -217,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     from marble.evaluation.checkpoints import CheckpointError
 
     names = reward_names(args)
-    options = read_reward_options(args.reward_options)
+    options = merged_reward_options(args.reward_options)
     try:
         lora, checkpoint = resolve_checkpoint(args)
         samples = load_samples(args.data_dir, args.dataset)[: args.limit]

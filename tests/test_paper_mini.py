@@ -70,17 +70,21 @@ def test_stage_times_read_snakemake_benchmarks(tmp_path):
 
 def test_evaluation_takes_reward_options_from_the_environment(tmp_path, monkeypatch):
     from marble.dev.mirror import HPS_ARCH, replica_reward_options
-    from marble.evaluate import build_parser, read_reward_options
+    from marble.evaluate import merged_reward_options
 
     options = tmp_path / "reward_options.yaml"
     options.write_text(yaml.safe_dump(replica_reward_options(tmp_path)))
     monkeypatch.setenv("MARBLE_REWARD_OPTIONS", str(options))
-    read = read_reward_options(build_parser().parse_args(["--dataset", "ocr"]).reward_options)
+    read = merged_reward_options(None)
     assert read["geneval"] == {"detector": "stub"} and read["hpsv2"]["arch"] == HPS_ARCH
     assert Path(read["hpsv2"]["model_config"]).is_absolute()
-    assert build_parser().parse_args(["--dataset", "ocr", "--reward_options", "x.yaml"]).reward_options == "x.yaml"  # flag wins
+    # The workflow's eval.reward_options (inline JSON) is applied over the environment's,
+    # option by option: the harness's detector stays, the flag's OCR rule is added.
+    both = merged_reward_options('{"ocr": {"reference_rules": true}, "geneval": {"threshold": 0.4}}')
+    assert both["ocr"] == {"reference_rules": True}
+    assert both["geneval"] == {"detector": "stub", "threshold": 0.4}
     monkeypatch.delenv("MARBLE_REWARD_OPTIONS")
-    assert build_parser().parse_args(["--dataset", "ocr"]).reward_options is None
+    assert merged_reward_options(None) == {}
 
 
 def test_an_older_mirror_is_rebuilt(tmp_path):

@@ -97,6 +97,23 @@ def test_changed_eval_setting_writes_a_new_folder(tmp_path):
     assert _eval_folder(_planned(work, "eval_only")[1]) != first
 
 
+def test_reward_options_reach_every_evaluation_quoted(tmp_path):
+    """eval.reward_options is passed to `marble evaluate` as one shell-quoted JSON argument,
+    and, since options change scores, evaluations go to another settings folder."""
+    work = copy_workflow(tmp_path / "repo")
+    _placeholders(work, {"marble": 4})
+    _set(work, runs={"marble": {"preset": "tiny", "max_steps": 4}})
+    first = _eval_folder(_planned(work, "eval_only")[1])
+    options = {"ocr": {"reference_rules": True}, "unifiedreward": {"url": "http://h/a b"}}
+    _set(work, eval={"reward_options": options})
+    out = snakemake(["-n", "-p", "-c1", "eval_only"], work).stdout
+    flags = [line for line in out.splitlines() if "marble evaluate" in line]
+    assert flags and all("--reward_options" in line for line in flags)
+    quoted = json.dumps(options, sort_keys=True)
+    assert f"--reward_options '{quoted}'" in flags[0]
+    assert _eval_folder(_planned(work, "eval_only")[1]) != first
+
+
 def test_scanned_runs_with_one_name_stay_distinct(tmp_path):
     """Two scan dirs holding a `marble` run: both evaluated; an absolute path to our own
     results/runs is the same checkpoint, not a clash."""

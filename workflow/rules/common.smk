@@ -1,4 +1,5 @@
 import glob
+import json
 import os
 import re
 from pathlib import Path
@@ -234,8 +235,9 @@ def eval_settings_name():
     """The folder evaluations go to: named by every setting that changes the images.
 
     A change of steps, guidance, resolution, precision or model writes a new folder
-    (results there stay valid); limit and rewards are not in it: a larger limit
-    resumes, a new reward re-scores the saved images in place.
+    (results there stay valid), and so does a change of reward options (they change
+    scores); limit and rewards are not in it: a larger limit resumes, a new reward
+    re-scores the saved images in place.
     """
     import hashlib
     import json
@@ -243,6 +245,8 @@ def eval_settings_name():
     keys = ["num_inference_steps", "guidance_scale", "resolution", "mixed_precision"]
     settings = {k: EVAL[k] for k in keys}
     settings["model"] = os.path.normpath(MODEL_DIR)
+    if EVAL["reward_options"]:  # absent when empty: folder names of earlier runs stay
+        settings["reward_options"] = EVAL["reward_options"]
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[
         :8
     ]
@@ -324,6 +328,9 @@ def eval_args(wildcards):
     rewards = EVAL["rewards"].get(wildcards.dataset)
     if rewards:
         args.append(f"--rewards {shlex_quote(','.join(rewards))}")
+    if EVAL["reward_options"]:  # inline JSON, quoted for the shell
+        options = json.dumps(EVAL["reward_options"], sort_keys=True)
+        args.append(f"--reward_options {shlex_quote(options)}")
     return " ".join(args)
 
 
