@@ -167,24 +167,3 @@ def test_hub_references_parse():
     assert (args.lora_hf_path, args.checkpoint_path) == ("hf:org/name@v1", None)
     defaults = parse_args(["--dataset", "ocr"])  # the reference's dataset/<name>/ and .jpg images
     assert (defaults.data_dir, defaults.image_format) == ("dataset", "jpg")
-
-
-def test_workflow_maps_hub_checkpoints_to_lora_hf_path(tmp_path):
-    """eval.checkpoints `hf:<repo>[@rev]` entries become `--lora_hf_path` jobs that wait on no
-    file; folder entries keep `--checkpoint_path` (a Snakemake dry run, nothing executes)."""
-    import yaml
-    from test_workflow_lib import ROOT, snakemake
-
-    config = yaml.safe_load((ROOT / "config.yaml").read_text())
-    config["runs"] = {}
-    config["eval"]["datasets"] = ["ocr"]
-    config["eval"]["checkpoints"] = {"paper": "hf:someone/marble-lora@0123abc", "latest": "hf:someone/other",
-                                     "local": str(tmp_path / "my-lora")}
-    (tmp_path / "my-lora").mkdir()
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    proc = snakemake(["-n", "-p", "--forceall", "eval_only", "--configfile", str(tmp_path / "config.yaml")], ROOT)
-    out = proc.stdout
-    assert "results/eval/paper/marble-lora.0123abc/ocr/average_scores.json" in out
-    assert "results/eval/latest/other/ocr/average_scores.json" in out
-    assert "--lora_hf_path hf:someone/marble-lora@0123abc" in out and "--lora_hf_path hf:someone/other" in out
-    assert f"--checkpoint_path {tmp_path / 'my-lora'}" in out

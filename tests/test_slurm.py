@@ -5,6 +5,7 @@ training job as 2 tasks = 2 torchrun nodes."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import shlex
 import shutil
@@ -215,6 +216,7 @@ def test_requeued_training_resumes(tiny_pipeline, tmp_path):
     assert summary["resumed_from"] and int(Path(summary["resumed_from"]).name.split("-")[1]) >= 2
     # Every attempt's output, appended in the run folder (the jobstep recreates the rule log).
     log = (run_dir / "train.log").read_text()
-    starts = [line for line in log.splitlines() if line.startswith("train_launch: ")]
+    # (searched anywhere in a line: a killed attempt can leave a progress bar unterminated)
+    starts = re.findall(r"train_launch: \S+ start \(job \d+\)[^\n]*", log)
     assert len(starts) == 2 and all(f"(job {job_id})" in line for line in starts), starts
     assert not (run_dir / "TRAINING.lock").exists()

@@ -58,6 +58,8 @@ if [ -n "$run_dir" ]; then
     # rule's log when SLURM requeues the job, so logs/train/<run>.log holds the last one.
     exec > >(tee -a "$run_dir/train.log") 2>&1
     # (No restart count: the plugin's jobstep clears SLURM_* but the job id.)
+    # A leading newline: a killed attempt may have left a progress bar without one.
+    printf '\n'
     echo "train_launch: $(date -u +%FT%TZ) start${SLURM_JOB_ID:+ (job $SLURM_JOB_ID)}, lock $lock"
 fi
 
