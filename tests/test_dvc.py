@@ -171,7 +171,10 @@ def test_dvc_repro_twice_metrics_and_remote_round_trip(tiny_pipeline, tmp_path):
     values = plots[curves[0]][0]["content"]["data"]["values"]
     runs = yaml.safe_load((work / "config.yaml").read_text())["runs"]
     assert {v["run"] for v in values} == set(runs)
-    # Round trip through a local-folder remote.
+    # Round trip through a local-folder remote, on a copy: the shared pipeline folder stays
+    # as the fixture left it for the tests after this one (the exp test resumes from it).
+    work = tmp_path / "round_trip"
+    shutil.copytree(tiny_pipeline["dir"], work, symlinks=True)
     tracked = [work / "results/eval/summary.csv", work / "results/report/report.md",
                work / "data/datasets/tiny/train.parquet"]
     before = {p: _sha(p) for p in tracked}
