@@ -5,17 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-
-def _byte_chars() -> list[str]:
-    """GPT-2/CLIP byte-to-unicode alphabet (256 printable stand-ins for bytes)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    chars, n = keep[:], 0
-    for b in range(256):
-        if b not in keep:
-            keep.append(b)
-            chars.append(256 + n)
-            n += 1
-    return [chr(c) for c in chars]
+from marble.dev.replicas import _byte_chars  # the one CLIP byte alphabet
 
 
 def save_tiny_clip(out: Path, projection_dim: int = 16, image_size: int = 32, seed: int = 0) -> Path:
