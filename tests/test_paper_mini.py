@@ -97,3 +97,17 @@ def test_an_older_mirror_is_rebuilt(tmp_path):
     assert not is_current(tmp_path)
     (tmp_path / "mirror.json").write_text(json.dumps({"seed": 0, "version": REPLICA_VERSION, "repos": {}}))
     assert is_current(tmp_path)
+
+
+def test_paper_mini_plans_no_cuda_job(tmp_path):
+    """The CPU harness keeps the paper's code paths but no job may ask for CUDA (the paper's
+    fp16 embedding job on `cuda` crashed `make test-paper` on a machine without a GPU)."""
+    from test_workflow_lib import copy_workflow, snakemake
+
+    work = copy_workflow(tmp_path / "repo", config="config/paper.yaml")
+    out = snakemake(["all", "-n", "-p", "-c1", "--forceall", "--configfile", "config/paper.yaml",
+                     ".test/paper-mini.yaml"], work).stdout
+    commands = [line for line in out.splitlines() if line.strip().startswith(("marble ", "MARBLE"))
+                or " marble " in line]
+    assert any("marble data embed" in c for c in commands), out[-2000:]
+    assert not [c for c in commands if "--device cuda" in c or "cuda:" in c], commands
