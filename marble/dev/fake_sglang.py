@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from marble.dev.mirror_server import LoopbackServer
 
 MAX_BODY = 8 << 20  # a 512x512 PNG in base64 is well under this
 
@@ -68,34 +68,15 @@ class Handler(BaseHTTPRequestHandler):
                                       "finish_reason": "stop"}]})
 
 
-class FakeSglangServer(ThreadingHTTPServer):
-    daemon_threads = True
-
+class FakeSglangServer(LoopbackServer):
     def __init__(self, port: int = 0, idle_s: float = 300.0):
-        super().__init__(("127.0.0.1", port), Handler)
-        self.idle_s, self._last, self.requests = idle_s, time.monotonic(), 0
-        self._thread: threading.Thread | None = None
+        super().__init__(Handler, port, idle_s)
+        self.requests = 0
 
     @property
     def url(self) -> str:
         """The base URL to give the reward (`base_url` option or MARBLE_UNIFIEDREWARD_URL)."""
         return f"http://127.0.0.1:{self.server_address[1]}/v1"
-
-    def touch(self) -> None:
-        self._last = time.monotonic()
-
-    def service_actions(self) -> None:
-        if time.monotonic() - self._last > self.idle_s:  # bounded: stop once idle
-            threading.Thread(target=self.shutdown, daemon=True).start()
-
-    def __enter__(self):
-        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.shutdown()
-        self.server_close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -213,18 +213,16 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.write(block)
 
 
-class MirrorServer(ThreadingHTTPServer):
+class LoopbackServer(ThreadingHTTPServer):
+    """A threaded HTTP server on 127.0.0.1 that stops itself after `idle_s` without a request
+    (handlers call `server.touch()`): test servers bounded in time. `with` runs it in a thread."""
+
     daemon_threads = True
 
-    def __init__(self, root: str | Path, port: int = 0, idle_s: float = 300.0):
-        handler = type("BoundHandler", (Handler,), {"mirror": Mirror(root)})
+    def __init__(self, handler, port: int = 0, idle_s: float = 300.0):
         super().__init__(("127.0.0.1", port), handler)
         self.idle_s, self._last = idle_s, time.monotonic()
         self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
 
     def touch(self) -> None:
         self._last = time.monotonic()
@@ -234,7 +232,7 @@ class MirrorServer(ThreadingHTTPServer):
         if time.monotonic() - self._last > self.idle_s:
             threading.Thread(target=self.shutdown, daemon=True).start()
 
-    def start(self) -> "MirrorServer":
+    def start(self):
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
         self._thread.start()
         return self
@@ -248,6 +246,15 @@ class MirrorServer(ThreadingHTTPServer):
 
     def __exit__(self, *exc):
         self.stop()
+
+
+class MirrorServer(LoopbackServer):
+    def __init__(self, root: str | Path, port: int = 0, idle_s: float = 300.0):
+        super().__init__(type("BoundHandler", (Handler,), {"mirror": Mirror(root)}), port, idle_s)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
 
 
 def main(argv: list[str] | None = None) -> int:
