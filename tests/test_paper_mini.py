@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from marble.config import load_config
 from marble.dev.paper_mini import failed_stages
 
 ROOT = Path(__file__).resolve().parents[1]
+PAPER_MINI = ("config/paper.yaml", ".test/paper-mini.yaml")
 SIZE_KEYS = ("sampling.", "train.batch_size", "train.save_every", "model.lora_rank", "model.lora_alpha", "rewards=")
 
 
@@ -101,15 +103,63 @@ def test_an_older_mirror_is_rebuilt(tmp_path):
     assert is_current(tmp_path)
 
 
-def test_paper_mini_plans_no_cuda_job(tmp_path):
-    """The CPU harness keeps the paper's code paths but no job may ask for CUDA (the paper's
-    fp16 embedding job on `cuda` crashed `make test-paper` on a machine without a GPU)."""
+@pytest.fixture(scope="module")
+def paper_mini_plan(tmp_path_factory):
+    """(work dir, the shell commands of a forced dry run of paper + paper-mini `all`)."""
     from test_workflow_lib import copy_workflow, snakemake
 
-    work = copy_workflow(tmp_path / "repo", config="config/paper.yaml")
-    out = snakemake(["all", "-n", "-p", "-c1", "--forceall", "--configfile", "config/paper.yaml",
-                     ".test/paper-mini.yaml"], work).stdout
+    work = copy_workflow(tmp_path_factory.mktemp("paper") / "repo", config="config/paper.yaml")
+    out = snakemake(["all", "-n", "-p", "-c1", "--forceall", "--configfile", *PAPER_MINI], work).stdout
     commands = [line for line in out.splitlines() if line.strip().startswith(("marble ", "MARBLE"))
-                or " marble " in line]
+                or " marble " in line or " marble." in line]
+    return work, commands, out
+
+
+def test_paper_mini_plans_no_cuda_job(paper_mini_plan):
+    """The CPU harness keeps the paper's code paths but no job may ask for CUDA (the paper's
+    fp16 embedding job on `cuda` crashed `make test-paper` on a machine without a GPU)."""
+    _, commands, out = paper_mini_plan
     assert any("marble data embed" in c for c in commands), out[-2000:]
     assert not [c for c in commands if "--device cuda" in c or "cuda:" in c], commands
+
+
+def test_paper_mini_evaluates_with_two_torchrun_ranks(paper_mini_plan):
+    """eval.processes: 2 launches every evaluation job as 2 torchrun ranks (the paper path's
+    multi-GPU evaluation), like training; before the key every job ran one process."""
+    _, commands, out = paper_mini_plan
+    evals = [c for c in commands if "--dataset" in c and "--output_dir" in c]
+    assert len(evals) == 3 * 4, out[-2000:]  # 3 runs x 4 datasets
+    launch = "torchrun --standalone --nnodes 1 --nproc_per_node 2 -m marble.evaluate"
+    assert all(launch in c for c in evals), evals[0]
+
+
+def test_more_eval_processes_than_gpus_is_refused(paper_mini_plan, tmp_path):
+    from test_workflow_lib import snakemake
+
+    work, _, _ = paper_mini_plan
+    extra = tmp_path / "gpus.yaml"
+    extra.write_text(yaml.safe_dump({"eval": {"processes": 4, "resources": {"gpus": 2}}}))
+    proc = snakemake(["all", "-n", "-c1", "--configfile", *PAPER_MINI, str(extra)], work, check=False)
+    assert proc.returncode != 0
+    assert "eval.processes=4 > eval.resources.gpus=2" in proc.stdout + proc.stderr
+
+
+def test_eval_rank_check_reads_only_this_invocations_run_info(tmp_path):
+    import json
+    import os
+
+    from marble.dev.paper_mini import check_eval_ranks
+
+    def write(folder, world_size, mtime):
+        path = tmp_path / folder / "run_info.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"world_size": world_size}))
+        os.utime(path, (mtime, mtime))
+
+    write("tiny-settings/marble/checkpoint-000020/ocr", 1, 1000.0)  # an earlier `make demo`
+    write("paper-settings/rho_07/checkpoint-000002/ocr", 2, 2000.0)
+    assert check_eval_ranks(2, tmp_path, since=1500.0) == []
+    write("paper-settings/rho_07/checkpoint-000002/geneval", 1, 2000.0)
+    problems = check_eval_ranks(2, tmp_path, since=1500.0)
+    assert problems == [f"{tmp_path.as_posix()}/paper-settings/rho_07/checkpoint-000002/geneval: "
+                        "world_size 1, expected 2 (eval.processes)"]

@@ -6,13 +6,15 @@ HF_TOKEN for the gated repo), starts a loopback fake sglang server for UnifiedRe
 (MARBLE_UNIFIEDREWARD_URL), writes the replicas' scorer options for evaluation
 (MARBLE_REWARD_OPTIONS: HPS's tiny architecture, GenEval's stand-in detector), then runs
     snakemake --configfile config/paper.yaml .test/paper-mini.yaml -c2 all
-It prints each stage's wall time (Snakemake's benchmark files); on failure it names the
+It then checks that every evaluation ran with eval.processes torchrun ranks, and prints
+each stage's wall time (Snakemake's benchmark files); on failure it names the
 failing stage (rule) and its log, and prints the log's tail.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -58,6 +60,22 @@ def stage_times(root: str | Path = "benchmarks") -> list[tuple[str, float]]:
     return sorted(out, key=lambda item: -item[1])
 
 
+def eval_world_sizes(root: str | Path = "results/eval", since: float = 0.0) -> dict[str, int | None]:
+    """{evaluation folder: the number of ranks it ran with}, from every run_info.json written
+    at or after `since` (this invocation's evaluations, not an earlier `make demo`'s)."""
+    out = {}
+    for info in sorted(Path(root).rglob("run_info.json")):
+        if info.stat().st_mtime >= since:
+            out[info.parent.as_posix()] = json.loads(info.read_text()).get("world_size")
+    return out
+
+
+def check_eval_ranks(expected: int, root: str | Path = "results/eval", since: float = 0.0) -> list[str]:
+    """Problems, empty when every evaluation since `since` ran with `expected` ranks."""
+    return [f"{folder}: world_size {n}, expected {expected} (eval.processes)"
+            for folder, n in eval_world_sizes(root, since).items() if n != expected]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m marble.dev.paper_mini", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -68,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="one more --configfile after the two (e.g. to drop a reward this install lacks)")
     p.add_argument("targets", nargs="*", default=["all"])
     args = p.parse_args(argv)
-    start = time.monotonic()
+    start, started = time.monotonic(), time.time()
     mirror = Path(args.mirror)
     if not is_current(mirror):
         build_mirror(mirror, seed=0)
@@ -87,10 +105,17 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.monotonic() - start
     for stage, seconds in stage_times():
         print(f"  {seconds:7.1f} s  {stage}")
-    if proc.returncode == 0:
+    ranks = yaml.safe_load(Path(CONFIGS[1]).read_text())["eval"]["processes"]
+    problems = check_eval_ranks(ranks, since=started) if proc.returncode == 0 else []
+    for problem in problems:
+        print(f"test-paper: {problem}", file=sys.stderr)
+    if proc.returncode == 0 and not problems:
+        checked = len(eval_world_sizes(since=started))
         print(f"test-paper: passed in {wall / 60:.1f} min (snakemake log {args.log}; "
-              f"{judge.requests} fake judge requests)")
+              f"{judge.requests} fake judge requests; {checked} evaluations, {ranks} ranks each)")
         return 0
+    if problems:
+        return 1
     stages = failed_stages(Path(args.log).read_text(errors="replace"))
     print(f"test-paper: FAILED after {wall / 60:.1f} min (snakemake log {args.log})", file=sys.stderr)
     for rule, log in stages or [("snakemake", args.log)]:

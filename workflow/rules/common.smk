@@ -313,6 +313,27 @@ def hub_loras():
     }
 
 
+def eval_processes():
+    """Processes per evaluation job: eval.processes, else one per requested GPU, else 1."""
+    gpus = EVAL["resources"]["gpus"] or 0
+    processes = EVAL["processes"] or max(1, gpus)
+    if gpus and processes > gpus:  # every rank takes cuda:LOCAL_RANK
+        raise ValueError(
+            f"config eval.processes={processes} > eval.resources.gpus={gpus}: "
+            "each evaluation process needs its own GPU"
+        )
+    return processes
+
+
+def eval_launcher():
+    """`marble evaluate`, or torchrun on this node when an evaluation job runs several ranks
+    (--standalone: a free local rendezvous port, so concurrent jobs do not collide)."""
+    n = eval_processes()
+    if n == 1:
+        return "marble evaluate"
+    return f"torchrun --standalone --nnodes 1 --nproc_per_node {n} -m marble.evaluate"
+
+
 def eval_args(wildcards):
     args = [
         f"--num_inference_steps {EVAL['num_inference_steps']}",

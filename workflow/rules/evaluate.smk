@@ -27,9 +27,10 @@ rule evaluate_ckpt:
         source=eval_source_args,
         out_dir=lambda wc, output: os.path.dirname(output.scores),
         args=eval_args,
+        launcher=eval_launcher(),
         ckpts=f"MARBLE_REWARD_CKPTS={config['reward_ckpt_dir']}",
     shell:
-        "{params.ckpts} marble evaluate {params.source}"
+        "{params.ckpts} {params.launcher} {params.source}"
         " --model_path {input.model:q} --model_type sd3 --dataset {wildcards.dataset}"
         " --data_dir {input.raw:q} --output_dir {params.out_dir:q} {params.args}"
         " >> {log:q} 2>&1"
