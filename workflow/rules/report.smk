@@ -26,6 +26,7 @@ rule bench_step:
         model=lambda wc, input: f"--model {input.model}" if input.model else "",
     shell:
         "marble bench step --preset {params.preset:q} {params.model} --repeats {params.repeats}"
+        " --threads {threads}"
         " --json {output:q}"
         " > {log:q} 2>&1"
 
