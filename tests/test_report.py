@@ -193,6 +193,7 @@ def test_verdict_json_shape(full_report):
     assert verdict["anti_aligned"]["marble"] == pytest.approx(0.0)
     assert verdict["anti_aligned_weighted_sum_direction"]["marble"] == pytest.approx(0.75)
     assert verdict["anti_aligned_published"] == {"weighted_sum": 0.8, "marble": 0.0}
+    assert verdict["anti_aligned_by_step_kind"] == {}  # the synthetic runs log no full_solve
     runs = {"weighted_sum", "marble", "rho_05", "rho_09", "equal_alpha"}
     assert set(verdict["reward_change"]) == runs
     for per_reward in verdict["reward_change"].values():

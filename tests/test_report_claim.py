@@ -98,3 +98,27 @@ def test_claim_without_runs_or_specialists_is_inconclusive():
 
 def test_change_pair_is_json_safe():
     assert json.dumps(Change(math.nan, 0.1, 0).pair()) == "[null, 0.1]"
+
+
+def test_anti_aligned_split_into_full_solve_and_amortized_steps():
+    """A MARBLE run's anti-aligned steps, by whether the diagnostic micro-batch solved:
+    full_solve > 0 (a fresh alpha) vs 0 (the cached EMA alpha); no split without solves."""
+    from marble.report.claim import _step_kind_text
+    from marble.report.tables import _by_step_kind
+
+    marble = pd.DataFrame({"cos_min": [0.3, -0.2, -0.1, 0.2, 0.1, np.nan],
+                           "anti_aligned": [0, 1, 1, 0, 0, np.nan],
+                           "full_solve": [1.0, 0.0, 0.0, 0.125, 0.0, 0.0]})
+    split = _by_step_kind(marble)
+    assert split == {"solve_steps": 2, "applied_anti_aligned_frac_solve": 0.0,
+                     "applied_anti_aligned_frac_amortized": pytest.approx(2 / 3)}
+    ws = pd.DataFrame({"cos_min": [-0.3, 0.2], "anti_aligned": [1, 0], "full_solve": [0.0, 0.0]})
+    assert _by_step_kind(ws)["solve_steps"] == 0
+    assert math.isnan(_by_step_kind(ws)["applied_anti_aligned_frac_solve"])
+    assert math.isnan(_by_step_kind(marble.drop(columns="full_solve"))["applied_anti_aligned_frac_amortized"])
+    text = _step_kind_text({"marble": {"full_solve": 0.0, "amortized": 2 / 3, "solve_steps": 2}})
+    assert "marble: full-solve steps 0% (2 steps), amortized steps 67%" in text
+    assert _step_kind_text({"mgda": {"full_solve": None, "amortized": None, "solve_steps": 0}}) == ""
+    _, lines = claim_lines({}, [], {"marble": 0.5}, anti_by_step_kind={
+        "marble": {"full_solve": 0.0, "amortized": 2 / 3, "solve_steps": 2}})
+    assert "amortized steps 67%" in lines[-1]

@@ -68,6 +68,18 @@ def all_specialists(runs: list[RunData]) -> dict[str, float]:
     return found
 
 
+def _anti_aligned_by_step_kind(runs: list[RunData]) -> dict[str, dict]:
+    """{balancer: full-solve / amortized anti-aligned fractions} for balancers that solve."""
+    by_bal = tables.harmony_by_balancer(runs)
+    if "solve_steps" not in by_bal:
+        return {}
+    num = claim._json_num
+    return {bal: {"full_solve": num(row["applied_anti_aligned_frac_solve"]),
+                  "amortized": num(row["applied_anti_aligned_frac_amortized"]),
+                  "solve_steps": int(row["solve_steps"])}
+            for bal, row in by_bal.iterrows() if row["solve_steps"] > 0}
+
+
 def _anti_aligned(runs: list[RunData]) -> tuple[dict, dict, dict, dict]:
     """Anti-aligned fraction of logged steps: per run (applied direction, weighted-sum
     direction on the same batches) and pooled per balancer (applied direction)."""
@@ -86,8 +98,9 @@ def _claim_json(trends, specialists, runs) -> tuple[dict, list[str], pd.DataFram
     """verdict.json's claim keys, the claim sentences and the per-balancer change table."""
     by_balancer = claim.balancer_changes(trends)
     applied, ws_dir, pooled, pooled_ws = _anti_aligned(runs)
+    kinds = _anti_aligned_by_step_kind(runs)
     answers, lines = claim.claim_lines(by_balancer, list(specialists), pooled,
-                                       anti_ws_direction=pooled_ws)
+                                       anti_ws_direction=pooled_ws, anti_by_step_kind=kinds)
     num = claim._json_num  # NaN -> null: verdict.json stays strict JSON
     data = {
         **answers,
@@ -95,6 +108,7 @@ def _claim_json(trends, specialists, runs) -> tuple[dict, list[str], pd.DataFram
         "anti_aligned_weighted_sum_direction": {r: num(v) for r, v in ws_dir.items()},
         "anti_aligned_by_balancer": {k: num(v) for k, v in pooled.items()},
         "anti_aligned_published": dict(claim.PUBLISHED_ANTI_ALIGNED),
+        "anti_aligned_by_step_kind": kinds,
         "reward_change": {t.run: {c.reward: [num(c.delta), num(c.stderr)]
                                   for c in t.changes.values()} for t in trends},
         "reward_change_by_balancer": {bal: {r: c.pair() + [c.runs] for r, c in ch.items()}
@@ -191,7 +205,9 @@ def _harmony_section(b: Builder, runs: list[RunData]) -> None:
     b.table(s, "harmony_by_run", "Per run: mean worst-reward cosine, mean across-reward variance "
             "of the cosine, anti-aligned fraction; `applied` = the direction the balancer applied, "
             "`ws_dir` = the weighted-sum direction on the same batches; a step's `anti_aligned` is "
-            "the mean over its diagnostic micro-batches, so the fraction counts batches", by_run)
+            "the mean over its diagnostic micro-batches, so the fraction counts batches; "
+            "`*_solve` / `*_amortized`: the applied direction on steps whose diagnostic "
+            "micro-batch was a full solve (fresh alpha) / used the cached alpha", by_run)
     b.table(s, "harmony_by_balancer", "Pooled per balancer, beside the published values "
             "(`published_*` columns, MARBLE project page: weighted sum 80% anti-aligned, min cos "
             "-0.13, var 0.161; MARBLE 0%, +0.37, 0.006)",

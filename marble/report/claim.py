@@ -130,7 +130,8 @@ def _answer(a) -> str:
 
 def claim_lines(by_balancer: dict[str, dict[str, Change]], specialists: list[str],
                 anti_by_balancer: dict[str, float], z: float = Z,
-                anti_ws_direction: dict[str, float] | None = None) -> tuple[dict, list[str]]:
+                anti_ws_direction: dict[str, float] | None = None,
+                anti_by_step_kind: dict[str, dict] | None = None) -> tuple[dict, list[str]]:
     """({question: answer}, sentences) for (a), (b), (c)."""
     marble, ws = by_balancer.get("marble"), by_balancer.get("weighted_sum")
     answers: dict = {}
@@ -164,5 +165,22 @@ def claim_lines(by_balancer: dict[str, dict[str, Change]], specialists: list[str
     ws_txt = (f" (the weighted-sum direction on the same batches: {ws_dir})" if ws_dir else "")
     lines.append(f"(c) Steps with an anti-aligned reward (the applied direction against some "
                  f"reward's gradient): {shown or 'not logged'}{ws_txt}; published (MARBLE "
-                 f"project page): weighted sum 80%, MARBLE 0%.")
+                 f"project page): weighted sum 80%, MARBLE 0%.{_step_kind_text(anti_by_step_kind)}")
     return answers, lines
+
+
+def _step_kind_text(kinds: dict[str, dict] | None) -> str:
+    """The applied direction split into full-solve and amortized steps, per solving balancer."""
+    parts = []
+    for balancer, k in (kinds or {}).items():
+        solve, amortized = k.get("full_solve"), k.get("amortized")
+        if solve is None or not math.isfinite(solve):
+            continue
+        text = f"{balancer}: full-solve steps {solve:.0%} ({k.get('solve_steps', 0)} steps)"
+        if amortized is not None and math.isfinite(amortized):
+            text += f", amortized steps {amortized:.0%}"
+        parts.append(text)
+    if not parts:
+        return ""
+    return (" Split by step kind: " + "; ".join(parts) + ". A fresh min-norm solve cannot oppose "
+            "a reward (d.g_k >= |d|^2); between solves the cached EMA alpha can.")

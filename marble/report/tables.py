@@ -83,11 +83,31 @@ def _diag_stats(frame: pd.DataFrame, suffix: str) -> dict[str, float]:
     }
 
 
+def _by_step_kind(frame: pd.DataFrame) -> dict[str, float]:
+    """The applied direction's anti-aligned fraction on steps whose diagnostic micro-batch
+    was a full solve (a fresh min-norm alpha: d.g_k >= |d|^2, so never anti-aligned up to
+    the solver's tolerance) and on amortized steps (the cached EMA alpha, up to
+    amortize_every steps old). NaN where a run has no such step or never solves."""
+    nan = {"solve_steps": 0, "applied_anti_aligned_frac_solve": math.nan,
+           "applied_anti_aligned_frac_amortized": math.nan}
+    if "full_solve" not in frame or "cos_min" not in frame:
+        return nan
+    logged = frame[frame["cos_min"].notna() & frame["full_solve"].notna()]
+    solve = logged["full_solve"] > 0
+    if not solve.any():  # weighted_sum / equal_alpha: no solve, no split
+        return nan
+    anti = _diag_stats(logged[solve], "")["anti_aligned_frac"]
+    amortized = _diag_stats(logged[~solve], "")["anti_aligned_frac"] if (~solve).any() else math.nan
+    return {"solve_steps": int(solve.sum()), "applied_anti_aligned_frac_solve": anti,
+            "applied_anti_aligned_frac_amortized": amortized}
+
+
 def _harmony_row(frame: pd.DataFrame) -> dict[str, float]:
     applied, ws = _diag_stats(frame, ""), _diag_stats(frame, "_ws")
     row = {"logged_steps": applied["steps"]}
     row.update({f"applied_{k}": v for k, v in applied.items() if k != "steps"})
     row.update({f"ws_dir_{k}": v for k, v in ws.items() if k != "steps"})
+    row.update(_by_step_kind(frame))
     return row
 
 
