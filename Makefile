@@ -53,27 +53,29 @@ test-clip: $(CLIP_VENV)/bin/marble
 test-paper: $(CLIP_VENV)/bin/marble
 	PATH="$(abspath $(CLIP_VENV)/bin):$$PATH" $(CLIP_VENV)/bin/python -m marble.dev.paper_mini
 
-# GenEval's real detector path, not in CI: mmdet 2.28.2 + mmcv-full 1.7.2 in a third environment
-# beside the CPU torch. mmcv-full has no wheel for torch 2.13: its CPU ops compile from source
-# (`setuptools<81`, no build isolation; ~18 min on 2 idle cores, longer on a busy machine). The
+# GenEval's real detector path, not in CI: mmdet 2.28.2 + mmcv-full 1.7.2 in a third environment.
+# mmcv.runner imports torchvision, so this uses the clip pair (torch 2.14.1 / torchvision 0.29.1;
+# PyPI's torchvision for the CPU torch 2.13 does not import). mmcv-full has no wheel for it: its
+# CPU ops compile from source (`setuptools<81`, no build isolation; ~27 min on 2 busy cores). The
 # wheel is kept under .cache/wheels/<torch>/ (`make clean` keeps it), so a rebuilt environment
-# takes ~2 min. The test builds a tiny random Mask2Former in the reference's config and checkpoint
+# takes minutes. The test builds a tiny random Mask2Former in the reference's config and checkpoint
 # formats (marble/dev/mmdet_replica.py) and scores images through GenEvalReward and `marble evaluate`.
 MMDET_VENV ?= .venv-mmdet
 MMCV ?= mmcv-full==1.7.2
 MMDET ?= mmdet==2.28.2
-MMCV_WHEELS ?= .cache/wheels/$(subst ==,-,$(TORCH))
+MMDET_TORCH ?= $(CLIP_TORCH)
+MMCV_WHEELS ?= .cache/wheels/$(subst ==,-,$(firstword $(MMDET_TORCH)))
 # yapf 0.40.2 dropped FormatCode(verify=) that mmcv 1.x calls; headless OpenCV needs no libGL.
 MMDET_DEPS ?= addict yapf==0.40.1 opencv-python-headless terminaltables pycocotools six
 
 $(MMDET_VENV)/bin/marble: pyproject.toml
 	$(PYTHON) -m venv $(MMDET_VENV)
 	$(MMDET_VENV)/bin/pip install --upgrade pip
-	$(MMDET_VENV)/bin/pip install "$(TORCH)" "setuptools<81" wheel ninja numpy
+	$(MMDET_VENV)/bin/pip install $(MMDET_TORCH) "setuptools<81" wheel ninja numpy
 	ls $(MMCV_WHEELS)/mmcv_full-*.whl >/dev/null 2>&1 || MMCV_WITH_OPS=1 FORCE_CUDA=0 MAX_JOBS=2 \
-		$(MMDET_VENV)/bin/pip wheel --no-build-isolation --no-deps "$(MMCV)" -w $(MMCV_WHEELS)
+		$(MMDET_VENV)/bin/pip wheel --no-cache-dir --no-build-isolation --no-deps "$(MMCV)" -w $(MMCV_WHEELS)
 	$(MMDET_VENV)/bin/pip install --no-deps --no-index --find-links $(MMCV_WHEELS) "$(MMCV)"
-	$(MMDET_VENV)/bin/pip install -e ".[dev]" "$(MMDET)" $(MMDET_DEPS) "$(TORCH)"
+	$(MMDET_VENV)/bin/pip install -e ".[dev]" "$(MMDET)" $(MMDET_DEPS) $(MMDET_TORCH)
 	touch $@
 
 test-geneval-mmdet: $(MMDET_VENV)/bin/marble

@@ -12,6 +12,7 @@ randomly initialised from a seed. `make test-geneval-mmdet` runs the GenEval sco
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from pathlib import Path
 
@@ -76,17 +77,21 @@ def write_checkpoint(config: str | os.PathLike, out: str | os.PathLike, seed: in
     a published mmdet 2.x checkpoint carries (versions, config text)."""
     import mmcv
     import mmdet
-    from mmcv.runner import get_state_dict, weights_to_cpu
+    from mmcv.runner.checkpoint import get_state_dict, weights_to_cpu
     from mmdet.apis import init_detector
     from mmdet.datasets import CocoDataset
 
     torch.manual_seed(seed)
     model = init_detector(str(config), None, device="cpu")  # backbone init_cfg dropped: no download
+    logging.getLogger("mmcv").setLevel(logging.WARNING)  # init_weights logs every tensor at INFO
     model.init_weights()
     _sharpen_classes(model, sharpen)
-    meta = {"mmdet_version": mmdet.__version__, "mmcv_version": mmcv.__version__,
-            "CLASSES": tuple(CocoDataset.CLASSES), "config": Path(config).read_text(encoding="utf-8"),
-            "seed": seed, "epoch": 50, "iter": 0}
+    # The fields mmdet 2.x's training writes (train.py, CheckpointHook, save_checkpoint): all
+    # plain str/int/tuple/dict, which torch.load(weights_only=True) accepts.
+    meta = {"env_info": "tiny random replica", "config": Path(config).read_text(encoding="utf-8"),
+            "seed": seed, "exp_name": CONFIG_NAME, "mmdet_version": mmdet.__version__,
+            "CLASSES": tuple(CocoDataset.CLASSES), "epoch": 50, "iter": 0, "hook_msgs": {},
+            "mmcv_version": mmcv.__version__, "time": "Thu Jan  1 00:00:00 1970"}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
