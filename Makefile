@@ -56,7 +56,7 @@ test-paper: $(CLIP_VENV)/bin/marble
 # GenEval's real detector path, not in CI: mmdet 2.28.2 + mmcv-full 1.7.2 in a third environment.
 # mmcv.runner imports torchvision, so this uses the clip pair (torch 2.14.1 / torchvision 0.29.1;
 # PyPI's torchvision for the CPU torch 2.13 does not import). mmcv-full has no wheel for it: its
-# CPU ops compile from source (`setuptools<81`, no build isolation; ~27 min on 2 busy cores). The
+# CPU ops compile from source (`setuptools<81`, no build isolation; 27 min on 2 busy cores). The
 # wheel is kept under .cache/wheels/<torch>/ (`make clean` keeps it), so a rebuilt environment
 # takes minutes. The test builds a tiny random Mask2Former in the reference's config and checkpoint
 # formats (marble/dev/mmdet_replica.py) and scores images through GenEvalReward and `marble evaluate`.
@@ -68,12 +68,28 @@ MMCV_WHEELS ?= .cache/wheels/$(subst ==,-,$(firstword $(MMDET_TORCH)))
 # yapf 0.40.2 dropped FormatCode(verify=) that mmcv 1.x calls; headless OpenCV needs no libGL.
 MMDET_DEPS ?= addict yapf==0.40.1 opencv-python-headless terminaltables pycocotools six
 
-$(MMDET_VENV)/bin/marble: pyproject.toml
+MMCV_SRC := .cache/src/$(subst ==,-,$(MMCV))
+
+# The source build: torch 2.14's headers need C++20 and mmcv-full 1.7.2's setup.py asks for C++17
+# (the last -std flag wins), so its sdist is unpacked and that one flag raised. --no-cache-dir:
+# pip's wheel cache could hand back an mmcv built against another torch.
+$(MMCV_WHEELS)/.built:
 	$(PYTHON) -m venv $(MMDET_VENV)
 	$(MMDET_VENV)/bin/pip install --upgrade pip
 	$(MMDET_VENV)/bin/pip install $(MMDET_TORCH) "setuptools<81" wheel ninja numpy
-	ls $(MMCV_WHEELS)/mmcv_full-*.whl >/dev/null 2>&1 || MMCV_WITH_OPS=1 FORCE_CUDA=0 MAX_JOBS=2 \
-		$(MMDET_VENV)/bin/pip wheel --no-cache-dir --no-build-isolation --no-deps "$(MMCV)" -w $(MMCV_WHEELS)
+	mkdir -p .cache/src $(MMCV_WHEELS)
+	$(MMDET_VENV)/bin/pip download --no-binary :all: --no-deps --no-build-isolation "$(MMCV)" -d .cache/src
+	rm -rf $(MMCV_SRC) && tar xzf $(MMCV_SRC).tar.gz -C .cache/src
+	sed -i "s/\['cxx'\] = \['-std=c++17'\]/['cxx'] = ['-std=c++20']/" $(MMCV_SRC)/setup.py
+	grep -q "std=c++20" $(MMCV_SRC)/setup.py
+	MMCV_WITH_OPS=1 FORCE_CUDA=0 MAX_JOBS=2 $(MMDET_VENV)/bin/pip wheel --no-cache-dir --no-build-isolation \
+		--no-deps $(MMCV_SRC) -w $(MMCV_WHEELS)
+	touch $@
+
+$(MMDET_VENV)/bin/marble: pyproject.toml $(MMCV_WHEELS)/.built
+	$(PYTHON) -m venv $(MMDET_VENV)
+	$(MMDET_VENV)/bin/pip install --upgrade pip
+	$(MMDET_VENV)/bin/pip install $(MMDET_TORCH) "setuptools<81" wheel numpy
 	$(MMDET_VENV)/bin/pip install --no-deps --no-index --find-links $(MMCV_WHEELS) "$(MMCV)"
 	$(MMDET_VENV)/bin/pip install -e ".[dev]" "$(MMDET)" $(MMDET_DEPS) $(MMDET_TORCH)
 	touch $@
