@@ -110,14 +110,14 @@ def test_detections_are_parsed_into_geneval_structures(detector):
 
 
 class CountingColors:
-    """Wraps the real CLIP colour classifier (same call signature), counting calls."""
+    """Wraps the real CLIP colour classifier (same call signature), recording its answers."""
 
     def __init__(self, inner):
-        self.inner, self.calls = inner, 0
+        self.inner, self.answers = inner, []
 
     def __call__(self, image_rgb, objects, classname):
-        self.calls += 1
-        return self.inner(image_rgb, objects, classname)
+        self.answers.append(self.inner(image_rgb, objects, classname))
+        return self.answers[-1]
 
 
 def _confident_class(detector, image: np.ndarray) -> tuple[str, int]:
@@ -158,7 +158,11 @@ def test_geneval_reward_end_to_end_with_real_mmdet(tiny_detector, color_clip, de
         assert d["strict_accuracy"] in (0.0, 1.0) and d["accuracy"] in (0.0, 1.0)
         assert d["score"] == 1.0 or not d["strict_accuracy"]
         assert isinstance(d["reasons"], list)
-    assert spy.calls >= 1  # image 0 holds n `cls`: their colours went through the CLIP classifier
+    # Image 0 holds n `cls`: their colours went through the CLIP classifier, and the score is the
+    # reference's mean of the count credit (1) and the colour credit 1 - |n - n_red| / n.
+    assert len(spy.answers) == 1 and len(spy.answers[0]) == n
+    n_red = spy.answers[0].count("red")
+    assert details[0]["score"] == pytest.approx((1 + 1 - abs(n - n_red) / n) / 2)
     assert not any(r.startswith(f"expected {cls}==") for r in details[0]["reasons"])  # count matched
     scores = reward.score(batch, [""] * len(metadata), metadata)
     assert scores.shape == (len(metadata),) and torch.isfinite(scores).all()
