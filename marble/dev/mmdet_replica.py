@@ -72,8 +72,8 @@ def _sharpen_classes(model, factor: float) -> None:
 
 
 def write_checkpoint(config: str | os.PathLike, out: str | os.PathLike, seed: int = 0, sharpen: float = 8.0) -> Path:
-    """`{"meta", "state_dict"}` as mmcv's save_checkpoint writes it (no time stamp: same seed,
-    same bytes); meta holds what init_detector reads (CLASSES, mmdet's COCO names) and the rest
+    """`{"meta", "state_dict"}` as mmcv's save_checkpoint writes it (a fixed time stamp: same seed
+    and file name, same bytes); meta holds what init_detector reads (CLASSES, mmdet's COCO names) and the rest
     a published mmdet 2.x checkpoint carries (versions, config text)."""
     import mmcv
     import mmdet
