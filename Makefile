@@ -56,9 +56,9 @@ test-paper: $(CLIP_VENV)/bin/marble
 # GenEval's real detector path, not in CI: mmdet 2.28.2 + mmcv-full 1.7.2 in a third environment.
 # mmcv.runner imports torchvision, so this uses the clip pair (torch 2.14.1 / torchvision 0.29.1;
 # PyPI's torchvision for the CPU torch 2.13 does not import). mmcv-full has no wheel for it: its
-# CPU ops compile from source (`setuptools<81`, no build isolation; 27 min on 2 busy cores). The
+# CPU ops compile from source (`setuptools<81`, no build isolation; 26 min on 2 busy cores). The
 # wheel is kept under .cache/wheels/<torch>/ (`make clean` keeps it), so a rebuilt environment
-# takes minutes. The test builds a tiny random Mask2Former in the reference's config and checkpoint
+# takes 3 min. The test builds a tiny random Mask2Former in the reference's config and checkpoint
 # formats (marble/dev/mmdet_replica.py) and scores images through GenEvalReward and `marble evaluate`.
 MMDET_VENV ?= .venv-mmdet
 MMCV ?= mmcv-full==1.7.2
