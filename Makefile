@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 EXTRAS ?= dev,workflow,ocr
 
-.PHONY: setup demo test test-clip test-paper gpu-check clean
+.PHONY: setup demo test test-clip test-paper test-geneval-mmdet gpu-check clean
 
 $(BIN)/marble: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,5 +53,49 @@ test-clip: $(CLIP_VENV)/bin/marble
 test-paper: $(CLIP_VENV)/bin/marble
 	PATH="$(abspath $(CLIP_VENV)/bin):$$PATH" $(CLIP_VENV)/bin/python -m marble.dev.paper_mini
 
+# GenEval's real detector path, not in CI: mmdet 2.28.2 + mmcv-full 1.7.2 in a third environment.
+# mmcv.runner imports torchvision, so this uses the clip pair (torch 2.14.1 / torchvision 0.29.1;
+# PyPI's torchvision for the CPU torch 2.13 does not import). mmcv-full has no wheel for it: its
+# CPU ops compile from source (`setuptools<81`, no build isolation; 26 min on 2 busy cores). The
+# wheel is kept under .cache/wheels/<torch>/ (`make clean` keeps it), so a rebuilt environment
+# takes 3 min. The test builds a tiny random Mask2Former in the reference's config and checkpoint
+# formats (marble/dev/mmdet_replica.py) and scores images through GenEvalReward and `marble evaluate`.
+MMDET_VENV ?= .venv-mmdet
+MMCV ?= mmcv-full==1.7.2
+MMDET ?= mmdet==2.28.2
+MMDET_TORCH ?= $(CLIP_TORCH)
+MMCV_WHEELS ?= .cache/wheels/$(subst ==,-,$(firstword $(MMDET_TORCH)))
+# yapf 0.40.2 dropped FormatCode(verify=) that mmcv 1.x calls; headless OpenCV needs no libGL.
+MMDET_DEPS ?= addict yapf==0.40.1 opencv-python-headless terminaltables pycocotools six
+
+MMCV_SRC := .cache/src/$(subst ==,-,$(MMCV))
+
+# The source build: torch 2.14's headers need C++20 and mmcv-full 1.7.2's setup.py asks for C++17
+# (the last -std flag wins), so its sdist is unpacked and that one flag raised. --no-cache-dir:
+# pip's wheel cache could hand back an mmcv built against another torch.
+$(MMCV_WHEELS)/.built:
+	$(PYTHON) -m venv $(MMDET_VENV)
+	$(MMDET_VENV)/bin/pip install --upgrade pip
+	$(MMDET_VENV)/bin/pip install $(MMDET_TORCH) "setuptools<81" wheel ninja numpy
+	mkdir -p .cache/src $(MMCV_WHEELS)
+	$(MMDET_VENV)/bin/pip download --no-binary :all: --no-deps --no-build-isolation "$(MMCV)" -d .cache/src
+	rm -rf $(MMCV_SRC) && tar xzf $(MMCV_SRC).tar.gz -C .cache/src
+	sed -i "s/\['cxx'\] = \['-std=c++17'\]/['cxx'] = ['-std=c++20']/" $(MMCV_SRC)/setup.py
+	grep -q "std=c++20" $(MMCV_SRC)/setup.py
+	MMCV_WITH_OPS=1 FORCE_CUDA=0 MAX_JOBS=2 $(MMDET_VENV)/bin/pip wheel --no-cache-dir --no-build-isolation \
+		--no-deps $(MMCV_SRC) -w $(MMCV_WHEELS)
+	touch $@
+
+$(MMDET_VENV)/bin/marble: pyproject.toml $(MMCV_WHEELS)/.built
+	$(PYTHON) -m venv $(MMDET_VENV)
+	$(MMDET_VENV)/bin/pip install --upgrade pip
+	$(MMDET_VENV)/bin/pip install $(MMDET_TORCH) "setuptools<81" wheel numpy
+	$(MMDET_VENV)/bin/pip install --no-deps --no-index --find-links $(MMCV_WHEELS) "$(MMCV)"
+	$(MMDET_VENV)/bin/pip install -e ".[dev]" "$(MMDET)" $(MMDET_DEPS) $(MMDET_TORCH)
+	touch $@
+
+test-geneval-mmdet: $(MMDET_VENV)/bin/marble
+	PATH="$(abspath $(MMDET_VENV)/bin):$$PATH" $(MMDET_VENV)/bin/python -m pytest -q -rs tests/test_geneval_mmdet.py
+
 clean:
-	rm -rf $(VENV) $(CLIP_VENV) .snakemake results/runs results/eval results/report results/bench logs benchmarks data/mirror
+	rm -rf $(VENV) $(CLIP_VENV) $(MMDET_VENV) .snakemake results/runs results/eval results/report results/bench logs benchmarks data/mirror
