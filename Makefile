@@ -65,8 +65,6 @@ MMCV ?= mmcv-full==1.7.2
 MMDET ?= mmdet==2.28.2
 MMDET_TORCH ?= $(CLIP_TORCH)
 MMCV_WHEELS ?= .cache/wheels/$(subst ==,-,$(firstword $(MMDET_TORCH)))
-# yapf 0.40.2 dropped FormatCode(verify=) that mmcv 1.x calls; headless OpenCV needs no libGL.
-MMDET_DEPS ?= addict yapf==0.40.1 opencv-python-headless terminaltables pycocotools six
 
 MMCV_SRC := .cache/src/$(subst ==,-,$(MMCV))
 
@@ -91,7 +89,7 @@ $(MMDET_VENV)/bin/marble: pyproject.toml $(MMCV_WHEELS)/.built
 	$(MMDET_VENV)/bin/pip install --upgrade pip
 	$(MMDET_VENV)/bin/pip install $(MMDET_TORCH) "setuptools<81" wheel numpy
 	$(MMDET_VENV)/bin/pip install --no-deps --no-index --find-links $(MMCV_WHEELS) "$(MMCV)"
-	$(MMDET_VENV)/bin/pip install -e ".[dev]" "$(MMDET)" $(MMDET_DEPS) $(MMDET_TORCH)
+	$(MMDET_VENV)/bin/pip install -e ".[dev,geneval]" "$(MMDET)" $(MMDET_TORCH)
 	touch $@
 
 test-geneval-mmdet: $(MMDET_VENV)/bin/marble

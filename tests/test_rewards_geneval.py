@@ -271,3 +271,17 @@ def test_reference_numbers_on_a_fixed_set_through_the_scorer_class():
     reward.detector = StandInDetector(detections)
     prompts = [""] * 6
     assert reward(images, prompts, metadata).tolist() == pytest.approx([1.0, 2 / 3, 0.0, 0.75, 0.5, 0.75])
+
+
+def test_geneval_extra_installs_with_pip_and_names_what_mmcv_imports():
+    """`pip install marble[geneval]` must not pull mmcv-full (its source build fails under build
+    isolation) and must bring what mmcv 1.x imports (torchvision, yapf before 0.40.2)."""
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    extra = pyproject["project"]["optional-dependencies"]["geneval"]
+    names = {req.split("=")[0].split(">")[0].split("<")[0] for req in extra}
+    assert not any(name.startswith("mmcv") for name in names), extra
+    assert {"mmdet", "torchvision", "yapf"} <= names and "yapf==0.40.1" in extra
+    assert "open-clip-torch" not in names  # the colour classifier is transformers' CLIP

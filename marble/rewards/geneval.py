@@ -35,8 +35,9 @@ class MMDetDetector:
         try:
             from mmdet.apis import inference_detector, init_detector
         except ImportError as err:
-            raise ImportError("geneval needs mmdet 2.x + mmcv-full: `pip install marble[geneval]` "
-                              "(build recipe in docs/rewards.md)") from err
+            raise ImportError("geneval needs mmcv-full 1.x, compiled first (docs/rewards.md; "
+                              "`make test-geneval-mmdet` builds it on the CPU), then "
+                              "`pip install marble[geneval]` for mmdet 2.x") from err
         self._infer = inference_detector
         self.model = init_detector(config, ckpt, device=device)
         meta = getattr(self.model, "dataset_meta", None) or {}
@@ -177,8 +178,8 @@ def _mmdet_config(relative: str) -> Path:
     try:
         import mmdet
     except ImportError as err:
-        raise ImportError("geneval needs mmdet 2.x: `pip install marble[geneval]` (docs/rewards.md), "
-                          "or pass detector_config=PATH") from err
+        raise ImportError("geneval needs mmdet 2.x: compile mmcv-full 1.x, then `pip install "
+                          "marble[geneval]` (docs/rewards.md), or pass detector_config=PATH") from err
     root = Path(mmdet.__file__).parent
     for candidate in (root / ".mim" / "configs" / relative, root.parent / "configs" / relative):
         if candidate.is_file():
