@@ -273,9 +273,27 @@ def test_refuses_to_replace_a_folder_that_is_not_a_report(tmp_path):
     precious = tmp_path / "results"
     precious.mkdir()
     (precious / "keep.txt").write_text("x")
-    with pytest.raises(FileExistsError, match="holds no report.md"):
+    with pytest.raises(FileExistsError, match="holds keep.txt, which no report writes"):
         main(["--runs", str(tmp_path / "runs"), "--out", str(precious)])
     assert (precious / "keep.txt").exists()
+    (precious / "report.md").write_text("an old report")  # a report.md does not make it one
+    with pytest.raises(FileExistsError, match="holds keep.txt"):
+        main(["--runs", str(tmp_path / "runs"), "--out", str(precious)])
+    assert (precious / "keep.txt").exists()
+
+
+def test_rerun_after_snakemake_deleted_the_declared_outputs(tmp_path):
+    """Snakemake removes report.md and report.html before rerunning make_report; what is
+    left (figures/, tables/, verdict.json) is still a report folder, replaced as a whole."""
+    (tmp_path / "runs").mkdir()
+    out = tmp_path / "report"
+    assert main(["--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    (out / "report.md").unlink()
+    (out / "report.html").unlink()
+    (out / "figures").mkdir(exist_ok=True)
+    (out / "figures" / "stale.png").write_bytes(b"old")
+    assert main(["--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    assert (out / "report.md").is_file() and not (out / "figures" / "stale.png").exists()
 
 
 def test_read_metrics_errors_duplicates_and_torn_line(tmp_path):

@@ -292,8 +292,15 @@ def build_report(inp: ReportInputs) -> Verdict:
     return result
 
 
+# What build_report writes: a folder holding only these is an earlier report.
+REPORT_ENTRIES = frozenset({"report.md", "report.html", "verdict.json", "figures", "tables"})
+
+
 def _check_out(out: Path) -> None:
-    # The whole folder is replaced: refuse one that holds something other than a report.
-    if out.is_dir() and any(out.iterdir()) and not (out / "report.md").is_file():
-        raise FileExistsError(f"--out {out}: exists, is not empty and holds no report.md; "
-                              "refusing to replace it")
+    """The whole folder is replaced: refuse one that holds anything a report does not write.
+    Judged by every entry, not by report.md alone: Snakemake deletes the declared outputs
+    (report.md, report.html) before a rerun and leaves figures/, tables/ and verdict.json."""
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in REPORT_ENTRIES) if out.is_dir() else []
+    if foreign:
+        raise FileExistsError(f"--out {out}: holds {', '.join(foreign[:5])}, which no report "
+                              "writes; refusing to replace it (pick another --out)")
