@@ -285,3 +285,29 @@ def test_geneval_extra_installs_with_pip_and_names_what_mmcv_imports():
     assert not any(name.startswith("mmcv") for name in names), extra
     assert {"mmdet", "torchvision", "yapf"} <= names and "yapf==0.40.1" in extra
     assert "open-clip-torch" not in names  # the colour classifier is transformers' CLIP
+
+
+class _NotATensor:
+    """A pickled object a weights-only read must refuse."""
+
+
+def test_detector_checkpoint_is_read_weights_only_before_mmdet_loads_it(tmp_path):
+    """mmcv 1.x unpickles checkpoints fully on torch < 2.6: MMDetDetector reads the file with
+    weights_only=True first and refuses one holding arbitrary objects, naming the file."""
+    import torch
+
+    from marble.rewards.geneval import MMDetDetector
+
+    bad = tmp_path / "bad.pth"
+    torch.save({"meta": {"CLASSES": ("person",), "env": _NotATensor()}, "state_dict": {}}, bad)
+    with pytest.raises(ValueError, match=r"bad.pth holds objects beyond tensors"):
+        MMDetDetector("mask2former.py", str(bad))
+    good = tmp_path / "good.pth"
+    torch.save({"meta": {"CLASSES": ("person",), "epoch": 50},
+                "state_dict": {"w": torch.zeros(2)}}, good)
+    try:  # a safe file gets past the check: then mmdet loads it, or is missing
+        MMDetDetector("missing-config.py", str(good))
+    except ImportError as exc:
+        assert "mmcv-full" in str(exc)
+    except (FileNotFoundError, OSError):
+        pass  # mmdet installed: the made-up config path is not found

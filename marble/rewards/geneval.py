@@ -28,10 +28,26 @@ class Detector(Protocol):
         """HWC uint8 RGB images -> per image, raw detections per class name."""
 
 
+def check_safe_checkpoint(path: str | Path) -> None:
+    """Read the detector checkpoint once with `weights_only=True` before mmdet loads it.
+
+    mmcv 1.x's load_checkpoint calls torch.load without weights_only, which on torch < 2.6
+    unpickles anything; a file holding more than tensors and plain containers is refused here,
+    naming it, so the later full unpickle can only rebuild what this safe read accepted."""
+    import pickle
+
+    try:
+        torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise ValueError(f"geneval: detector checkpoint {path} holds objects beyond tensors and "
+                         f"plain containers; refusing to unpickle it ({str(exc).splitlines()[0]})") from exc
+
+
 class MMDetDetector:
     """mmdet Mask2Former (2.x tuple results; 3.x DetDataSample also read)."""
 
     def __init__(self, config: str, ckpt: str, device: str = "cpu"):
+        check_safe_checkpoint(ckpt)
         try:
             from mmdet.apis import inference_detector, init_detector
         except ImportError as err:
