@@ -148,7 +148,10 @@ def test_eval_rank_check_reads_only_this_invocations_run_info(tmp_path):
     import json
     import os
 
-    from marble.dev.paper_mini import check_eval_ranks
+    from marble.dev.paper_mini import eval_world_sizes, rank_problems
+
+    def check_eval_ranks(expected, root, since):
+        return rank_problems(eval_world_sizes(root, since), expected)
 
     def write(folder, world_size, mtime):
         path = tmp_path / folder / "run_info.json"

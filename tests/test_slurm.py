@@ -5,8 +5,8 @@ training job as 2 tasks = 2 torchrun nodes."""
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import shlex
 import shutil
 import subprocess

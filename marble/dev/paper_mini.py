@@ -70,10 +70,11 @@ def eval_world_sizes(root: str | Path = "results/eval", since: float = 0.0) -> d
     return out
 
 
-def check_eval_ranks(expected: int, root: str | Path = "results/eval", since: float = 0.0) -> list[str]:
-    """Problems, empty when every evaluation since `since` ran with `expected` ranks."""
+def rank_problems(sizes: dict[str, int | None], expected: int) -> list[str]:
+    """Problems, empty when every evaluation in `sizes` ran with `expected` ranks."""
     return [f"{folder}: world_size {n}, expected {expected} (eval.processes)"
-            for folder, n in eval_world_sizes(root, since).items() if n != expected]
+            for folder, n in sizes.items() if n != expected]
+
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,13 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     for stage, seconds in stage_times():
         print(f"  {seconds:7.1f} s  {stage}")
     ranks = yaml.safe_load(Path(CONFIGS[1]).read_text())["eval"]["processes"]
-    problems = check_eval_ranks(ranks, since=started) if proc.returncode == 0 else []
+    sizes = eval_world_sizes(since=started) if proc.returncode == 0 else {}
+    problems = rank_problems(sizes, ranks)
     for problem in problems:
         print(f"test-paper: {problem}", file=sys.stderr)
     if proc.returncode == 0 and not problems:
-        checked = len(eval_world_sizes(since=started))
         print(f"test-paper: passed in {wall / 60:.1f} min (snakemake log {args.log}; "
-              f"{judge.requests} fake judge requests; {checked} evaluations, {ranks} ranks each)")
+              f"{judge.requests} fake judge requests; {len(sizes)} evaluations, {ranks} ranks each)")
         return 0
     if problems:
         return 1

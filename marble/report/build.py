@@ -68,9 +68,8 @@ def all_specialists(runs: list[RunData]) -> dict[str, float]:
     return found
 
 
-def _anti_aligned_by_step_kind(runs: list[RunData]) -> dict[str, dict]:
+def _anti_aligned_by_step_kind(by_bal: pd.DataFrame) -> dict[str, dict]:
     """{balancer: full-solve / amortized anti-aligned fractions} for balancers that solve."""
-    by_bal = tables.harmony_by_balancer(runs)
     if "solve_steps" not in by_bal:
         return {}
     num = claim._json_num
@@ -80,11 +79,9 @@ def _anti_aligned_by_step_kind(runs: list[RunData]) -> dict[str, dict]:
             for bal, row in by_bal.iterrows() if row["solve_steps"] > 0}
 
 
-def _anti_aligned(runs: list[RunData]) -> tuple[dict, dict, dict, dict]:
+def _anti_aligned(by_run: pd.DataFrame, by_bal: pd.DataFrame) -> tuple[dict, dict, dict, dict]:
     """Anti-aligned fraction of logged steps: per run (applied direction, weighted-sum
     direction on the same batches) and pooled per balancer (applied direction)."""
-    by_run = tables.harmony_by_run(runs)
-    by_bal = tables.harmony_by_balancer(runs)
     col = "applied_anti_aligned_frac"
     applied = by_run[col].to_dict() if col in by_run else {}
     ws_dir = by_run["ws_dir_anti_aligned_frac"].to_dict() if "ws_dir_anti_aligned_frac" in by_run else {}
@@ -97,8 +94,9 @@ def _anti_aligned(runs: list[RunData]) -> tuple[dict, dict, dict, dict]:
 def _claim_json(trends, specialists, runs) -> tuple[dict, list[str], pd.DataFrame]:
     """verdict.json's claim keys, the claim sentences and the per-balancer change table."""
     by_balancer = claim.balancer_changes(trends)
-    applied, ws_dir, pooled, pooled_ws = _anti_aligned(runs)
-    kinds = _anti_aligned_by_step_kind(runs)
+    by_bal = tables.harmony_by_balancer(runs)
+    applied, ws_dir, pooled, pooled_ws = _anti_aligned(tables.harmony_by_run(runs), by_bal)
+    kinds = _anti_aligned_by_step_kind(by_bal)
     answers, lines = claim.claim_lines(by_balancer, list(specialists), pooled,
                                        anti_ws_direction=pooled_ws, anti_by_step_kind=kinds)
     num = claim._json_num  # NaN -> null: verdict.json stays strict JSON
