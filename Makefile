@@ -29,7 +29,7 @@ test: setup
 # One GPU, <= 8 minutes: bench step (fp16+GradScaler, bf16) and a 3-step rho_07-path run on a
 # random-init SD3.5 Medium plus its resume; prints (and writes) one JSON. CPU plumbing: --tiny.
 gpu-check: setup
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m marble.gpu_check --out results/gpu_check.json
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m marble.tools.gpu_check --out results/gpu_check.json
 
 # The open_clip-based scorers (HPSv2.1) need torchvision, which must match torch exactly:
 # a second environment with the torch 2.14.1 / torchvision 0.29.1 pair runs their tests and
@@ -51,7 +51,7 @@ test-clip: $(CLIP_VENV)/bin/marble
 # stage and its log. Every paper reward runs through its real class, HPSv2.1 on open_clip too, so it
 # runs in the clip environment above (with the workflow and OCR extras). See docs/downloads.md.
 test-paper: $(CLIP_VENV)/bin/marble
-	PATH="$(abspath $(CLIP_VENV)/bin):$$PATH" $(CLIP_VENV)/bin/python -m marble.dev.paper_mini
+	PATH="$(abspath $(CLIP_VENV)/bin):$$PATH" $(CLIP_VENV)/bin/python -m marble.tools.dev.paper_mini
 
 # GenEval's real detector path, not in CI: mmdet 2.28.2 + mmcv-full 1.7.2 in a third environment.
 # mmcv.runner imports torchvision, so this uses the clip pair (torch 2.14.1 / torchvision 0.29.1;
@@ -59,7 +59,7 @@ test-paper: $(CLIP_VENV)/bin/marble
 # CPU ops compile from source (`setuptools<81`, no build isolation; 26 min on 2 busy cores). The
 # wheel is kept under .cache/wheels/<torch>/ (`make clean` keeps it), so a rebuilt environment
 # takes 3 min. The test builds a tiny random Mask2Former in the reference's config and checkpoint
-# formats (marble/dev/mmdet_replica.py) and scores images through GenEvalReward and `marble evaluate`.
+# formats (marble/tools/dev/mmdet_replica.py) and scores images through GenEvalReward and `marble evaluate`.
 MMDET_VENV ?= .venv-mmdet
 MMCV ?= mmcv-full==1.7.2
 MMDET ?= mmdet==2.28.2

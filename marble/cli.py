@@ -13,12 +13,12 @@ import sys
 COMMANDS = {
     "train": ("marble.train", "train a LoRA with DiffusionNFT + a reward balancer"),
     "evaluate": ("marble.evaluate", "generate and score a checkpoint on a benchmark"),
-    "bench": ("marble.bench", "time balancers side by side (step time, peak memory)"),
+    "bench": ("marble.tools.bench", "time balancers side by side (step time, peak memory)"),
     "data": ("marble.data.cli", "assemble datasets, embedding cache, tiny prompt set"),
-    "download": ("marble.data.download", "fetch model, reward checkpoints and prompts (sha256-pinned)"),
+    "download": ("marble.assets.download", "fetch model, reward checkpoints and prompts (sha256-pinned)"),
     "models": ("marble.models.cli", "build the tiny SD3 model from configs"),
     "rewards": ("marble.rewards.cli", "list rewards, score images"),
-    "report": ("marble.report", "tables and figures from runs and evaluations"),
+    "report": ("marble.tools.report", "tables and figures from runs and evaluations"),
 }
 
 

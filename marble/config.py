@@ -126,7 +126,7 @@ class DataConfig:
 
 @dataclass
 class LoggingConfig:
-    # metrics.jsonl is always written; the others are live trackers (marble/trackers.py),
+    # metrics.jsonl is always written; the others are live trackers (marble/training/trackers.py),
     # optional extras: a missing one warns and training goes on.
     backends: list[Literal["jsonl", "tensorboard", "wandb", "dvclive"]] = field(
         default_factory=lambda: ["jsonl"])

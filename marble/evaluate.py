@@ -34,9 +34,14 @@ import yaml
 from marble.evaluation.images import DEFAULT_IMAGE_FORMAT, IMAGE_FORMATS, write_image_prompts
 from marble.evaluation.prompts import DATASETS, DEFAULT_BATCH_SIZE, DEFAULT_REWARDS, load_samples
 from marble.evaluation.results import (
-    ResultsError, average_scores, check_same_run, identity, json_safe, read_results,
+    ResultsError,
+    average_scores,
+    check_same_run,
+    identity,
+    json_safe,
+    read_results,
 )
-from marble.io import write_json
+from marble.runtime.io import write_json
 
 DEFAULT_MODEL = "stabilityai/stable-diffusion-3.5-medium"
 DEFAULT_DATA_DIR = "dataset"  # the reference reads dataset/<name>/ (its evaluation.py)
@@ -67,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="first N samples only")
     p.add_argument("--rewards", default=None, help="comma-separated reward list (default: per dataset)")
     # $MARBLE_REWARD_OPTIONS (a YAML file) is the base every evaluation starts from: a harness
-    # (marble.dev.paper_mini) or a site points all evaluations at its scorer options; the
+    # (marble.tools.dev.paper_mini) or a site points all evaluations at its scorer options; the
     # flag (the workflow's eval.reward_options) overrides it option by option.
     p.add_argument("--reward_options", default=None,
                    help="YAML file or inline mapping {reward: {option: value}}, applied over "
@@ -199,7 +204,7 @@ def versions() -> dict:
 
 def refusal(args, info, run_identity) -> str | None:
     """Rank 0 checks the output folder; every rank gets its verdict (no rank left waiting)."""
-    from marble import distributed as dist
+    from marble.runtime import distributed as dist
 
     message = None
     if info.is_main:
@@ -227,9 +232,9 @@ def finish(args, samples, names, record, timing) -> dict:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    from marble import distributed as dist
     from marble.evaluation import runner
     from marble.evaluation.checkpoints import CheckpointError
+    from marble.runtime import distributed as dist
 
     names = reward_names(args)
     options = merged_reward_options(args.reward_options)

@@ -8,7 +8,7 @@ DIR/config.yaml holds the resolved config; a DIR that already has one must agree
 the requested config on every key that changes the result (see RESULT_NEUTRAL_KEYS),
 otherwise the run refuses to start rather than silently mixing two experiments.
 Errors are one line on stderr and exit status 2. SIGUSR1 or SIGTERM stop the run after
-the current optimizer step with a checkpoint and exit status 75 (marble.stopping:
+the current optimizer step with a checkpoint and exit status 75 (marble.training.stopping:
 EXIT_REQUEUE), which the SLURM wrapper turns into a requeue.
 """
 
@@ -131,9 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, TrainError) as exc:
         print(f"marble train: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    from marble.checkpoint import CheckpointError
-    from marble.stopping import EXIT_REQUEUE, write_requeue_file
-    from marble.trainer import run_training  # heavy imports only once the config is sound
+    from marble.training.checkpoint import CheckpointError
+    from marble.training.stopping import EXIT_REQUEUE, write_requeue_file
+    from marble.training.trainer import run_training  # heavy imports only once the config is sound
 
     try:
         summary = run_training(cfg, args.output_dir, device=args.device,

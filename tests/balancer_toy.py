@@ -4,7 +4,7 @@ v_ref and x0, and per-reward gradients written out independently of the balancer
 import torch
 
 from marble.balancers import MicroStep
-from marble.nft import kl_loss, nft_loss_from_terms, nft_terms
+from marble.maths.nft import kl_loss, nft_loss_from_terms, nft_terms
 
 NAMES = ["r0", "r1", "r2"]
 BETA, CLIP, SCALE = 0.1, 5.0, 0.25

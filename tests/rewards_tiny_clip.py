@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from marble.dev.replicas import _byte_chars  # the one CLIP byte alphabet
+from marble.tools.dev.replicas import _byte_chars  # the one CLIP byte alphabet
 
 
 def save_tiny_clip(out: Path, projection_dim: int = 16, image_size: int = 32, seed: int = 0) -> Path:

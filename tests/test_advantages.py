@@ -6,8 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from marble.advantages import (
-    combine_advantages, group_advantages, nan_mean_reward, nan_weighted_mean,
+from marble.maths.advantages import (
+    combine_advantages,
+    group_advantages,
+    nan_mean_reward,
+    nan_weighted_mean,
 )
 
 EPS = 1e-4

@@ -5,7 +5,7 @@ import pytest
 import torch
 from scipy.optimize import minimize
 
-from marble.balance import ENUM_MAX_K, min_norm_weights
+from marble.maths.qp import ENUM_MAX_K, min_norm_weights
 
 
 def _slsqp(g):

@@ -12,7 +12,6 @@ import marble.balancers as balancers_mod
 from marble.balancers import build_balancer
 from marble.config import BalancerConfig
 
-
 # ---------------------------------------------------------------- one evaluation, recompute
 
 
@@ -150,7 +149,7 @@ def _rank_toy(rank):
 def _gloo_worker(rank: int, port: int, out_dir: str) -> None:
     import os
 
-    from marble import distributed as dist
+    from marble.runtime import distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
                       RANK=str(rank), LOCAL_RANK=str(rank))
@@ -168,13 +167,13 @@ def _gloo_worker(rank: int, port: int, out_dir: str) -> None:
 
 
 def test_two_ranks_solve_on_the_mean_of_their_gradients(tmp_path):
-    """Per-reward and KL gradients are averaged over ranks (marble.distributed) before the
+    """Per-reward and KL gradients are averaged over ranks (marble.runtime.distributed) before the
     QP: both ranks apply the same direction, the one a single process gets from the mean."""
     import socket
 
     import torch.multiprocessing as mp
 
-    from marble.balance import min_norm_weights
+    from marble.maths.qp import min_norm_weights
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from marble.bench import main as bench_main
 from marble.config import load_config
+from marble.tools.bench import main as bench_main
 
 
 def test_bench_step_writes_schema(tiny_model_dir, tmp_path, capsys):
-    from marble.bench import ROWS
+    from marble.tools.bench import ROWS
 
     out = tmp_path / "bench.json"
     argv = ["step", "--preset", "tiny", "--json", str(out), "--repeats", "2", "--warmup", "1",
@@ -41,7 +41,7 @@ def test_bench_step_writes_schema(tiny_model_dir, tmp_path, capsys):
 
 
 def test_summarize_marble_run_is_amortized_mix_and_max_peak():
-    from marble.bench import summarize
+    from marble.tools.bench import summarize
 
     def row(s, total, over):
         return {"step_s": s, "step_s_min": s, "step_cpu_s": s, "peak_mb": total,
@@ -66,10 +66,10 @@ def test_bench_rows_run_what_they_name(tiny_model_dir):
     (same gradient as the retained one), diagnostics only in mgda_diag."""
     import torch
 
-    from marble.bench import ROWS, make_balancers, one_micro_step, synthetic_batch
     from marble.models import load_pipeline
     from marble.models.lora import add_lora_adapters, trainable_lora_parameters
-    from marble.trainer import autocast_factory
+    from marble.tools.bench import ROWS, make_balancers, one_micro_step, synthetic_batch
+    from marble.training.trainer import autocast_factory
 
     cfg = load_config("tiny", overrides=["sampling.resolution=32", "train.batch_size=3"])
     pipe = load_pipeline(str(tiny_model_dir), dtype=torch.float32, device=torch.device("cpu"))
@@ -121,7 +121,7 @@ def test_bench_rollout_cache_vs_encode(tiny_model_dir, tmp_path):
 
 
 def test_bench_rows_subset_and_bad_rows(tmp_path, capsys):
-    from marble.bench import summarize
+    from marble.tools.bench import summarize
 
     with pytest.raises(SystemExit) as exc:
         bench_main(["step", "--preset", "tiny", "--json", str(tmp_path / "x.json"),

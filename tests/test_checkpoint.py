@@ -10,12 +10,20 @@ import numpy as np
 import pytest
 import torch
 
-from marble.checkpoint import (
-    COMPLETE, CheckpointError, capture_rng_state, checkpoint_dir, damaged_files,
-    latest_checkpoint, list_checkpoints, load_checkpoint, restore_rng_state, resume_checkpoint,
+from marble.training.checkpoint import (
+    COMPLETE,
+    CheckpointError,
+    capture_rng_state,
+    checkpoint_dir,
+    damaged_files,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    restore_rng_state,
+    resume_checkpoint,
     save_checkpoint,
 )
-from marble.metrics import MetricsLog, StepAverager, advantage_std, reward_stats
+from marble.training.metrics import MetricsLog, StepAverager, advantage_std, reward_stats
 
 
 def _save(run, step, keep=3):

@@ -1,4 +1,4 @@
-"""marble.distributed: single-process identities and a real 2-process gloo group."""
+"""marble.runtime.distributed: single-process identities and a real 2-process gloo group."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import socket
 import torch
 import torch.multiprocessing as mp
 
-from marble import distributed as dist
+from marble.runtime import distributed as dist
 
 
 def test_single_process_is_identity(monkeypatch):

@@ -8,12 +8,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from marble.data.download import (
+from marble.assets.download import (
     AccessDenied,
     DownloadError,
     Entry,
     download,
     load_manifest,
+)
+from marble.assets.download import (
     main as download_main,
 )
 

@@ -12,9 +12,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from test_workflow_lib import (  # noqa: F401  (tiny_pipeline is a fixture)
-    copy_workflow, dry_run_outputs, dvc, snakemake, tiny_pipeline,
+    copy_workflow,
+    dry_run_outputs,
+    dvc,
+    snakemake,
+    tiny_pipeline,
 )
 
 

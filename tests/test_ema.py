@@ -4,8 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from marble.ema import (
-    WeightEMA, blend_params_, ema_decay, old_policy_decay, update_alpha_cache,
+from marble.maths.ema import (
+    WeightEMA,
+    blend_params_,
+    ema_decay,
+    old_policy_decay,
+    update_alpha_cache,
 )
 
 
@@ -77,7 +81,7 @@ def _reference_ema_sequence(param_values, max_decay):
 
 def test_ema_decay_sequence_matches_reference_steps_1_to_20():
     """The trainer's order (step += 1, then ema.update(step)) against the reference."""
-    from marble.precision import make_precision, optimizer_update
+    from marble.runtime.precision import make_precision, optimizer_update
 
     torch.manual_seed(0)
     p = torch.nn.Parameter(torch.randn(5))

@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from marble.eval_summary import collect, composite_zscore, main, render_markdown, wide_table
+from marble.evaluation.summary import collect, composite_zscore, main, render_markdown, wide_table
 
 COLUMNS = ["GenEval", "OCR", "PickScore", "CLIPScore", "HPSv2.1", "Aesthetic", "ImgRwd", "UniRwd"]
 TABLE1 = {  # spec E, MARBLE project page

@@ -225,8 +225,8 @@ def _lora_transformer(model_dir):
 
 
 def test_lora_folders_load(tiny_model_dir, raw_dir, tmp_path, capsys):
-    from marble.checkpoint import checkpoint_dir, save_checkpoint
     from marble.models.lora import TRAINABLE, adapter_state, save_lora_diffusers
+    from marble.training.checkpoint import checkpoint_dir, save_checkpoint
 
     transformer = _lora_transformer(tiny_model_dir)
     run_dir = tmp_path / "run"

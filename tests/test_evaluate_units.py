@@ -11,8 +11,14 @@ from marble.evaluation.checkpoints import CheckpointError, resolve_lora
 from marble.evaluation.images import image_prompts, quantize_8bit
 from marble.evaluation.prompts import batches, load_samples, sample_seed, shard
 from marble.evaluation.results import (
-    GENEVAL_TAGS, ResultsError, average_scores, check_same_run, geneval_summary, identity,
-    json_scores, read_results,
+    GENEVAL_TAGS,
+    ResultsError,
+    average_scores,
+    check_same_run,
+    geneval_summary,
+    identity,
+    json_scores,
+    read_results,
 )
 
 

@@ -6,8 +6,8 @@ import json
 
 
 def test_gpu_check_tiny_plumbing(tmp_path, capsys):
-    from marble.bench import ROWS
-    from marble.gpu_check import main
+    from marble.tools.bench import ROWS
+    from marble.tools.gpu_check import main
 
     out = tmp_path / "gpu_check.json"
     assert main(["--tiny", "--repeats", "1", "--work", str(tmp_path / "w"), "--out", str(out)]) == 0

@@ -1,11 +1,11 @@
-"""marble.io: atomic writes and the JSONL reader shared by metrics and evaluation logs."""
+"""marble.runtime.io: atomic writes and the JSONL reader shared by metrics and evaluation logs."""
 
 import json
 
 import pytest
 
-from marble.io import append_jsonl, read_jsonl, write_json
 from marble.rewards import applicability
+from marble.runtime.io import append_jsonl, read_jsonl, write_json
 
 
 def test_read_jsonl_skips_blank_lines_and_a_torn_tail(tmp_path):
@@ -61,7 +61,7 @@ def test_read_jsonl_input_files_allow_no_torn_tail_and_must_be_utf8(tmp_path):
 def test_metrics_truncation_reads_through_read_jsonl(tmp_path):
     """A torn *last* line is dropped and counted; a bad line elsewhere is an error naming it
     (it used to be dropped silently, losing a logged step)."""
-    from marble.metrics import MetricsLog
+    from marble.training.metrics import MetricsLog
 
     log = MetricsLog(tmp_path / "metrics.jsonl")
     for step in (1, 2, 3):
@@ -81,7 +81,7 @@ def test_report_reads_eval_results_and_jpg_images(tmp_path):
     a torn last results line (a killed evaluation) skipped as everywhere else."""
     from PIL import Image
 
-    from marble.report.loading import eval_samples
+    from marble.tools.report.loading import eval_samples
 
     ds = tmp_path / "eval" / "run" / "checkpoint-000010" / "ocr"
     (ds / "images").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""The one micro-step function (marble.microstep) against a hand-built NFT + KL gradient.
+"""The one micro-step function (marble.training.microstep) against a hand-built NFT + KL gradient.
 
 The hand-built side calls the tiny transformer directly (peft adapter switching, no
 marble helper) and writes the DiffusionNFT loss from the formulas of spec A.6; the
@@ -14,11 +14,10 @@ import torch
 
 from marble.balancers import build_balancer
 from marble.config import SD3_LORA_TARGETS, BalancerConfig, TrainConfig
-from marble.microstep import MicroBatch, build_micro_step, noised
 from marble.models import load_pipeline
-from marble.models.lora import adapter_state, add_lora_adapters, load_adapter_state
-from marble.models.lora import trainable_lora_parameters
-from marble.precision import make_precision
+from marble.models.lora import adapter_state, add_lora_adapters, load_adapter_state, trainable_lora_parameters
+from marble.runtime.precision import make_precision
+from marble.training.microstep import MicroBatch, build_micro_step, noised
 
 B, K = 6, 3
 TCFG = TrainConfig(nft_beta=0.1, kl_beta=0.5, adv_clip=5.0)

@@ -10,9 +10,10 @@ import shutil
 import pytest
 import yaml
 
-from marble.data.download import AccessDenied, DownloadError, group_dirs, load_manifest, main as download_main
-from marble.dev.mirror import build_mirror
-from marble.dev.mirror_server import MirrorServer
+from marble.assets.download import AccessDenied, DownloadError, group_dirs, load_manifest
+from marble.assets.download import main as download_main
+from marble.tools.dev.mirror import build_mirror
+from marble.tools.dev.mirror_server import MirrorServer
 
 
 @pytest.fixture(scope="module")
@@ -71,10 +72,10 @@ def test_every_entry_downloads_into_the_rule_folders_and_loads(mirror_dir, serve
 
 
 def test_scorers_load_the_downloaded_folders(mirror_dir, tmp_path):
-    """The rewards' own loaders on the replicas, through marble.data.hub.local_model."""
+    """The rewards' own loaders on the replicas, through marble.assets.hub.local_model."""
     import torch
 
-    from marble.data.hub import local_model
+    from marble.assets.hub import local_model
     from marble.rewards.clip_family import Aesthetic, PickScore
 
     ckpts = tmp_path / "reward_ckpts"
@@ -142,7 +143,7 @@ def test_gated_model_without_token_names_the_token_and_the_licence(mirror_dir, s
     page = "https://huggingface.co/stabilityai/stable-diffusion-3.5-medium"
     # through the mirror: the server answers 401 GatedRepo, as the hub does
     with pytest.raises(AccessDenied) as info:
-        from marble.data.download import fetch_group
+        from marble.assets.download import fetch_group
 
         sd3 = [e for e in load_manifest(mirror_dir / "manifest.yaml") if e.group == "model"]
         fetch_group(sd3, tmp_path / "sd35m")
@@ -161,7 +162,7 @@ def test_gated_message_on_the_cli(hub_env, tmp_path, capsys):
 
 
 def test_replicas_are_deterministic(mirror_dir, tmp_path):
-    from marble.dev import replicas
+    from marble.tools.dev import replicas
 
     replicas.clip_repo(tmp_path / "clip", seed=3)
     replicas.hps_repo(tmp_path / "hps", seed=4)
@@ -192,7 +193,7 @@ def test_a_missing_file_at_the_pinned_commit_is_named(mirror_dir, served, tmp_pa
                                             "files": [{"path": "HPS_v2.1_compressed.pt"}]}]}}}
     manifest = tmp_path / "m.yaml"
     manifest.write_text(yaml.safe_dump(spec))
-    from marble.data.download import fetch_group
+    from marble.assets.download import fetch_group
 
     with pytest.raises(DownloadError, match="xswu/HPSv2@0000000000000000000000000000000000000000: RevisionNotFound"):
         fetch_group(load_manifest(manifest), tmp_path / "ck")
@@ -207,8 +208,8 @@ def test_hps_replica_loads_through_the_hpsv2_reward(mirror_dir, tmp_path):
     pytest.importorskip("open_clip")
     import torch
 
-    from marble.dev.mirror import HPS_ARCH
     from marble.rewards.hpsv2 import HPSv2
+    from marble.tools.dev.mirror import HPS_ARCH
 
     reward = HPSv2(ckpt_dir=str(mirror_dir / "hub/xswu/HPSv2"), arch=HPS_ARCH,
                    model_config=str(mirror_dir / f"{HPS_ARCH}.json"))

@@ -7,10 +7,25 @@ import json
 import pytest
 import torch
 
-from marble.models import (OLD, TRAINABLE, ModelNotFoundError, adapter_state, adapters_disabled,
-                           add_lora_adapters, blend_adapter, decode_latents, encode_prompts,
-                           latent_shape, load_adapter_state, load_lora_into_pipeline, load_pipeline,
-                           save_lora_diffusers, trainable_lora_parameters, use_adapter, velocity)
+from marble.models import (
+    OLD,
+    TRAINABLE,
+    ModelNotFoundError,
+    adapter_state,
+    adapters_disabled,
+    add_lora_adapters,
+    blend_adapter,
+    decode_latents,
+    encode_prompts,
+    latent_shape,
+    load_adapter_state,
+    load_lora_into_pipeline,
+    load_pipeline,
+    save_lora_diffusers,
+    trainable_lora_parameters,
+    use_adapter,
+    velocity,
+)
 from marble.models.encode import timestep_from_sigma
 from marble.models.loading import looks_local
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from marble.nft import kl_loss, nft_loss, nft_loss_from_terms, nft_terms, optimality_prob
+from marble.maths.nft import kl_loss, nft_loss, nft_loss_from_terms, nft_terms, optimality_prob
 
 
 def test_optimality_prob_clips_and_maps():
@@ -83,7 +83,7 @@ def test_kl_loss_by_hand():
 
 # ---------------------------------------------------------------- one-evaluation amortized loss
 
-from marble.nft import amortized_coefficients, weighted_loss  # noqa: E402
+from marble.maths.nft import amortized_coefficients, weighted_loss  # noqa: E402
 
 CLIP, BETA = 5.0, 0.1
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from marble.config import load_config
-from marble.dev.paper_mini import failed_stages
+from marble.tools.dev.paper_mini import failed_stages
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_MINI = ("config/paper.yaml", ".test/paper-mini.yaml")
@@ -62,7 +62,7 @@ def test_failed_stages_name_the_rule_and_its_log():
 
 
 def test_stage_times_read_snakemake_benchmarks(tmp_path):
-    from marble.dev.paper_mini import stage_times
+    from marble.tools.dev.paper_mini import stage_times
 
     (tmp_path / "train").mkdir()
     header = "s\th:m:s\tmax_rss\n"
@@ -73,8 +73,8 @@ def test_stage_times_read_snakemake_benchmarks(tmp_path):
 
 
 def test_evaluation_takes_reward_options_from_the_environment(tmp_path, monkeypatch):
-    from marble.dev.mirror import HPS_ARCH, replica_reward_options
     from marble.evaluate import merged_reward_options
+    from marble.tools.dev.mirror import HPS_ARCH, replica_reward_options
 
     options = tmp_path / "reward_options.yaml"
     options.write_text(yaml.safe_dump(replica_reward_options(tmp_path)))
@@ -94,7 +94,7 @@ def test_evaluation_takes_reward_options_from_the_environment(tmp_path, monkeypa
 def test_an_older_mirror_is_rebuilt(tmp_path):
     import json
 
-    from marble.dev.mirror import REPLICA_VERSION, is_current
+    from marble.tools.dev.mirror import REPLICA_VERSION, is_current
 
     assert not is_current(tmp_path)
     (tmp_path / "mirror.json").write_text(json.dumps({"seed": 0, "repos": {}}))  # before versions
@@ -148,7 +148,7 @@ def test_eval_rank_check_reads_only_this_invocations_run_info(tmp_path):
     import json
     import os
 
-    from marble.dev.paper_mini import eval_world_sizes, rank_problems
+    from marble.tools.dev.paper_mini import eval_world_sizes, rank_problems
 
     def check_eval_ranks(expected, root, since):
         return rank_problems(eval_world_sizes(root, since), expected)

@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from marble import distributed as dist
-from marble.precision import make_precision, optimizer_update
+from marble.runtime import distributed as dist
+from marble.runtime.precision import make_precision, optimizer_update
 
 
 def _setup(mixed_precision: str, rank: int = 0):
@@ -122,7 +122,7 @@ def test_overflow_on_one_rank_skips_on_both(tmp_path):
 
 def test_reference_precision_defaults_and_tf32():
     from marble.config import load_config, to_dict
-    from marble.precision import enable_tf32
+    from marble.runtime.precision import enable_tf32
 
     paper = load_config("rho_07").model
     assert (paper.mixed_precision, paper.base_dtype, paper.allow_tf32) == ("fp16", "fp32", True)

@@ -13,7 +13,7 @@ import torch
 
 from marble.balancers import MicroStep, build_balancer
 from marble.config import PRESET_DIR, dump_yaml, load_config, to_dict
-from marble.nft import kl_loss, nft_loss_from_terms, nft_terms
+from marble.maths.nft import kl_loss, nft_loss_from_terms, nft_terms
 
 PAPER = ["sd35m", "rho_07", "equal_alpha", "weighted_sum", "full_mgda", "bench_sd35m"]
 

@@ -14,9 +14,9 @@ import pytest
 import yaml
 from PIL import Image
 
-from marble.report import main
-from marble.report.loading import ReportInputError, read_metrics
-from marble.report.tables import composite_function, eval_table
+from marble.tools.report import main
+from marble.tools.report.loading import ReportInputError, read_metrics
+from marble.tools.report.tables import composite_function, eval_table
 
 REWARDS = ["bright", "sat", "color"]
 APPLICABLE = {"bright": 24, "sat": 24, "color": 8}  # color: the specialist (1/3 of rollouts)
@@ -112,7 +112,7 @@ def test_eval_table_latest_checkpoint_and_composite(full_report):
     assert table.loc["marble", "color"] == pytest.approx(0.6)
     assert table.loc["weighted_sum", "sat"] == pytest.approx(0.4)
     if composite_function() is None:
-        pytest.skip("marble.eval_summary not present yet")
+        pytest.skip("marble.evaluation.summary not present yet")
     cols = np.array([LATEST[r] for r in table.index])
     z = (cols - cols.mean(axis=0)) / cols.std(axis=0)  # population std
     assert table["composite"].to_numpy() == pytest.approx(z.mean(axis=1))
@@ -256,7 +256,7 @@ def test_missing_inputs_give_sections_saying_how_to_make_them(tmp_path):
 
     assert marble_cli(["report", "--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
     md = (out / "report.md").read_text()
-    assert "Missing: no evaluation summary" in md and "python -m marble.eval_summary" in md
+    assert "Missing: no evaluation summary" in md and "python -m marble.evaluation.summary" in md
     assert "Missing: no bench results" in md and "marble bench step" in md
     assert "Missing: no eval folder" in md
     assert "Missing: no run logged `cos_min`" in md
@@ -312,7 +312,7 @@ def test_read_metrics_errors_duplicates_and_torn_line(tmp_path):
 def test_python_m_entry_point(full_report, tmp_path):
     runs = full_report.parent / "runs"
     out = tmp_path / "r"
-    proc = subprocess.run([sys.executable, "-m", "marble.report", "--runs", str(runs), "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "marble.tools.report", "--runs", str(runs), "--out", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "verdict: Yes: MARBLE (`marble`) kept every reward improving" in proc.stdout

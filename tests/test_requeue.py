@@ -1,4 +1,4 @@
-"""Stop requests (marble.stopping) and the SLURM wrapper's requeue, without SLURM.
+"""Stop requests (marble.training.stopping) and the SLURM wrapper's requeue, without SLURM.
 
 The wrapper runs with stand-in `torchrun` and `scontrol` on PATH: the fake torchrun
 starts one fake worker (a python process with marble's stop contract: flag the signal,
@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from marble import distributed as dist
-from marble.stopping import EXIT_REQUEUE, REQUEUE_FILE_ENV, StopRequest, write_requeue_file
+from marble.runtime import distributed as dist
+from marble.training.stopping import EXIT_REQUEUE, REQUEUE_FILE_ENV, StopRequest, write_requeue_file
 
 ROOT = Path(__file__).resolve().parents[1]
 WRAPPER = ROOT / "workflow" / "scripts" / "torchrun_slurm.sh"

@@ -19,10 +19,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from marble.checkpoint import checkpoint_dir, damaged_files
 from marble.data.records import PromptRecord, to_frame
-from marble.stopping import EXIT_REQUEUE, REQUEUE_FILE_ENV
 from marble.train import main as train_main
+from marble.training.checkpoint import checkpoint_dir, damaged_files
+from marble.training.stopping import EXIT_REQUEUE, REQUEUE_FILE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,7 +98,7 @@ def test_resume_with_a_changed_training_key_fails_naming_it(straight, tiny_model
     assert (straight / "config.yaml").read_text() == saved
     # The library entry point refuses too, before it touches the folder.
     from marble.train import TrainError, build_parser, resolve_config
-    from marble.trainer import run_training
+    from marble.training.trainer import run_training
 
     cfg = resolve_config(build_parser().parse_args(
         args(tiny_model_dir, table_path, straight, 4, "balancer.alpha_ema=0.5")))

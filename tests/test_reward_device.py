@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from marble.config import ConfigError, load_config
-from marble.rollout import RewardScorer
-from marble.trainer import _takes_device, reward_device
+from marble.training.rollout import RewardScorer
+from marble.training.trainer import _takes_device, reward_device
 
 
 def test_reward_device_resolution(monkeypatch):
@@ -73,10 +73,10 @@ def test_text_encoders_not_loaded_for_the_cache(tiny_model_dir):
 
 def test_training_with_the_cache_loads_no_text_encoder(tiny_model_dir, tmp_path):
     """One optimizer step of a Trainer whose prompts come from the embedding cache."""
-    from marble import distributed as dist
     from marble.data.embed_cache import build_cache
     from marble.data.records import PromptRecord, to_frame
-    from marble.trainer import Trainer
+    from marble.runtime import distributed as dist
+    from marble.training.trainer import Trainer
 
     table = tmp_path / "train.parquet"
     to_frame([PromptRecord.make("a castle at dawn", "pickscore"),

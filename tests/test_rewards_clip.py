@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from rewards_tiny_clip import save_tiny_clip
 
 from marble.rewards import build
 from marble.rewards import geneval_rules as R
-from rewards_tiny_clip import save_tiny_clip
 
 PROMPTS = ["a cat", 'a sign that says "hi"', "a very long prompt " * 20]
 

@@ -276,8 +276,9 @@ def test_reference_numbers_on_a_fixed_set_through_the_scorer_class():
 def test_geneval_extra_installs_with_pip_and_names_what_mmcv_imports():
     """`pip install marble[geneval]` must not pull mmcv-full (its source build fails under build
     isolation) and must bring what mmcv 1.x imports (torchvision, yapf before 0.40.2)."""
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     extra = pyproject["project"]["optional-dependencies"]["geneval"]

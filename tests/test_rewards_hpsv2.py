@@ -10,7 +10,6 @@ import torch
 
 from marble.rewards import build
 
-
 TINY = {
     "embed_dim": 16,
     "vision_cfg": {"image_size": 32, "layers": 2, "width": 32, "head_width": 16, "patch_size": 8},

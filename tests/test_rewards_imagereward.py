@@ -140,8 +140,8 @@ def load_images(shared_dir, names):
 
 
 def test_scores_real_images_like_the_blip_architecture(ckpt_dir, shared_dir):
-    from marble.rewards.blip import load_tokenizer, preprocess
     from marble.rewards.base import to_pil
+    from marble.rewards.blip import load_tokenizer, preprocess
 
     images = load_images(shared_dir, ["cat.jpg", "nasa.jpg", "cat.jpg"])
     prompts = ["a photo of a cat", "the nasa astronaut", "a photo of the nasa sofas on a sofa cat"]

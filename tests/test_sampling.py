@@ -7,8 +7,7 @@ import math
 import pytest
 import torch
 
-from marble.sampling import (dpm2_coefficients, dpm2_step, euler_step, sample_latents,
-                             sigma_schedule)
+from marble.models.sampling import dpm2_coefficients, dpm2_step, euler_step, sample_latents, sigma_schedule
 
 # One intra-op thread: the CI machine is shared, and 2 threads under load run ~8x slower.
 torch.set_num_threads(1)

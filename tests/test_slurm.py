@@ -15,9 +15,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from test_workflow_lib import (  # noqa: F401  (tiny_pipeline is a fixture)
-    BIN, ROOT, copy_inputs, copy_workflow, env, snakemake, tiny_pipeline,
+    BIN,
+    ROOT,
+    copy_inputs,
+    copy_workflow,
+    env,
+    snakemake,
+    tiny_pipeline,
 )
 
 SLURM_SCRIPTS = ROOT / "tests" / "slurm"

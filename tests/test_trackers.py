@@ -10,8 +10,8 @@ import warnings
 import pytest
 
 from marble.config import ConfigError, load_config
-from marble.metrics import MetricsLog
-from marble.trackers import TrackerFanout, open_trackers, scalars
+from marble.training.metrics import MetricsLog
+from marble.training.trackers import TrackerFanout, open_trackers, scalars
 
 
 class Recorder:

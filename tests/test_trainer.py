@@ -6,7 +6,6 @@ sampling steps (T_train = 2), 3 prompts x 2 images per epoch, 2 micro-batches.
 
 from __future__ import annotations
 
-
 import json
 import math
 import os
@@ -148,7 +147,7 @@ def _inject_overflow(monkeypatch, at_step: int) -> None:
     import dataclasses
     import functools
 
-    from marble import microstep
+    from marble.training import microstep
 
     real = microstep.build_micro_step
 

@@ -14,9 +14,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from test_workflow_lib import (  # noqa: F401  (tiny_pipeline is a fixture)
-    BIN, ROOT, copy_inputs, copy_workflow, env, run, snakemake, tiny_pipeline,
+    BIN,
+    ROOT,
+    copy_inputs,
+    copy_workflow,
+    env,
+    run,
+    snakemake,
+    tiny_pipeline,
 )
 
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"

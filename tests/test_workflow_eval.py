@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from test_workflow_lib import copy_workflow, snakemake
 
 
@@ -139,10 +138,10 @@ def test_killed_evaluation_resumes(tiny_model_dir, tmp_path):
     average_scores.json, no summary): the rerun generates only the missing samples."""
     import shutil
 
-    from marble.checkpoint import checkpoint_dir, save_checkpoint
     from marble.data.tiny_prompts import write_tiny_raw
-    from marble.models.lora import add_lora_adapters, save_lora_diffusers
     from marble.models import load_pipeline
+    from marble.models.lora import add_lora_adapters, save_lora_diffusers
+    from marble.training.checkpoint import checkpoint_dir, save_checkpoint
 
     work = copy_workflow(tmp_path / "repo")
     shutil.copytree(tiny_model_dir, work / "data/models/tiny-sd3")
@@ -215,8 +214,8 @@ def test_ours_beside_published_numbers(tmp_path):
     text = published.render(records, rows["source"])
     assert "| SD3.5-M (w/o CFG) | PickScore | 20.800 | 20.510 | +0.290 |" in text
     assert "Not (fully) evaluated here:" in text and "+ FlowGRPO (OCR)" in text
-    # Values come from the one transcription of Table 1 (marble.report.published).
-    from marble.report.published import TABLE1, TABLE1_COLUMNS
+    # Values come from the one transcription of Table 1 (marble.tools.report.published).
+    from marble.tools.report.published import TABLE1, TABLE1_COLUMNS
 
     for name, row in rows["rows"].items():
         assert row["values"]["HPSv2.1"] == TABLE1[name][TABLE1_COLUMNS.index("HPSv2.1")]

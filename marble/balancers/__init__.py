@@ -21,7 +21,11 @@ from __future__ import annotations
 from typing import Sequence
 
 from marble.balancers.common import (
-    MicroStep, amortized_loss, reward_loss, reward_losses, weighted_sum_loss,
+    MicroStep,
+    amortized_loss,
+    reward_loss,
+    reward_losses,
+    weighted_sum_loss,
 )
 from marble.balancers.strategies import MGDA, Balancer, EqualAlpha, Marble, WeightedSum
 from marble.config import BalancerConfig

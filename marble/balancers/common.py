@@ -1,7 +1,7 @@
 """What a balancer is handed (`MicroStep`), its losses, and flat-gradient helpers.
 
 Losses (docs/algorithm.md §7.1, §7.6): every objective a balancer backpropagates is sum_i w_i l_i(r_i), one
-evaluation of the per-sample NFT loss with per-sample coefficients (`marble.nft.
+evaluation of the per-sample NFT loss with per-sample coefficients (`marble.maths.nft.
 amortized_coefficients`): the weighted sum, the amortized sum_k alpha_k L_k and each L_k.
 """
 
@@ -14,8 +14,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from marble import distributed as dist
-from marble.nft import amortized_coefficients, weighted_loss
+from marble.maths.nft import amortized_coefficients, weighted_loss
+from marble.runtime import distributed as dist
 
 __all__ = ["MicroStep", "reward_losses", "reward_loss", "weighted_sum_loss", "amortized_loss"]
 

@@ -14,11 +14,19 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from marble.balance import min_norm_weights
 from marble.balancers.common import (
-    MicroStep, all_reduce_mean_, cosines, dot64, flat_grad, flat_zeros, loss_scale, scaled,
-    with_graph_of, zero_nonfinite,
+    MicroStep,
+    all_reduce_mean_,
+    cosines,
+    dot64,
+    flat_grad,
+    flat_zeros,
+    loss_scale,
+    scaled,
+    with_graph_of,
+    zero_nonfinite,
 )
+from marble.maths.qp import min_norm_weights
 
 __all__ = ["gradient_passes", "reduce_reward_grads", "combine", "cosine_metrics"]
 

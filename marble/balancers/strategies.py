@@ -15,12 +15,19 @@ import numpy as np
 import torch
 
 from marble.balancers.common import (
-    MicroStep, add_into_grads, all_reduce_mean_, amortized_loss, loss_scale, reward_loss, scaled,
-    weighted_sum_loss, zero_nonfinite,
+    MicroStep,
+    add_into_grads,
+    all_reduce_mean_,
+    amortized_loss,
+    loss_scale,
+    reward_loss,
+    scaled,
+    weighted_sum_loss,
+    zero_nonfinite,
 )
 from marble.balancers.solve import combine, cosine_metrics, gradient_passes, reduce_reward_grads
 from marble.config import BalancerConfig
-from marble.ema import update_alpha_cache
+from marble.maths.ema import update_alpha_cache
 
 __all__ = ["Balancer", "WeightedSum", "EqualAlpha", "MGDA", "Marble"]
 

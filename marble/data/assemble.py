@@ -18,8 +18,8 @@ from typing import Iterable, Mapping, Sequence
 import pandas as pd
 
 from marble.data.records import DataError, PromptRecord, mask_column, to_frame
-from marble.io import atomic_path
 from marble.rewards.geneval_rules import TAGS as GENEVAL_TAGS  # the one definition of the six tags
+from marble.runtime.io import atomic_path
 
 log = logging.getLogger(__name__)
 

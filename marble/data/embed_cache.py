@@ -22,7 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from marble.io import atomic_path, write_json
+from marble.runtime.io import atomic_path, write_json
 
 INDEX = "index.json"
 FORMAT_VERSION = 1

@@ -12,7 +12,7 @@ import json
 import random
 from pathlib import Path
 
-from marble.io import write_text
+from marble.runtime.io import write_text
 
 SUBJECTS = ["a red fox", "an old lighthouse", "a cyborg cat", "a tiny robot", "a koi pond",
             "a mountain village", "a vintage car", "a sleeping dragon", "a glass teapot",

@@ -1,7 +1,7 @@
 """Resolve `--checkpoint_path` to the LoRA folder to load.
 
 Accepted, in this order:
-1. a marble checkpoint folder (has `lora/`, as written by `marble.checkpoint.save_checkpoint`;
+1. a marble checkpoint folder (has `lora/`, as written by `marble.training.checkpoint.save_checkpoint`;
    the reference's `<ckpt>/lora` peft folders have the same shape);
 2. a marble run folder (has `checkpoints/`): its latest complete checkpoint;
 3. a LoRA folder itself: peft (`adapter_config.json` + `adapter_model.safetensors`, or the
@@ -43,7 +43,7 @@ def lora_kind(folder: Path) -> str | None:
 
 
 def _latest_in_run(run_dir: Path) -> Path:
-    from marble.checkpoint import latest_checkpoint
+    from marble.training.checkpoint import latest_checkpoint
 
     latest = latest_checkpoint(run_dir)
     if latest is None:

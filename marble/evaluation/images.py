@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from marble.io import write_bytes, write_text
+from marble.runtime.io import write_bytes, write_text
 
 IMAGE_FORMATS = ("jpg", "png")
 DEFAULT_IMAGE_FORMAT = "jpg"

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from marble.data.records import prompt_id as make_prompt_id
-from marble.io import read_jsonl
+from marble.runtime.io import read_jsonl
 
 DATASETS = ("geneval", "ocr", "pickscore", "drawbench")
 _SIX = ["imagereward", "pickscore", "aesthetic", "clipscore", "hpsv2"]

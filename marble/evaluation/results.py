@@ -13,9 +13,9 @@ import math
 from pathlib import Path
 from typing import Iterable
 
-from marble.io import read_jsonl
-
 from marble.rewards.geneval_rules import TAGS as GENEVAL_TAGS  # the one definition of the six tags
+from marble.runtime.io import read_jsonl
+
 GENEVAL_DETAIL_KEYS = ("accuracy", "strict_accuracy")
 # Arguments that change the images; a resume with any of them changed would mix two runs.
 IDENTITY_KEYS = (

@@ -22,11 +22,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from marble import distributed as dist
 from marble.evaluation import images as image_io
 from marble.evaluation.prompts import EvalSample, batches, sample_seed, shard
 from marble.evaluation.results import is_scored, json_scores, read_results
-from marble.io import append_jsonl
+from marble.runtime import distributed as dist
+from marble.runtime.io import append_jsonl
 
 DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 RESULTS_FILE = "evaluation_results.jsonl"

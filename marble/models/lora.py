@@ -17,7 +17,7 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
-from marble.io import atomic_path
+from marble.runtime.io import atomic_path
 
 TRAINABLE = "default"
 OLD = "old"

@@ -165,9 +165,9 @@ def pretrain(model_dir: str | Path, table_path: str | Path, out: str | Path,
              s: PretrainSettings = PretrainSettings()) -> dict:
     """Pretrain the tiny pipeline at `model_dir` on `table_path`'s prompts; save to `out`."""
     from marble.data import load_table
-    from marble.io import atomic_path, write_json
     from marble.models.encode import encode_prompts
     from marble.models.loading import load_pipeline
+    from marble.runtime.io import atomic_path, write_json
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(s.seed)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from marble.io import atomic_path
+from marble.runtime.io import atomic_path
 
 # Widths chosen so diffusers' SD3 contracts hold: CLIP-L + CLIP-G hidden widths
 # concatenate to the T5 width (= joint_attention_dim), and the two CLIP projections
@@ -194,8 +194,7 @@ def _tiny_vae():
 
 def build_tiny_pipeline(seed: int = 0, text_widths=TINY_TEXT_WIDTHS):
     """The tiny SD3 pipeline, fully deterministic given `seed`, in fp32 on the CPU."""
-    from diffusers import (FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel,
-                           StableDiffusion3Pipeline)
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
 
     clip_tok, t5_tok = _train_clip_tokenizer(), _train_t5_tokenizer()
     # Forked RNG: building a model must not perturb the caller's global torch stream.

@@ -2,7 +2,7 @@
 
 Each loads `CLIPModel` + `CLIPProcessor` from a local folder or a hub id (`model=`,
 `processor=`); a hub id the manifest lists is read from its downloaded folder under the
-reward-checkpoint dir (`marble.data.hub.local_model`), never fetched at run time. Scores a
+reward-checkpoint dir (`marble.assets.hub.local_model`), never fetched at run time. Scores a
 batch in chunks of `batch_size`, and applies to every prompt.
 """
 
@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from marble.rewards.base import Reward, ckpt_dir as resolve_ckpt_dir, require_file, to_pil
+from marble.rewards.base import Reward, require_file, to_pil
+from marble.rewards.base import ckpt_dir as resolve_ckpt_dir
 
 PICKSCORE_MODEL = "yuvalkirstain/PickScore_v1"
 PICKSCORE_PROCESSOR = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
@@ -28,7 +29,7 @@ def load_clip(model: str, processor: str | None, device: str, ckpt_dir: str | No
     """CLIP model + processor; manifest hub ids resolve to their downloaded folders (offline nodes)."""
     from transformers import CLIPModel, CLIPProcessor
 
-    from marble.data.hub import local_model
+    from marble.assets.hub import local_model
 
     model = local_model(model, ckpt_dir)
     processor = local_model(processor, ckpt_dir) if processor else model

@@ -15,8 +15,9 @@ import numpy as np
 import torch
 
 from marble.rewards import geneval_rules as rules
+from marble.rewards.base import Reward, require_file, to_uint8_hwc
+from marble.rewards.base import ckpt_dir as resolve_ckpt_dir
 from marble.rewards.geneval_names import detector_class_names
-from marble.rewards.base import Reward, ckpt_dir as resolve_ckpt_dir, require_file, to_uint8_hwc
 
 DETECTOR_CKPT = "mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco_20220504_001756-743b7d99.pth"
 DETECTOR_CONFIG = "mask2former/mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco.py"  # in mmdet 2.x's configs

@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from marble.rewards.base import Reward, ckpt_dir as resolve_ckpt_dir, require_file
+from marble.rewards.base import Reward, require_file
+from marble.rewards.base import ckpt_dir as resolve_ckpt_dir
 
 HPS_CKPT = "HPS_v2.1_compressed.pt"
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)

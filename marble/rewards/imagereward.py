@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from marble.rewards.base import DOWNLOAD_HINT, Reward, ckpt_dir as resolve_ckpt_dir, require_file, to_pil
+from marble.rewards.base import DOWNLOAD_HINT, Reward, require_file, to_pil
+from marble.rewards.base import ckpt_dir as resolve_ckpt_dir
 
 IMAGEREWARD_CKPT = "ImageReward.pt"
 MED_CONFIG = "med_config.json"
@@ -38,7 +39,7 @@ class ImageRewardScorer(Reward):
         if not tokenizer_dir.is_absolute() and not tokenizer_dir.is_dir():
             tokenizer_dir = folder / tokenizer_dir
         if tokenizer is None and not tokenizer_dir.is_dir():
-            from marble.data.hub import local_model
+            from marble.assets.hub import local_model
 
             # `marble download rewards` puts BERT under hub/<repo id>: the id maps to it.
             tokenizer_dir = Path(local_model(TOKENIZER_DIR, folder))

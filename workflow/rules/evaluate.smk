@@ -74,7 +74,7 @@ rule eval_summary:
     conda:
         MARBLE_ENV
     shell:
-        f"python -m marble.eval_summary --eval-dir {EVAL_DIR}"
+        f"python -m marble.evaluation.summary --eval-dir {EVAL_DIR}"
         " --out-csv {output.csv:q} --out-md {output.table:q} > {log:q} 2>&1"
 
 

@@ -22,7 +22,7 @@ import re
 import shutil
 from pathlib import Path
 
-from marble.io import read_jsonl, write_text
+from marble.runtime.io import read_jsonl, write_text
 
 
 def _finite_or_none(value):

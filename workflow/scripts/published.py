@@ -4,7 +4,7 @@
         --published config/paper_published.yaml --out results/eval/paper_comparison.md
 
 For each published row whose `run` we evaluated: ours, published, and ours - published
-per metric (the Table-1 columns of marble.eval_summary). A metric we did not evaluate is
+per metric (the Table-1 columns of marble.evaluation.summary). A metric we did not evaluate is
 "–", never 0; a published row we have no results for is listed as missing.
 """
 
@@ -16,16 +16,16 @@ from pathlib import Path
 
 import yaml
 
-from marble.eval_summary import PAPER_METRICS, collect, wide_table
-from marble.io import write_text
-from marble.report.published import TABLE1, TABLE1_COLUMNS
+from marble.evaluation.summary import PAPER_METRICS, collect, wide_table
+from marble.runtime.io import write_text
+from marble.tools.report.published import TABLE1, TABLE1_COLUMNS
 
 COLUMNS = [c for c, *_ in PAPER_METRICS]
 
 
 def load_published(path: Path) -> dict:
     """Rows {name: {run, values}}; a row named as in the paper's Table 1 without `values:`
-    takes them from `marble.report.published.TABLE1`, the project's one transcription."""
+    takes them from `marble.tools.report.published.TABLE1`, the project's one transcription."""
     data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     rows = data.get("rows")
     if not isinstance(rows, dict) or not rows:

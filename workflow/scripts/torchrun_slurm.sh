@@ -4,7 +4,7 @@
 #   torchrun_slurm.sh <marble train arguments>
 # Preemption / time limit: the job is submitted with --requeue --signal=USR1@N. On USR1
 # (or TERM) this script asks the training processes to stop: they finish the optimizer
-# step in flight, write a checkpoint and exit with 75 (marble.stopping.EXIT_REQUEUE).
+# step in flight, write a checkpoint and exit with 75 (marble.training.stopping.EXIT_REQUEUE).
 # Because torchrun reports a failed worker as status 1, they also write
 # $MARBLE_REQUEUE_FILE; when torchrun returns with that file present (or status 75),
 # task 0 runs `scontrol requeue`, and the requeued job resumes from that checkpoint
@@ -35,7 +35,7 @@ child=""
 forward() {
     echo "torchrun_slurm: $1 (time limit or preemption): asking training to checkpoint and stop"
     # The workers are torchrun's direct children (each in its own session, so a process
-    # group signal would miss them); marble.stopping flags the signal in each of them.
+    # group signal would miss them); marble.training.stopping flags the signal in each of them.
     [ -n "$child" ] && pkill "-$1" -P "$child" 2>/dev/null || true
 }
 

@@ -1,0 +1,182 @@
+"""Hugging Face Hub assets: pinned-commit downloads and the hub id -> local folder mapping.
+
+Downloads go through huggingface_hub (`model_info` for the listing at the pinned commit,
+`snapshot_download` for the bytes: its endpoint, auth and in-call Range resume), into a
+staging folder beside the destination; each file is then verified (size; sha256 of LFS
+files or the git blob id of small ones, from the hub's listing at that commit; the
+manifest's own `size`/`sha256` when pinned) and renamed into place, so a file that fails a
+check never reaches its final path. HF_ENDPOINT points at a mirror, HF_TOKEN authenticates.
+
+Scorers call `local_model(hub_id)` so that compute nodes read the downloaded folders and
+never reach the hub at run time.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import shutil
+import sys
+from pathlib import Path
+
+OFFICIAL_ENDPOINT = "https://huggingface.co"
+STAGING = ".marble-download"
+# Hub ids as the scorers (and third-party code such as ImageReward) spell them.
+ALIASES = {"bert-base-uncased": "google-bert/bert-base-uncased", "THUDM/ImageReward": "zai-org/ImageReward"}
+
+
+def endpoint() -> str:
+    """HF_ENDPOINT read at call time (huggingface_hub reads it once, at import)."""
+    return (os.environ.get("HF_ENDPOINT") or OFFICIAL_ENDPOINT).rstrip("/")
+
+
+def has_token() -> bool:
+    from huggingface_hub import get_token
+
+    return bool(os.environ.get("HF_TOKEN") or get_token())
+
+
+def gated_message(repo: str, page: str | None, detail: str = "") -> str:
+    token = "HF_TOKEN was refused" if has_token() else "HF_TOKEN is not set"
+    return (f"{repo}: access denied ({token}){detail}. This model is gated: log in, accept the licence at "
+            f"{page or OFFICIAL_ENDPOINT + '/' + repo}, create a read token at "
+            f"https://huggingface.co/settings/tokens and export HF_TOKEN=<token>")
+
+
+def git_blob_sha1(path: Path) -> str:
+    """The git blob id of a file (what the hub lists for files stored without LFS)."""
+    digest = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _check(entry, staged: Path, sibling) -> str:
+    """Verify one staged file; on any mismatch remove it and raise naming the file."""
+    from marble.assets.download import DownloadError, sha256_file
+
+    def fail(what: str):
+        staged.unlink(missing_ok=True)
+        raise DownloadError(f"{entry.repo}/{entry.remote} -> {entry.path}: {what}; checksum error, file removed")
+
+    size = staged.stat().st_size
+    listed_size = getattr(sibling, "size", None)
+    for want, source in ((entry.size, "pinned"), (listed_size, "listed by the hub")):
+        if want is not None and size != want:
+            fail(f"size {size} != {source} {want}")
+    digest = sha256_file(staged)
+    lfs = getattr(sibling, "lfs", None)
+    for want, source in ((entry.sha256, "pinned"), (getattr(lfs, "sha256", None), "the hub's LFS sha256")):
+        if want and digest != want.lower():
+            fail(f"sha256 {digest} != {source} {want}")
+    blob = getattr(sibling, "blob_id", None)
+    if lfs is None and blob and git_blob_sha1(staged) != blob:
+        fail(f"git blob id {git_blob_sha1(staged)} != listed {blob}")
+    return digest
+
+
+def _denied(err) -> bool:
+    response = getattr(err, "response", None)
+    return getattr(response, "status_code", None) in (401, 403)
+
+
+def fetch_repo(entries: list, out: Path) -> list[tuple[str, object]]:
+    """Download the hub entries of one repo@revision into `out`; returns (status, entry) pairs.
+
+    Status: 'present', 'downloaded' (verified against a pin) or 'unpinned' (verified against
+    the hub's listing only; its size and sha256 are printed to pin)."""
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    from marble.assets.download import AccessDenied, DownloadError, present
+
+    first = entries[0]
+    todo = [e for e in entries if not present(e, out)]
+    if not todo:
+        return [("present", e) for e in entries]
+    if first.gated and not has_token() and endpoint() == OFFICIAL_ENDPOINT:
+        raise AccessDenied(gated_message(first.repo, first.page))  # before any request
+    api = HfApi(endpoint=endpoint())
+    staging = out / STAGING / first.repo.replace("/", "--")
+    try:
+        info = api.model_info(first.repo, revision=first.revision or "main", files_metadata=True)
+        listed = {s.rfilename: s for s in info.siblings or []}
+        absent = [e.remote for e in todo if e.remote not in listed]
+        if absent:
+            raise DownloadError(f"{first.repo}@{info.sha}: no such file(s) {absent}")
+        if not first.revision:
+            print(f"{first.repo}: revision not pinned; resolved to {info.sha}: pin `revision: {info.sha}` "
+                  f"in the manifest", file=sys.stderr)
+        # Exact names as patterns: escape the few glob characters a file name may hold.
+        snapshot_download(first.repo, revision=info.sha, local_dir=staging, endpoint=endpoint(),
+                          allow_patterns=[glob.escape(e.remote) for e in todo], max_workers=4)
+        results = [("present", e) for e in entries if e not in todo]
+        for e in todo:
+            staged = staging / e.remote
+            if not staged.is_file():
+                raise DownloadError(f"{first.repo}@{info.sha}: {e.remote} was not downloaded")
+            digest = _check(e, staged, listed[e.remote])
+            dest = out / e.path
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staged, dest)  # same filesystem: atomic
+            if e.sha256:
+                results.append(("downloaded", e))
+            else:
+                print(f"{e.path}: not pinned; size {dest.stat().st_size}, sha256 {digest}: pin these in the "
+                      f"manifest", file=sys.stderr)
+                results.append(("unpinned", e))
+        return results
+    except GatedRepoError as err:
+        raise AccessDenied(gated_message(first.repo, first.page, f", HTTP {err.response.status_code}")) from None
+    except (RepositoryNotFoundError, RevisionNotFoundError) as err:
+        raise DownloadError(f"{first.repo}@{first.revision}: {type(err).__name__}: {err}") from None
+    except HfHubHTTPError as err:
+        if _denied(err):
+            raise AccessDenied(gated_message(first.repo, first.page, f", HTTP {err.response.status_code}")) from None
+        raise DownloadError(f"{first.repo}@{first.revision}: {err}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        if (out / STAGING).is_dir() and not any((out / STAGING).iterdir()):
+            (out / STAGING).rmdir()
+
+
+# ------------------------------------------------------------------ hub id -> local folder
+
+
+def _model_folders(manifest=None) -> dict[str, str]:
+    """repo id -> folder (relative to the reward-checkpoint dir) of the rewards' hub models."""
+    from marble.assets.download import MANIFEST, load_manifest
+
+    folders = {}
+    for e in load_manifest(manifest or MANIFEST):
+        if e.group == "rewards" and e.repo and e.path != e.remote:
+            folders[e.repo] = e.path[: len(e.path) - len(e.remote)].rstrip("/")
+    return folders
+
+
+def local_model(model: str, ckpt_dir: str | os.PathLike | None = None, manifest=None) -> str:
+    """Where a scorer loads `model` from: an existing folder as given; a hub id the manifest
+    lists, its downloaded folder under the reward-checkpoint dir (an error naming the download
+    command when it is missing); any other id unchanged (the user's explicit choice)."""
+    from marble.rewards.base import DOWNLOAD_HINT
+    from marble.rewards.base import ckpt_dir as resolve_ckpt_dir
+
+    if Path(model).expanduser().is_dir():
+        return str(Path(model).expanduser())
+    repo = ALIASES.get(model, model)
+    folders = _model_folders(manifest)
+    if repo not in folders:
+        return model
+    root = resolve_ckpt_dir(str(ckpt_dir) if ckpt_dir else None)
+    folder = root / folders[repo]
+    if not (folder / "config.json").is_file() and not (folder / "preprocessor_config.json").is_file():
+        raise FileNotFoundError(f"{model}: its local copy {folder} is missing (scorers never fetch from the hub "
+                                f"at run time); download it with `{DOWNLOAD_HINT.format(dir=root)}`")
+    return str(folder)

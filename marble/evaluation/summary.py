@@ -1,0 +1,160 @@
+"""Aggregate evaluations into a long CSV and a Table-1-style table with the composite.
+
+    python -m marble.evaluation.summary --eval-dir results/eval \
+        --out-csv results/eval/summary.csv --out-md results/eval/table.md
+
+Input: `<eval-dir>/<run>/<checkpoint>/<dataset>/average_scores.json` (from `marble evaluate`).
+Table rows are run/checkpoint; columns are the paper's metrics that exist, each taken
+from one dataset (below), then any other reward as `<reward> (<dataset>)` (toy rewards).
+Scales follow the paper: PickScore x26 (our scorer returns score/26, docs/algorithm.md §3),
+UnifiedReward
+x5 (ours returns score/5, the paper reports 1-5). GenEval is the official overall (mean of
+six per-tag accuracies) when all tags were evaluated, else the sample-mean accuracy, else
+the partial-credit score.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from marble.runtime.io import write_text
+
+# (column, candidate keys in order, datasets in order of preference, scale, decimals)
+PAPER_METRICS = [
+    ("GenEval", ("geneval_overall", "accuracy", "geneval"), ("geneval",), 1.0, 2),
+    ("OCR", ("ocr",), ("ocr",), 1.0, 2),
+    ("PickScore", ("pickscore",), ("pickscore", "drawbench"), 26.0, 2),
+    ("CLIPScore", ("clipscore",), ("pickscore", "drawbench"), 1.0, 3),
+    ("HPSv2.1", ("hpsv2",), ("pickscore", "drawbench"), 1.0, 3),
+    ("Aesthetic", ("aesthetic",), ("pickscore", "drawbench"), 1.0, 2),
+    ("ImgRwd", ("imagereward",), ("pickscore", "drawbench"), 1.0, 2),
+    ("UniRwd", ("unifiedreward",), ("drawbench", "pickscore"), 5.0, 2),
+]
+PAPER_KEYS = {key for _, keys, _, _, _ in PAPER_METRICS for key in keys}
+GENEVAL_DETAIL = ("accuracy", "strict_accuracy", "geneval_overall")
+COMPOSITE = "Composite"
+
+
+def composite_zscore(df: pd.DataFrame) -> pd.Series:
+    """Per-row mean of column-wise z-scores (population std, ddof=0), as on the MARBLE page.
+
+    Rows are models, columns metrics (higher is better). NaN cells are skipped: a column's
+    mean/std use its finite cells, and a row averages the z-scores it has. A column with
+    fewer than two finite values or zero spread says nothing about ranking and is left
+    out (not counted as z = 0). A row with no usable z-score gets NaN.
+    """
+    values = df.apply(pd.to_numeric, errors="coerce")
+    mean = values.mean(axis=0, skipna=True)
+    std = values.std(axis=0, ddof=0, skipna=True)
+    usable = (values.notna().sum(axis=0) >= 2) & (std > 0)
+    z = (values.loc[:, usable] - mean[usable]) / std[usable]
+    return z.mean(axis=1, skipna=True).rename(COMPOSITE)
+
+
+def find_results(eval_dir: str | Path) -> list[tuple[str, str, str, Path]]:
+    """(run, checkpoint, dataset, path) for every average_scores.json three levels down."""
+    root = Path(eval_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"--eval-dir {root} does not exist")
+    found = []
+    for path in sorted(root.glob("*/*/*/average_scores.json")):
+        dataset_dir = path.parent
+        found.append((dataset_dir.parent.parent.name, dataset_dir.parent.name, dataset_dir.name, path))
+    return found
+
+
+def collect(eval_dir: str | Path) -> pd.DataFrame:
+    """Long table: run, checkpoint, dataset, metric, value (every numeric entry; null -> NaN)."""
+    records = []
+    for run, checkpoint, dataset, path in find_results(eval_dir):
+        try:
+            scores = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: invalid JSON: {exc}") from exc
+        for metric, value in sorted(scores.items()):
+            if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+                records.append((run, checkpoint, dataset, metric, math.nan if value is None else float(value)))
+    return pd.DataFrame(records, columns=["run", "checkpoint", "dataset", "metric", "value"])
+
+
+def _reward_keys(metrics: set[str]) -> list[str]:
+    """Keys that are reward means: those with an `n_<key>` count beside them."""
+    return sorted(m for m in metrics if f"n_{m}" in metrics)
+
+
+def _paper_value(cell: dict[tuple[str, str], float], keys, datasets, scale) -> float:
+    for dataset in datasets:
+        for key in keys:
+            value = cell.get((dataset, key))
+            if value is not None and math.isfinite(value):
+                return value * scale
+    return math.nan
+
+
+def wide_table(long: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, int]]:
+    """Rows `run/checkpoint`, metric columns + Composite; also each column's decimals."""
+    decimals: dict[str, int] = {}
+    rows: dict[str, dict[str, float]] = {}
+    for (run, checkpoint), group in long.groupby(["run", "checkpoint"], sort=True):
+        cell = {(d, m): v for d, m, v in zip(group["dataset"], group["metric"], group["value"])}
+        row: dict[str, float] = {}
+        for column, keys, datasets, scale, places in PAPER_METRICS:
+            value = _paper_value(cell, keys, datasets, scale)
+            if math.isfinite(value):
+                row[column], decimals[column] = value, places
+        for dataset, dgroup in group.groupby("dataset", sort=True):
+            for key in _reward_keys(set(dgroup["metric"])):
+                if key not in PAPER_KEYS and key not in GENEVAL_DETAIL:
+                    row[f"{key} ({dataset})"] = cell[(dataset, key)]
+                    decimals[f"{key} ({dataset})"] = 3
+        rows[f"{run}/{checkpoint}"] = row
+    paper_order = [c for c, *_ in PAPER_METRICS]
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    columns = [c for c in paper_order if c in table.columns]
+    columns += sorted(c for c in table.columns if c not in paper_order)
+    table = table.reindex(columns=columns).dropna(axis=1, how="all")
+    columns = list(table.columns)
+    table.index.name = "model"
+    if len(table):
+        table[COMPOSITE] = composite_zscore(table[columns])
+    decimals[COMPOSITE] = 2
+    return table, decimals
+
+
+def render_markdown(table: pd.DataFrame, decimals: dict[str, int]) -> str:
+    def fmt(column: str, value) -> str:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "–"
+        sign = "+" if column == COMPOSITE else ""
+        return f"{value:{sign}.{decimals.get(column, 3)}f}"
+
+    header = ["model", *table.columns]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, row in table.iterrows():
+        lines.append("| " + " | ".join([str(name), *(fmt(c, row[c]) for c in table.columns)]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m marble.evaluation.summary", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--eval-dir", required=True, help="<eval-dir>/<run>/<checkpoint>/<dataset>/")
+    parser.add_argument("--out-csv", required=True, help="long CSV: run,checkpoint,dataset,metric,value")
+    parser.add_argument("--out-md", required=True, help="Table-1-style markdown table")
+    args = parser.parse_args(argv)
+    long = collect(args.eval_dir)
+    table, decimals = wide_table(long)
+    write_text(args.out_csv, long.to_csv(index=False))
+    markdown = render_markdown(table, decimals)
+    write_text(args.out_md, markdown)
+    print(markdown, end="")
+    print(f"{len(long)} values from {long.groupby(['run', 'checkpoint', 'dataset']).ngroups} evaluations")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

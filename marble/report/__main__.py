@@ -1,3 +1,0 @@
-from marble.report import main
-
-raise SystemExit(main())

@@ -1,0 +1,99 @@
+"""A loopback stand-in for UnifiedReward's sglang server (`python -m marble.tools.dev.fake_sglang`).
+
+Answers `POST /v1/chat/completions` (the OpenAI-compatible call `marble.rewards.unifiedreward`
+makes) on 127.0.0.1 and a free port, with a reply that ends in `Final Score: N`, N in 1..5
+chosen deterministically from the request's text (sha256 of the judge prompt, mod 5, + 1),
+so the same prompt always gets the same judgement. Bounded: it stops by itself after
+`idle_s` seconds without a request. For `make test-paper` (no GPU, no VLM); not a judge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from http.server import BaseHTTPRequestHandler
+
+from marble.tools.dev.mirror_server import LoopbackServer
+
+MAX_BODY = 8 << 20  # a 512x512 PNG in base64 is well under this
+
+
+def judge_score(text: str) -> int:
+    """The fake judge's score of a prompt text: 1..5, from its sha256."""
+    return int(hashlib.sha256(text.encode("utf-8")).hexdigest(), 16) % 5 + 1
+
+
+def request_text(body: dict) -> str:
+    """The text parts of the chat request's messages, joined (the judge prompt with the caption)."""
+    parts = []
+    for message in body["messages"]:
+        content = message["content"]
+        if isinstance(content, str):
+            parts.append(content)
+        else:
+            parts.extend(c["text"] for c in content if c.get("type") == "text")
+    return "\n".join(parts)
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):  # quiet: the harness logs are enough
+        pass
+
+    def _json(self, status: int, obj: dict) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self):
+        self.server.touch()
+        if self.path.rstrip("/") != "/v1/chat/completions":
+            return self._json(404, {"error": f"no route {self.path}"})
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY:
+            return self._json(413, {"error": "request too large"})
+        try:
+            body = json.loads(self.rfile.read(length))
+            text = request_text(body)
+        except (ValueError, KeyError, TypeError) as err:
+            return self._json(400, {"error": f"bad request: {err}"})
+        self.server.requests += 1
+        reply = f"The image roughly follows the caption. Final Score: {judge_score(text)}"
+        self._json(200, {"id": f"fake-{self.server.requests}", "object": "chat.completion",
+                         "model": body.get("model", "fake"),
+                         "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
+                                      "finish_reason": "stop"}]})
+
+
+class FakeSglangServer(LoopbackServer):
+    def __init__(self, port: int = 0, idle_s: float = 300.0):
+        super().__init__(Handler, port, idle_s)
+        self.requests = 0
+
+    @property
+    def url(self) -> str:
+        """The base URL to give the reward (`base_url` option or MARBLE_UNIFIEDREWARD_URL)."""
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m marble.tools.dev.fake_sglang", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--idle", type=float, default=600.0, help="stop after this many seconds without a request")
+    args = p.parse_args(argv)
+    server = FakeSglangServer(args.port, args.idle)
+    print(f"fake sglang at {server.url} (MARBLE_UNIFIEDREWARD_URL={server.url}); stops after {args.idle:.0f}s idle",
+          flush=True)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

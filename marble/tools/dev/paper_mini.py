@@ -1,0 +1,128 @@
+"""`make test-paper`: the paper workflow, sizes shrunk, from nothing, against the local mirror.
+
+Builds the mirror (data/mirror), serves it on a loopback port (stops by itself when idle),
+points every download at it (HF_ENDPOINT, MARBLE_MIRROR, MARBLE_MANIFEST; a stand-in
+HF_TOKEN for the gated repo), starts a loopback fake sglang server for UnifiedReward
+(MARBLE_UNIFIEDREWARD_URL), writes the replicas' scorer options for evaluation
+(MARBLE_REWARD_OPTIONS: HPS's tiny architecture, GenEval's stand-in detector), then runs
+    snakemake --configfile config/paper.yaml .test/paper-mini.yaml -c2 all
+It then checks that every evaluation ran with eval.processes torchrun ranks, and prints
+each stage's wall time (Snakemake's benchmark files); on failure it names the
+failing stage (rule) and its log, and prints the log's tail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from marble.tools.dev.fake_sglang import FakeSglangServer
+from marble.tools.dev.mirror import build_mirror, is_current, replica_reward_options
+from marble.tools.dev.mirror_server import MirrorServer
+
+CONFIGS = ("config/paper.yaml", ".test/paper-mini.yaml")
+ERROR = re.compile(r"Error in rule (?P<rule>[\w.]+):")
+LOG = re.compile(r"^\s*log: (?P<log>\S+)", re.M)
+
+
+def failed_stages(output: str) -> list[tuple[str, str | None]]:
+    """(rule, log path) for every `Error in rule` block of Snakemake's output."""
+    out = []
+    for match in ERROR.finditer(output):
+        block = output[match.end() : match.end() + 2000]
+        nxt = ERROR.search(block)
+        log = LOG.search(block[: nxt.start()] if nxt else block)
+        out.append((match["rule"], log["log"] if log else None))
+    return out
+
+
+def tail(path: str | None, lines: int = 25) -> str:
+    if not path or not Path(path).is_file():
+        return ""
+    return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+
+
+def stage_times(root: str | Path = "benchmarks") -> list[tuple[str, float]]:
+    """(stage, wall seconds) from Snakemake's benchmark TSVs (`s` column), slowest first."""
+    out = []
+    for tsv in sorted(Path(root).rglob("*.tsv")):
+        lines = tsv.read_text().splitlines()
+        if len(lines) >= 2 and lines[0].split("\t")[0] == "s":
+            out.append((tsv.relative_to(root).with_suffix("").as_posix(), float(lines[1].split("\t")[0])))
+    return sorted(out, key=lambda item: -item[1])
+
+
+def eval_world_sizes(root: str | Path = "results/eval", since: float = 0.0) -> dict[str, int | None]:
+    """{evaluation folder: the number of ranks it ran with}, from every run_info.json written
+    at or after `since` (this invocation's evaluations, not an earlier `make demo`'s)."""
+    out = {}
+    for info in sorted(Path(root).rglob("run_info.json")):
+        if info.stat().st_mtime >= since:
+            out[info.parent.as_posix()] = json.loads(info.read_text()).get("world_size")
+    return out
+
+
+def rank_problems(sizes: dict[str, int | None], expected: int) -> list[str]:
+    """Problems, empty when every evaluation in `sizes` ran with `expected` ranks."""
+    return [f"{folder}: world_size {n}, expected {expected} (eval.processes)"
+            for folder, n in sizes.items() if n != expected]
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m marble.tools.dev.paper_mini", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mirror", default="data/mirror")
+    p.add_argument("--cores", type=int, default=2)
+    p.add_argument("--log", default="logs/paper-mini.log")
+    p.add_argument("--also", action="append", default=[], metavar="CONFIG",
+                   help="one more --configfile after the two (e.g. to drop a reward this install lacks)")
+    p.add_argument("targets", nargs="*", default=["all"])
+    args = p.parse_args(argv)
+    start, started = time.monotonic(), time.time()
+    mirror = Path(args.mirror)
+    if not is_current(mirror):
+        build_mirror(mirror, seed=0)
+    options = mirror / "reward_options.yaml"
+    options.write_text(yaml.safe_dump(replica_reward_options(mirror), sort_keys=True))
+    env = dict(os.environ, MARBLE_MANIFEST=str(mirror / "manifest.yaml"), HF_HUB_DISABLE_TELEMETRY="1",
+               MARBLE_REWARD_OPTIONS=str(options.resolve()))
+    env.setdefault("HF_TOKEN", "hf_mirror")  # the mirror's gated repo wants a bearer token, any
+    with MirrorServer(mirror, idle_s=1800) as server, FakeSglangServer(idle_s=1800) as judge:
+        env.update(HF_ENDPOINT=server.url, MARBLE_MIRROR=server.url, MARBLE_UNIFIEDREWARD_URL=judge.url)
+        cmd = ["snakemake", "--configfile", *CONFIGS, *args.also, f"-c{args.cores}", *args.targets]
+        print(" ".join(cmd), f"(mirror {server.url}, fake sglang {judge.url})", flush=True)
+        Path(args.log).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.log, "w") as log:
+            proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.monotonic() - start
+    for stage, seconds in stage_times():
+        print(f"  {seconds:7.1f} s  {stage}")
+    ranks = yaml.safe_load(Path(CONFIGS[1]).read_text())["eval"]["processes"]
+    sizes = eval_world_sizes(since=started) if proc.returncode == 0 else {}
+    problems = rank_problems(sizes, ranks)
+    for problem in problems:
+        print(f"test-paper: {problem}", file=sys.stderr)
+    if proc.returncode == 0 and not problems:
+        print(f"test-paper: passed in {wall / 60:.1f} min (snakemake log {args.log}; "
+              f"{judge.requests} fake judge requests; {len(sizes)} evaluations, {ranks} ranks each)")
+        return 0
+    if problems:
+        return 1
+    stages = failed_stages(Path(args.log).read_text(errors="replace"))
+    print(f"test-paper: FAILED after {wall / 60:.1f} min (snakemake log {args.log})", file=sys.stderr)
+    for rule, log in stages or [("snakemake", args.log)]:
+        print(f"\n--- stage {rule} failed; log {log}\n{tail(log or args.log)}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

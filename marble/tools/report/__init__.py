@@ -1,0 +1,44 @@
+"""`marble report`: tables, figures, Markdown and self-contained HTML from run folders,
+the eval summary and the bench JSON. Every input but --runs is optional; a missing one
+gives a section saying what is missing and how to make it."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from marble.tools.report.build import ReportInputs, build_report
+
+__all__ = ["ReportInputs", "build_report", "main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="marble report", description=__doc__)
+    p.add_argument("--runs", type=Path, required=True, help="folder of run folders (results/runs)")
+    p.add_argument("--out", type=Path, required=True, help="report folder (results/report)")
+    p.add_argument("--eval-summary", type=Path, help="results/eval/summary.csv")
+    p.add_argument("--bench", type=Path, help="results/bench/step.json")
+    p.add_argument("--eval-dir", type=Path, help="results/eval (sample images)")
+    p.add_argument("--images-per-dataset", type=int, default=4)
+    p.add_argument("--window", type=int, default=None,
+                   help="epochs averaged at each end for the verdict (default: a quarter, 1..5)")
+    p.add_argument("--min-gain", type=float, default=0.0,
+                   help="a reward counts as improving when its change exceeds this")
+    p.add_argument("--smooth", type=int, default=5, help="moving-average window of the curves")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    result = build_report(ReportInputs(
+        runs_dir=args.runs, out=args.out, eval_summary=args.eval_summary, bench=args.bench,
+        eval_dir=args.eval_dir, images_per_dataset=args.images_per_dataset, window=args.window,
+        min_gain=args.min_gain, smooth=args.smooth,
+    ))
+    print(f"wrote {args.out / 'report.md'} and {args.out / 'report.html'}")
+    print(f"verdict: {result.text}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,3 @@
+from marble.tools.report import main
+
+raise SystemExit(main())

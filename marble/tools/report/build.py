@@ -1,0 +1,304 @@
+"""Assemble the report: load inputs, compute tables, draw figures, write md/html/csv."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+from tqdm import tqdm
+
+from marble.runtime.io import atomic_path
+from marble.tools.report import claim, figures, published, tables
+from marble.tools.report.loading import RunData, eval_samples, load_bench, load_eval_summary, load_runs
+from marble.tools.report.render import Figure, Section, Table, Text, to_html, to_markdown
+from marble.tools.report.verdict import RunTrend, Verdict, reward_changes, specialist_rewards, verdict
+
+TITLE = "MARBLE report"
+
+
+@dataclass
+class ReportInputs:
+    runs_dir: Path
+    out: Path
+    eval_summary: Path | None = None
+    bench: Path | None = None
+    eval_dir: Path | None = None
+    images_per_dataset: int = 4
+    window: int | None = None  # epochs averaged at each end for the verdict (None: auto)
+    min_gain: float = 0.0  # a reward "improves" when its change exceeds this
+    smooth: int = 5
+
+
+class Builder:
+    """Collects sections while writing figures and CSVs into the (temporary) report dir."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.sections: list[Section] = []
+        (root / "figures").mkdir(parents=True, exist_ok=True)
+        (root / "tables").mkdir(parents=True, exist_ok=True)
+
+    def section(self, title: str) -> Section:
+        self.sections.append(Section(title))
+        return self.sections[-1]
+
+    def table(self, section: Section, name: str, caption: str, frame: pd.DataFrame) -> None:
+        frame.to_csv(self.root / "tables" / f"{name}.csv")
+        section.blocks.append(Table(f"{caption} (`tables/{name}.csv`)", frame))
+
+    def figure(self, section: Section, written: Path | None, caption: str, missing: str) -> None:
+        if written is None:
+            section.blocks.append(Text(missing))
+        else:
+            section.blocks.append(Figure(caption, written.relative_to(self.root)))
+
+
+def run_trends(runs: list[RunData], window: int | None, min_gain: float) -> list[RunTrend]:
+    return [RunTrend(r.name, r.balancer, reward_changes(r.metrics, r.reward_names, window, min_gain))
+            for r in runs]
+
+
+def all_specialists(runs: list[RunData]) -> dict[str, float]:
+    found: dict[str, float] = {}
+    for run in runs:
+        for name, share in specialist_rewards(run.metrics, run.reward_names).items():
+            found[name] = min(share, found.get(name, 1.0))
+    return found
+
+
+def _anti_aligned_by_step_kind(by_bal: pd.DataFrame) -> dict[str, dict]:
+    """{balancer: full-solve / amortized anti-aligned fractions} for balancers that solve."""
+    if "solve_steps" not in by_bal:
+        return {}
+    num = claim._json_num
+    return {bal: {"full_solve": num(row["applied_anti_aligned_frac_solve"]),
+                  "amortized": num(row["applied_anti_aligned_frac_amortized"]),
+                  "solve_steps": int(row["solve_steps"])}
+            for bal, row in by_bal.iterrows() if row["solve_steps"] > 0}
+
+
+def _anti_aligned(by_run: pd.DataFrame, by_bal: pd.DataFrame) -> tuple[dict, dict, dict, dict]:
+    """Anti-aligned fraction of logged steps: per run (applied direction, weighted-sum
+    direction on the same batches) and pooled per balancer (applied direction)."""
+    col = "applied_anti_aligned_frac"
+    applied = by_run[col].to_dict() if col in by_run else {}
+    ws_dir = by_run["ws_dir_anti_aligned_frac"].to_dict() if "ws_dir_anti_aligned_frac" in by_run else {}
+    pooled = by_bal[col].to_dict() if col in by_bal else {}
+    ws_col = "ws_dir_anti_aligned_frac"
+    pooled_ws = by_bal[ws_col].to_dict() if ws_col in by_bal else {}
+    return applied, ws_dir, pooled, pooled_ws
+
+
+def _claim_json(trends, specialists, runs) -> tuple[dict, list[str], pd.DataFrame]:
+    """verdict.json's claim keys, the claim sentences and the per-balancer change table."""
+    by_balancer = claim.balancer_changes(trends)
+    by_bal = tables.harmony_by_balancer(runs)
+    applied, ws_dir, pooled, pooled_ws = _anti_aligned(tables.harmony_by_run(runs), by_bal)
+    kinds = _anti_aligned_by_step_kind(by_bal)
+    answers, lines = claim.claim_lines(by_balancer, list(specialists), pooled,
+                                       anti_ws_direction=pooled_ws, anti_by_step_kind=kinds)
+    num = claim._json_num  # NaN -> null: verdict.json stays strict JSON
+    data = {
+        **answers,
+        "anti_aligned": {r: num(v) for r, v in applied.items()},
+        "anti_aligned_weighted_sum_direction": {r: num(v) for r, v in ws_dir.items()},
+        "anti_aligned_by_balancer": {k: num(v) for k, v in pooled.items()},
+        "anti_aligned_published": dict(claim.PUBLISHED_ANTI_ALIGNED),
+        "anti_aligned_by_step_kind": kinds,
+        "reward_change": {t.run: {c.reward: [num(c.delta), num(c.stderr)]
+                                  for c in t.changes.values()} for t in trends},
+        "reward_change_by_balancer": {bal: {r: c.pair() + [c.runs] for r, c in ch.items()}
+                                      for bal, ch in by_balancer.items()},
+        "error_bars": f"standard errors; 'beyond the error bars' = more than {claim.Z:g} of them",
+    }
+    rows = [{"balancer": bal, "reward": r, "specialist": r in specialists, "change": c.mean,
+             "stderr": c.se, "runs": c.runs} for bal, ch in by_balancer.items() for r, c in ch.items()]
+    return data, lines, pd.DataFrame(rows)
+
+
+def _verdict_section(b: Builder, runs, trends, specialists, inp: ReportInputs) -> tuple[Verdict, dict]:
+    result = verdict(trends, specialists)
+    claim_data, claim_text, change_table = _claim_json(trends, specialists, runs)
+    s = b.section("Verdict")
+    for line in claim_text:
+        s.blocks.append(Text(line))
+    if not change_table.empty:
+        b.table(s, "reward_change_by_balancer", "Training reward change per balancer, runs "
+                "(seeds) pooled: mean and standard error (the larger of the between-run spread "
+                "and the runs' own epoch-to-epoch error)", change_table)
+    s.blocks.append(Text(result.text))
+    spec = ", ".join(f"`{k}` ({v:.0%} of rollouts)" for k, v in specialists.items()) or "none"
+    s.blocks.append(Text(
+        f"Specialist rewards (applicable to a strict subset of rollouts): {spec}. A reward's "
+        f"change is the mean of its last logged epochs minus the mean of its first "
+        f"({'auto: a quarter of the epochs, 1 to 5' if inp.window is None else inp.window} epochs); "
+        f"it counts as improving when the change exceeds {inp.min_gain:g}."
+    ))
+    for line in result.run_lines:
+        s.blocks.append(Text(line))
+    if trends:
+        b.table(s, "training_reward_change", "Training reward change per run",
+                tables.training_change_table(trends))
+    return result, claim_data
+
+
+def _eval_section(b: Builder, inp: ReportInputs) -> pd.DataFrame | None:
+    s = b.section("Evaluation scores (Table 1 style)")
+    summary = load_eval_summary(inp.eval_summary)
+    if summary is None or summary.empty:
+        s.blocks.append(Text(
+            f"Missing: no evaluation summary at `{inp.eval_summary or '(not given: --eval-summary)'}`. "
+            "Make it with `marble evaluate ...` per run and checkpoint, then `python -m "
+            "marble.evaluation.summary --eval-dir results/eval --out-csv results/eval/summary.csv "
+            "--out-md results/eval/table.md` (or `snakemake eval_only`)."
+        ))
+        return None
+    wide = tables.eval_table(summary)
+    b.table(s, "eval_scores", "Per-reward eval scores of each run's latest evaluated checkpoint; "
+            "composite = mean of column-wise z-scores (population std) over these rows", wide)
+    if tables.composite_function() is None:
+        s.blocks.append(Text("Composite unavailable: `marble.evaluation.summary.composite_zscore` "
+                             "could not be imported."))
+    return wide
+
+
+def _paper_section(b: Builder, runs: list[RunData], evals: pd.DataFrame | None) -> None:
+    s = b.section("Beside the paper")
+    s.blocks.append(Text(
+        "The paper's numbers are SD3.5-M at 512 px with five model-based rewards; this run's are "
+        "the tiny model with toy rewards (brightness and saturation stand in for the general "
+        "rewards, text contrast for OCR, colour match for GenEval). Compare directions and "
+        f"orderings, not values. Source of every `published` column: {published.SOURCE}."))
+    b.table(s, "table1_beside_paper", "Table 1, this run (eval scores, mean over a balancer's "
+            "seeds) beside the published row of the same method (`published: ...` columns; "
+            "equal_alpha has no published row)",
+            published.beside_paper(evals, {r.name: r.balancer for r in runs}))
+    b.table(s, "table1_published", f"Table 1 as published ({published.SOURCE})", published.table1())
+
+
+def _training_sections(b: Builder, runs: list[RunData], inp: ReportInputs) -> None:
+    s = b.section("Training curves")
+    b.figure(s, figures.training_curves(runs, b.root / "figures" / "training_rewards.png", inp.smooth),
+             "Per-reward training reward, one panel per reward, one line per run (line style = balancer)",
+             "No `reward/<name>` values in any metrics.jsonl.")
+    s = b.section("Reward weights (alpha)")
+    b.figure(s, figures.alpha_trajectories(runs, b.root / "figures" / "alpha.png"),
+             "alpha_k per logged step, one panel per run",
+             "No run logged `alpha/<name>` (set `balancer.diagnostics_every` > 0).")
+
+
+def _harmony_section(b: Builder, runs: list[RunData]) -> None:
+    s = b.section("Gradient harmony")
+    by_run = tables.harmony_by_run(runs)
+    if by_run.empty or by_run["logged_steps"].sum() == 0:
+        s.blocks.append(Text("Missing: no run logged `cos_min` (diagnostic steps come every "
+                             "`balancer.diagnostics_every` optimizer steps; 0 turns them off)."))
+        return
+    b.figure(s, figures.cosine_curves(runs, b.root / "figures" / "worst_cosine.png"),
+             "Worst-reward cosine min_k cos(d, g_k) per logged step", "")
+    b.figure(s, figures.anti_aligned_bars(by_run, b.root / "figures" / "anti_aligned.png"),
+             "Fraction of logged batches with an anti-aligned reward", "")
+    b.table(s, "harmony_by_run", "Per run: mean worst-reward cosine, mean across-reward variance "
+            "of the cosine, anti-aligned fraction; `applied` = the direction the balancer applied, "
+            "`ws_dir` = the weighted-sum direction on the same batches; a step's `anti_aligned` is "
+            "the mean over its diagnostic micro-batches, so the fraction counts batches; "
+            "`*_solve` / `*_amortized`: the applied direction on steps whose diagnostic "
+            "micro-batch was a full solve (fresh alpha) / used the cached alpha", by_run)
+    b.table(s, "harmony_by_balancer", "Pooled per balancer, beside the published values "
+            "(`published_*` columns, MARBLE project page: weighted sum 80% anti-aligned, min cos "
+            "-0.13, var 0.161; MARBLE 0%, +0.37, 0.006)",
+            tables.harmony_by_balancer(runs))
+
+
+def _cost_section(b: Builder, inp: ReportInputs) -> None:
+    s = b.section("Training cost")
+    bench = load_bench(inp.bench)
+    if bench is None:
+        s.blocks.append(Text(
+            f"Missing: no bench results at `{inp.bench or '(not given: --bench)'}`. Make them with "
+            "`marble bench step --preset tiny --json results/bench/step.json`."
+        ))
+        return
+    b.table(s, "cost", "Step time and peak memory; relative speed = 1 / time ratio vs the weighted "
+            "sum; `published_*` columns: the paper's cost table (MARBLE project page, 8xH200, "
+            "K = 5): weighted sum 1.00x / 59 GB, MARBLE (amortized, N = 10) 0.97x / 67 GB, "
+            "without amortization 0.56x / 67 GB", tables.cost_table(bench))
+
+
+def _rho_section(b: Builder, runs, trends, evals) -> None:
+    s = b.section("rho ablation")
+    groups = tables.rho_groups(runs)
+    if not groups:
+        s.blocks.append(Text("Not applicable: no two MARBLE runs differ only in `balancer.alpha_ema` "
+                             "(or `balancer.exact_masking`). Configure runs such as rho_05 / rho_07 / "
+                             "rho_07_exact / rho_09 to get this table. "
+                             "Paper: rho = 0.7 is best on every metric (0.1 worst)."))
+        return
+    by_name = {t.run: t for t in trends}
+    for i, group in enumerate(groups):
+        b.table(s, f"rho_ablation_{i}", "Runs differing only in rho = `balancer.alpha_ema` "
+                "and/or `balancer.exact_masking` (ours; the paper's runs use the reference's "
+                "r = 1/2 fill) "
+                "(eval scores when evaluated, else the last training rewards)",
+                tables.rho_table(group, by_name, evals))
+
+
+def _samples_section(b: Builder, runs: list[RunData], inp: ReportInputs) -> None:
+    s = b.section("Samples")
+    if inp.eval_dir is None or not inp.eval_dir.is_dir():
+        s.blocks.append(Text(
+            f"Missing: no eval folder at `{inp.eval_dir or '(not given: --eval-dir)'}`. Evaluate "
+            "with `marble evaluate ... --save_images --output_dir results/eval/<run>/<ckpt>/<dataset>`."
+        ))
+        return
+    for run in tqdm(runs, desc="image grids", disable=len(runs) < 2):
+        samples = eval_samples(inp.eval_dir, run.name, inp.images_per_dataset)
+        b.figure(s, figures.image_grid(run.name, samples, b.root / "figures" / f"samples_{run.name}.png"),
+                 f"`{run.name}`: first {inp.images_per_dataset} eval images per dataset (latest checkpoint)",
+                 f"Missing: no eval images for `{run.name}` under `{inp.eval_dir / run.name}`.")
+
+
+def build_report(inp: ReportInputs) -> Verdict:
+    """Write report.md, report.html, figures/, tables/ and verdict.json under `inp.out`,
+    all at once (built in a temporary sibling, then renamed)."""
+    _check_out(inp.out)
+    runs = load_runs(inp.runs_dir)
+    trends = run_trends(runs, inp.window, inp.min_gain)
+    specialists = all_specialists(runs)
+    with atomic_path(inp.out) as tmp:
+        b = Builder(tmp)
+        if not runs:
+            b.section("Runs").blocks.append(Text(
+                f"Missing: no run folder with a metrics.jsonl under `{inp.runs_dir}`. Train with "
+                "`marble train --preset tiny --output-dir results/runs/<run>`."))
+        result, claim_data = _verdict_section(b, runs, trends, specialists, inp)
+        evals = _eval_section(b, inp)
+        _paper_section(b, runs, evals)
+        _training_sections(b, runs, inp)
+        _harmony_section(b, runs)
+        _cost_section(b, inp)
+        _rho_section(b, runs, trends, evals)
+        _samples_section(b, runs, inp)
+        (tmp / "report.md").write_text(to_markdown(TITLE, b.sections), encoding="utf-8")
+        (tmp / "report.html").write_text(to_html(TITLE, b.sections, tmp), encoding="utf-8")
+        (tmp / "verdict.json").write_text(json.dumps(
+            {**claim_data, "outcomes": result.outcomes, "text": result.text,
+             "specialists": specialists, "runs": result.run_lines},
+            indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    return result
+
+
+# What build_report writes: a folder holding only these is an earlier report.
+REPORT_ENTRIES = frozenset({"report.md", "report.html", "verdict.json", "figures", "tables"})
+
+
+def _check_out(out: Path) -> None:
+    """The whole folder is replaced: refuse one that holds anything a report does not write.
+    Judged by every entry, not by report.md alone: Snakemake deletes the declared outputs
+    (report.md, report.html) before a rerun and leaves figures/, tables/ and verdict.json."""
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in REPORT_ENTRIES) if out.is_dir() else []
+    if foreign:
+        raise FileExistsError(f"--out {out}: holds {', '.join(foreign[:5])}, which no report "
+                              "writes; refusing to replace it (pick another --out)")

@@ -1,0 +1,174 @@
+"""matplotlib figures (Agg backend, PNG). Each function returns the path it wrote, or
+None when the inputs hold nothing to plot (the report then says so)."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: no display on cluster nodes or CI
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from marble.tools.report.loading import EvalSample, RunData  # noqa: E402
+
+DPI = 110
+STYLES = {"weighted_sum": "--", "equal_alpha": ":", "mgda": "-.", "marble": "-"}
+
+
+def smooth(values: pd.Series, window: int) -> pd.Series:
+    """Trailing moving average that skips NaN (an unscorable epoch is not a zero)."""
+    return values.rolling(window, min_periods=1).mean()
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _panels(n: int, width: float = 4.2, height: float = 3.2, max_cols: int = 3):
+    cols = min(n, max_cols)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False,
+                             layout="constrained")
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:n])
+
+
+def _run_colors(runs: list[RunData]) -> dict[str, tuple]:
+    cmap = plt.get_cmap("tab10")
+    return {r.name: cmap(i % 10) for i, r in enumerate(runs)}
+
+
+def training_curves(runs: list[RunData], path: Path, window: int = 5) -> Path | None:
+    """One panel per reward, one line per run: faint raw values, bold moving average."""
+    rewards = sorted({n for r in runs for n in r.reward_names if f"reward/{n}" in r.metrics})
+    if not rewards:
+        return None
+    colors = _run_colors(runs)
+    fig, axes = _panels(len(rewards))
+    for ax, reward in zip(axes, rewards):
+        for run in runs:
+            col = f"reward/{reward}"
+            if col not in run.metrics or run.metrics[col].notna().sum() == 0:
+                continue
+            m = run.metrics
+            style = STYLES.get(run.balancer, "-")
+            ax.plot(m["step"], m[col], color=colors[run.name], alpha=0.25, linewidth=1)
+            ax.plot(m["step"], smooth(m[col], window), color=colors[run.name], linestyle=style,
+                    linewidth=2, label=f"{run.name} ({run.balancer})")
+        ax.set_title(f"reward/{reward}")
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("mean raw reward")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"Training rewards (faint: raw; bold: {window}-step moving average)")
+    return _save(fig, path)
+
+
+def alpha_trajectories(runs: list[RunData], path: Path) -> Path | None:
+    """One panel per run that logged alpha, one line per reward."""
+    logged = [r for r in runs if any(c.startswith("alpha/") and r.metrics[c].notna().any()
+                                     for c in r.metrics.columns)]
+    if not logged:
+        return None
+    fig, axes = _panels(len(logged), width=6.0, max_cols=2)
+    for ax, run in zip(axes, logged):
+        cmap = plt.get_cmap("tab10")
+        for i, col in enumerate(sorted(c for c in run.metrics.columns if c.startswith("alpha/"))):
+            name = col.split("/", 1)[1]
+            series = run.metrics[["step", col]].dropna()
+            ax.plot(series["step"], series[col], marker=".", color=cmap(i % 10), label=f"{name} (solve)")
+            cache = f"alpha_cache/{name}"  # MARBLE: the rho-EMA the amortized steps apply
+            if cache in run.metrics and run.metrics[cache].notna().any():
+                cached = run.metrics[["step", cache]].dropna()
+                ax.plot(cached["step"], cached[cache], linestyle="--", color=cmap(i % 10),
+                        label=f"{name} (EMA cache)")
+        ax.set_title(f"{run.name} ({run.balancer})")
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("alpha_k (weight on reward k)")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # keep lines visible
+    fig.suptitle("Reward weights alpha per logged step")
+    return _save(fig, path)
+
+
+def cosine_curves(runs: list[RunData], path: Path) -> Path | None:
+    """Worst-reward cosine min_k cos(d, g_k) per logged step: applied direction and the
+    weighted-sum direction measured on the same batches."""
+    kinds = [("cos_min", "applied direction d"), ("cos_ws_min", "weighted-sum direction (same batches)")]
+    if not any(k in r.metrics and r.metrics[k].notna().any() for r in runs for k, _ in kinds):
+        return None
+    colors = _run_colors(runs)
+    fig, axes = _panels(2, width=5.5)
+    for ax, (key, title) in zip(axes, kinds):
+        for run in runs:
+            if key not in run.metrics:
+                continue
+            series = run.metrics[["step", key]].dropna()
+            if series.empty:
+                continue
+            ax.plot(series["step"], series[key], marker=".", color=colors[run.name],
+                    linestyle=STYLES.get(run.balancer, "-"), label=f"{run.name} ({run.balancer})")
+        ax.axhline(0.0, color="black", linewidth=0.8)
+        ax.set_title(f"min_k cos(d, g_k): {title}")
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("worst-reward cosine")
+        ax.set_ylim(-1.05, 1.05)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def anti_aligned_bars(harmony: pd.DataFrame, path: Path) -> Path | None:
+    """Fraction of logged steps with some reward anti-aligned (min_k cos < 0), per run."""
+    if harmony.empty or harmony["logged_steps"].sum() == 0:
+        return None
+    labels = [f"{run}\n({b})" for run, b in zip(harmony.index, harmony["balancer"])]
+    x = np.arange(len(labels))
+    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(labels)), 3.6), layout="constrained")
+    kinds = ((-0.2, "applied", "applied direction"), (0.2, "ws_dir", "weighted-sum direction"))
+    for offset, key, label in kinds:
+        bars = ax.bar(x + offset, harmony[f"{key}_anti_aligned_frac"].fillna(0), 0.4, label=label)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)  # a 0 bar is invisible without its number
+    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("fraction of logged batches")
+    ax.set_title("Batches with at least one anti-aligned reward (min_k cos < 0)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def image_grid(run: str, samples: dict[str, list[EvalSample]], path: Path) -> Path | None:
+    """Rows = eval datasets, columns = the first images, captioned with prompt and scores."""
+    if not samples:
+        return None
+    cols = max(len(v) for v in samples.values())
+    fig, axes = plt.subplots(len(samples), cols, figsize=(2.6 * cols, 3.2 * len(samples)),
+                             squeeze=False, layout="constrained")
+    for row, (dataset, items) in enumerate(samples.items()):
+        for col in range(cols):
+            ax = axes[row][col]
+            ax.axis("off")
+            if col >= len(items):
+                continue
+            item = items[col]
+            with Image.open(item.image_path) as img:
+                ax.imshow(np.asarray(img.convert("RGB")))
+            scores = [f"{k} = {v:.3g}" for k, v in list(item.scores.items())[:2]]
+            caption = textwrap.shorten(item.prompt or item.image_path.name, 60, placeholder="...")
+            ax.set_title("\n".join(textwrap.wrap(caption, 30)[:2] + scores), fontsize=7)
+        axes[row][0].text(-0.08, 0.5, dataset, transform=axes[row][0].transAxes, rotation=90,
+                          va="center", ha="right", fontsize=9)
+    fig.suptitle(f"Samples: {run}")
+    return _save(fig, path)

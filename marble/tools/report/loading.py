@@ -1,0 +1,189 @@
+"""Read what the pipeline wrote: run folders, the eval summary, bench JSON, eval images.
+
+Every reader names the file (and line) it could not parse. Missing optional inputs are
+not errors here: callers get `None` and the report says what is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from marble.runtime.io import read_jsonl
+
+IMAGE_SUFFIXES = (".jpg", ".png")
+
+
+class ReportInputError(ValueError):
+    """An input file exists but cannot be read; the message names file and line."""
+
+
+@dataclass
+class RunData:
+    name: str
+    path: Path
+    config: dict[str, Any]
+    metrics: pd.DataFrame  # one row per optimizer step, sorted by `step`
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def balancer(self) -> str:
+        method = (self.config.get("balancer") or {}).get("method")
+        if method:
+            return str(method)
+        if "balancer" in self.metrics and self.metrics["balancer"].notna().any():
+            return str(self.metrics["balancer"].dropna().iloc[-1])
+        return "unknown"
+
+    @property
+    def reward_names(self) -> list[str]:
+        names = [r.get("name") for r in self.config.get("rewards") or [] if r.get("name")]
+        if names:
+            return names
+        return sorted(c.split("/", 1)[1] for c in self.metrics.columns if c.startswith("reward/"))
+
+    @property
+    def alpha_ema(self) -> float | None:
+        value = (self.config.get("balancer") or {}).get("alpha_ema")
+        return None if value is None else float(value)
+
+
+def read_metrics(path: Path) -> pd.DataFrame:
+    """metrics.jsonl -> DataFrame; null -> NaN; a step logged twice (resume) keeps the last."""
+    records = []
+    for lineno, record in read_jsonl(path, ReportInputError):
+        if not isinstance(record, dict) or "step" not in record:
+            raise ReportInputError(f"{path}:{lineno}: expected an object with a `step` key")
+        records.append(record)
+    frame = pd.DataFrame.from_records(records)
+    if frame.empty:
+        return pd.DataFrame({"step": pd.Series(dtype=float)})
+    for col in frame.columns:
+        if col != "balancer":
+            frame[col] = pd.to_numeric(frame[col], errors="coerce")
+    frame = frame.drop_duplicates("step", keep="last").sort_values("step")
+    return frame.reset_index(drop=True)
+
+
+
+def load_run(path: Path) -> RunData:
+    metrics_path = path / "metrics.jsonl"
+    if not metrics_path.is_file():
+        raise ReportInputError(f"{path}: no metrics.jsonl")
+    config: dict[str, Any] = {}
+    if (path / "config.yaml").is_file():
+        try:
+            config = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            raise ReportInputError(f"{path / 'config.yaml'}: invalid YAML: {exc}") from exc
+    summary: dict[str, Any] = {}
+    if (path / "train_summary.json").is_file():
+        summary = _read_json(path / "train_summary.json")
+    return RunData(path.name, path, config, read_metrics(metrics_path), summary)
+
+
+def load_runs(runs_dir: Path) -> list[RunData]:
+    """Every sub-folder of `runs_dir` holding a metrics.jsonl, sorted by name."""
+    if not runs_dir.is_dir():
+        raise ReportInputError(f"--runs {runs_dir}: not a directory")
+    folders = sorted(p for p in runs_dir.iterdir() if (p / "metrics.jsonl").is_file())
+    return [load_run(p) for p in folders]
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ReportInputError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from exc
+
+
+def load_bench(path: Path | None) -> dict | None:
+    if path is None or not path.is_file():
+        return None
+    data = _read_json(path)
+    if not isinstance(data, dict) or "balancers" not in data:
+        raise ReportInputError(f"{path}: expected a `balancers` mapping (from `marble bench step`)")
+    return data
+
+
+def load_eval_summary(path: Path | None) -> pd.DataFrame | None:
+    """The long eval summary (run, checkpoint, dataset, metric, value)."""
+    if path is None or not path.is_file():
+        return None
+    frame = pd.read_csv(path)
+    missing = {"run", "checkpoint", "dataset", "metric", "value"} - set(frame.columns)
+    if missing:
+        raise ReportInputError(f"{path}: missing columns {sorted(missing)}")
+    frame["value"] = pd.to_numeric(frame["value"], errors="coerce")
+    frame["checkpoint"] = frame["checkpoint"].astype(str)
+    return frame
+
+
+def natural_key(text: str) -> list:
+    """'checkpoint-000020' after 'checkpoint-5'; 'final' sorts after numbered names."""
+    parts = re.split(r"(\d+)", str(text))
+    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts if p]
+
+
+def latest_checkpoint_name(names: list[str]) -> str:
+    return sorted(names, key=natural_key)[-1]
+
+
+@dataclass
+class EvalSample:
+    image_path: Path
+    prompt: str
+    scores: dict[str, float]
+
+
+def eval_samples(eval_dir: Path, run: str, limit: int) -> dict[str, list[EvalSample]]:
+    """First `limit` images per dataset of the run's latest evaluated checkpoint."""
+    run_dir = eval_dir / run
+    if not run_dir.is_dir():
+        return {}
+    ckpts = [p.name for p in run_dir.iterdir() if p.is_dir()]
+    if not ckpts:
+        return {}
+    ckpt_dir = run_dir / latest_checkpoint_name(ckpts)
+    out: dict[str, list[EvalSample]] = {}
+    for ds_dir in sorted(p for p in ckpt_dir.iterdir() if p.is_dir()):
+        samples = _dataset_samples(ds_dir, limit)
+        if samples:
+            out[ds_dir.name] = samples
+    return out
+
+
+def _dataset_samples(ds_dir: Path, limit: int) -> list[EvalSample]:
+    by_image: dict[str, tuple[str, dict]] = {}
+    results = ds_dir / "evaluation_results.jsonl"
+    if results.is_file():
+        for lineno, rec in read_jsonl(results, ReportInputError):
+            if not isinstance(rec, dict):
+                raise ReportInputError(f"{results}:{lineno}: expected a JSON object")
+            name = Path(str(rec.get("image_path", ""))).name
+            by_image[name] = (str(rec.get("prompt", "")), _finite_scores(rec.get("scores")))
+    # `marble evaluate --image_format`: .jpg (the reference's layout, default) or .png.
+    images = sorted((p for p in (ds_dir / "images").glob("*") if p.suffix in IMAGE_SUFFIXES),
+                    key=lambda p: natural_key(p.name))
+    samples = []
+    for img in images[:limit]:
+        prompt, scores = by_image.get(img.name, ("", {}))
+        samples.append(EvalSample(img, prompt, scores))
+    return samples
+
+
+def _finite_scores(scores: Any) -> dict[str, float]:
+    if not isinstance(scores, dict):
+        return {}
+    out = {}
+    for key, value in scores.items():
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            out[str(key)] = float(value)
+    return out

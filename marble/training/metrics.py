@@ -1,0 +1,155 @@
+"""Per-step metrics: reward statistics, accumulation averages, the metrics.jsonl log.
+
+One JSON line per optimizer step (`marble.runtime.io.append_jsonl`). NaN rewards are masked and
+counted, never averaged in as zeros.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from marble.runtime.io import append_jsonl, read_jsonl, write_text
+
+
+def reward_stats(name: str, rewards: torch.Tensor, applicable: torch.Tensor) -> dict[str, float]:
+    """`reward/<name>` (mean over scored applicable samples), counts of applicable and NaN.
+
+    `applicable` is the mask of samples the reward applies to; an applicable sample
+    whose score is NaN could not be scored (`reward_nan/<name>`).
+    """
+    rewards = rewards.detach().double().cpu()
+    applicable = applicable.bool().cpu()
+    valid = applicable & ~torch.isnan(rewards)
+    mean = float(rewards[valid].mean()) if valid.any() else float("nan")
+    return {
+        f"reward/{name}": mean,
+        f"reward_applicable/{name}": int(applicable.sum()),
+        f"reward_nan/{name}": int((applicable & torch.isnan(rewards)).sum()),
+    }
+
+
+def advantage_std(advantages: torch.Tensor) -> float:
+    """Std of the valid (non-NaN) advantages of one reward; NaN when fewer than 2."""
+    adv = advantages.detach().double().flatten()
+    adv = adv[~torch.isnan(adv)]
+    return float(adv.std()) if adv.numel() > 1 else float("nan")
+
+
+class StepAverager:
+    """Means of scalar metrics over the micro-steps of one optimizer step.
+
+    Non-finite values (e.g. a cosine of a reward absent from a micro-batch) are
+    skipped per key; keys in `last_keys` keep the last value instead (flags such as
+    `full_solve`, alpha of the cache after the step).
+    """
+
+    def __init__(self, last_keys: tuple[str, ...] = ()):
+        self.last_keys = set(last_keys)
+        self._sum: dict[str, float] = defaultdict(float)
+        self._n: dict[str, int] = defaultdict(int)
+        self._last: dict[str, float] = {}
+
+    def add(self, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            value = float(value)
+            if key in self.last_keys or key.startswith("alpha/"):
+                self._last[key] = value
+            elif math.isfinite(value):
+                self._sum[key] += value
+                self._n[key] += 1
+            else:
+                self._n.setdefault(key, 0)
+
+    def result(self) -> dict[str, float]:
+        out = {k: (self._sum[k] / n if n else float("nan")) for k, n in self._n.items()}
+        out.update(self._last)
+        return out
+
+
+class Timer:
+    """Named wall-clock accumulators: `with timer("rollout"): ...`."""
+
+    def __init__(self):
+        self.totals: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.totals[name] += time.perf_counter() - start
+
+    def add(self, name: str, seconds: float) -> None:
+        self.totals[name] += seconds
+
+
+class MetricsLog:
+    """The run's metrics.jsonl: append per step; drop lines past a resumed step.
+
+    `backends` (the run config's logging.backends): live trackers fed the same records,
+    opened on the first record and only where enabled (rank 0).
+    """
+
+    def __init__(self, path: str | Path, enabled: bool = True, backends: list[str] = ("jsonl",)):
+        self.path = Path(path)
+        self.enabled = enabled
+        self.backends = list(backends)
+        self._trackers = None
+
+    def log(self, record: dict) -> None:
+        if self.enabled:
+            append_jsonl(self.path, _jsonable(record))
+            self.trackers().log(_jsonable(record))
+
+    def trackers(self):
+        from marble.training.trackers import TrackerFanout, open_trackers
+
+        if self._trackers is None:
+            wanted = self.backends if self.enabled else []
+            self._trackers = TrackerFanout(open_trackers(wanted, self.path.parent))
+        return self._trackers
+
+    def close(self) -> None:
+        if self._trackers is not None:
+            self._trackers.close()
+
+    def truncate_after(self, step: int) -> int:
+        """Remove records with `step` > the resumed step (logged after the last checkpoint).
+
+        Rewritten atomically; returns how many lines were dropped, a torn last line
+        (a kill mid-write) included. A bad line elsewhere is an error naming it.
+        """
+        if not self.enabled or not self.path.is_file():
+            return 0
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        records = read_jsonl(self.path)
+        kept = [lines[lineno - 1] for lineno, rec in records
+                if not (isinstance(rec, dict) and rec.get("step", -1) > step)]
+        dropped = sum(1 for line in lines if line.strip()) - len(kept)
+        if dropped:
+            write_text(self.path, "".join(x + "\n" for x in kept))
+        return dropped
+
+    def read(self) -> list[dict]:
+        if not self.path.is_file():
+            return []
+        return [record for _, record in read_jsonl(self.path)]
+
+
+def _jsonable(record: dict) -> dict:
+    out = {}
+    for key, value in record.items():
+        if isinstance(value, torch.Tensor):
+            value = value.item() if value.numel() == 1 else value.tolist()
+        elif isinstance(value, bool):
+            value = bool(value)
+        out[key] = value
+    return out

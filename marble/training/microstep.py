@@ -1,0 +1,116 @@
+"""One DiffusionNFT micro-step: a rollout micro-batch at one timestep -> `MicroStep`.
+
+The trainer and `marble bench` both call `build_micro_step`; the balancer then turns
+the `MicroStep` into gradients. docs/algorithm.md §4 / reference `train.py`:
+
+    x_t     = (1 - sigma) x0 + sigma eps
+    v_old   = v(x_t) with the "old" adapter        (no grad)
+    v_ref   = v(x_t) with the adapters disabled    (no grad, the frozen base model)
+    v_theta = v(x_t) with the trainable "default" adapter
+    loss_i(r) = (C / beta) (r_i l+_i + (1 - r_i) l-_i)     (nft_terms, from v_theta, v_old)
+    KL      = lambda_KL mean_i mean (v_theta - v_ref)^2
+
+The timestep fed to the transformer is the float sigma * 1000 in fp32 (not cast to
+the weights' dtype; the reference passes its fp32 scheduler timesteps under autocast).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from marble.maths.nft import kl_loss, nft_loss_from_terms, nft_terms, optimality_prob
+
+__all__ = ["MicroBatch", "noised", "predict", "reference_velocities", "theta_velocity",
+           "build_micro_step", "logged_losses"]
+
+
+@dataclass
+class MicroBatch:
+    """One micro-batch at one training timestep per sample (all on the training device)."""
+
+    x0: torch.Tensor  # [B, C, h, w] clean latents
+    x_t: torch.Tensor  # [B, C, h, w] noised latents
+    sigma: torch.Tensor  # [B] noise level in [0, 1]
+    prompt_embeds: torch.Tensor  # [B, L, D]
+    pooled: torch.Tensor  # [B, P]
+    advantages: torch.Tensor  # [B, K], NaN = reward not applicable
+    avg_advantage: torch.Tensor  # [B]
+
+
+def noised(x0: torch.Tensor, eps: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    """x_t = (1 - sigma) x0 + sigma eps, sigma per sample."""
+    sb = sigma.view(-1, *([1] * (x0.dim() - 1))).to(x0.dtype)
+    return (1.0 - sb) * x0 + sb * eps
+
+
+def reference_velocities(transformer, batch: MicroBatch, autocast) -> tuple:
+    """(v_old, v_ref) in fp32, without a graph: the "old" adapter and the frozen base."""
+    from marble.models.encode import velocity
+    from marble.models.lora import adapters_disabled, use_adapter
+
+    args = (batch.x_t, batch.sigma, batch.prompt_embeds, batch.pooled)
+    with torch.no_grad(), autocast():
+        with use_adapter(transformer, "old"):
+            v_old = velocity(transformer, *args).float()
+        with adapters_disabled(transformer):
+            v_ref = velocity(transformer, *args).float()
+    return v_old, v_ref
+
+
+def theta_velocity(transformer, batch: MicroBatch, autocast) -> torch.Tensor:
+    """v_theta in fp32 with the trainable "default" adapter; carries the graph."""
+    from marble.models.encode import velocity
+    from marble.models.lora import use_adapter
+
+    args = (batch.x_t, batch.sigma, batch.prompt_embeds, batch.pooled)
+    with use_adapter(transformer, "default"), autocast():
+        return velocity(transformer, *args).float()
+
+
+def predict(transformer, batch: MicroBatch, autocast) -> tuple:
+    """(v_theta, v_old, v_ref) in fp32; only v_theta carries a graph."""
+    v_old, v_ref = reference_velocities(transformer, batch, autocast)
+    return theta_velocity(transformer, batch, autocast), v_old, v_ref
+
+
+def build_micro_step(transformer, batch: MicroBatch, train_cfg, params: list, autocast, *,
+                     scale: float, global_step: int, micro_index: int, grad_scaler=None):
+    """The `MicroStep` of one micro-batch: forwards, NFT terms and the KL term.
+
+    `train_cfg` is a `TrainConfig` (nft_beta, kl_beta, adv_clip); `autocast` a zero-arg
+    context factory (a `marble.runtime.precision.Precision`); `grad_scaler` the fp16 scaler.
+    """
+    from marble.balancers import MicroStep
+
+    t = train_cfg
+    beta, clip = t.nft_beta, t.adv_clip
+    v_old, v_ref = reference_velocities(transformer, batch, autocast)
+
+    # Why a closure: `balancer.full_solve: recompute` reruns only the v_theta forward on
+    # the same micro-batch (v_old and v_ref carry no graph and are reused).
+    def forward() -> MicroStep:
+        v_theta = theta_velocity(transformer, batch, autocast)
+        l_pos, l_neg = nft_terms(v_theta, v_old, batch.x0, batch.x_t, batch.sigma, beta)
+        kl_term = t.kl_beta * kl_loss(v_theta, v_ref).mean()
+
+        def loss_per_sample(r: torch.Tensor) -> torch.Tensor:
+            return nft_loss_from_terms(l_pos, l_neg, r, beta, clip)
+
+        return MicroStep(
+            loss_per_sample=loss_per_sample, kl=kl_term, advantages=batch.advantages,
+            avg_advantage=batch.avg_advantage, scale=scale, params=params,
+            global_step=global_step, micro_index=micro_index, adv_clip=clip,
+            grad_scaler=grad_scaler, recompute=forward)
+
+    return forward()
+
+
+@torch.no_grad()
+def logged_losses(step) -> dict[str, float]:
+    """The weighted-sum objective and KL of a micro-step, logged for every balancer so
+    runs compare (the reference's `policy_loss` with NaN advantages read as 0)."""
+    r_avg = optimality_prob(torch.nan_to_num(step.avg_advantage, nan=0.0), step.adv_clip)
+    return {"loss/policy": float(step.loss_per_sample(r_avg).mean()),
+            "loss/kl": float(torch.as_tensor(step.kl).detach())}

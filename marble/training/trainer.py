@@ -1,0 +1,392 @@
+"""The DiffusionNFT optimisation loop with a reward balancer (docs/algorithm.md §8).
+
+One optimizer step per epoch: G micro-batches x T_train timesteps, each a
+`MicroStep` handed to the balancer, then all-reduce of .grad, clip, AdamW, weight EMA,
+and at the end of the epoch the old-policy blend. Resume restores every piece of
+state, so N steps straight equal k steps + resume + N-k steps bitwise on the CPU.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from marble.config import RunConfig, dump_yaml, grad_accumulation, training_timesteps
+from marble.maths.ema import WeightEMA, old_policy_decay
+from marble.runtime import distributed as dist
+from marble.runtime.io import write_json, write_text
+from marble.runtime.precision import (
+    DTYPES,
+    Precision,
+    base_weight_dtype,
+    enable_tf32,
+    make_precision,
+    optimizer_update,
+    text_encoder_dtype,
+    upcast_lora_,
+)
+from marble.training.checkpoint import (
+    CheckpointError,
+    capture_rng_state,
+    checkpoint_dir,
+    latest_checkpoint,
+    load_checkpoint,
+    restore_rng_state,
+    resume_checkpoint,
+    save_checkpoint,
+)
+from marble.training.metrics import MetricsLog, StepAverager
+from marble.training.rollout import STREAM_SHUFFLE, STREAM_TIMESTEPS, RolloutEngine, Rollouts, keyed_generator
+from marble.training.stopping import StopRequest
+
+_DTYPES = DTYPES  # kept for importers (bench)
+
+
+def autocast_factory(mixed_precision: str, device: torch.device) -> Precision:
+    """A zero-arg autocast context factory; fp16 also carries its GradScaler (`.scaler`)."""
+    return make_precision(mixed_precision, device)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (1 << 32))
+    torch.manual_seed(seed)
+
+
+def reward_device(setting: str, local_rank: int, cuda: bool | None = None) -> str:
+    """`train.reward_device`: auto -> cuda:{LOCAL_RANK} when CUDA is there (`cuda`: the
+    run trains on CUDA; default torch.cuda.is_available()), else cpu."""
+    if setting == "auto":
+        cuda = torch.cuda.is_available() if cuda is None else cuda
+        setting = "cuda" if cuda else "cpu"
+    return f"cuda:{local_rank}" if setting == "cuda" else setting
+
+
+def _takes_device(name: str) -> bool:
+    import inspect
+
+    from marble import rewards as registry
+
+    cls = type(registry.applicability(name))  # the class, without loading weights
+    return "device" in inspect.signature(cls.__init__).parameters
+
+
+def build_rewards(cfg: RunConfig, device: str = "cpu") -> dict:
+    """The configured scorers; those taking a `device` get `device` unless set per reward."""
+    from marble import rewards as registry
+
+    out = {}
+    for spec in cfg.rewards:
+        options = dict(spec.options)
+        if "device" not in options and _takes_device(spec.name):
+            options["device"] = device
+        out[spec.name] = registry.build(spec.name, applies_to=spec.applies_to, **options)
+    return out
+
+
+class Trainer:
+    """Owns the model, adapters, optimizer, EMA, balancer and sampler of one run."""
+
+    def __init__(self, cfg: RunConfig, out_dir: str | Path, device: str | None = None,
+                 progress: bool = True):
+        from marble.balancers import build_balancer
+        from marble.data import load_table
+        from marble.data.sampler import StratifiedKRepeatSampler
+        from marble.models import load_pipeline
+        from marble.models.lora import add_lora_adapters, trainable_lora_parameters
+        from marble.models.sampling import sigma_schedule
+
+        self.cfg, self.out_dir, self.progress = cfg, Path(out_dir), progress
+        self.info = dist.init_distributed(device)
+        dev = self.info.device
+        t, m, s = cfg.train, cfg.model, cfg.sampling
+        enable_tf32(dev, m.allow_tf32)
+        # Base transformer in model.base_dtype (fp32 by default, as the reference), text
+        # encoders in the autocast dtype, not loaded at all when the embedding cache
+        # serves the prompts; LoRA in fp32 (upcast below).
+        self.pipe = load_pipeline(
+            m.path, revision=m.revision, dtype=text_encoder_dtype(m.mixed_precision, dev),
+            device=dev, transformer_dtype=base_weight_dtype(m.base_dtype),
+            text_encoders=not cfg.data.embed_cache)
+        seed_everything(t.seed)  # same LoRA init on every rank
+        add_lora_adapters(self.pipe.transformer, rank=m.lora_rank, alpha=m.lora_alpha,
+                          targets=m.lora_targets, seed=t.seed)
+        upcast_lora_(self.pipe.transformer)
+        self.params = trainable_lora_parameters(self.pipe.transformer)
+        self.optimizer = torch.optim.AdamW(self.params, lr=t.lr, betas=tuple(t.adam_betas),
+                                           weight_decay=t.weight_decay, eps=t.adam_eps)
+        self.ema = WeightEMA(self.params, max_decay=t.ema_decay)
+        self.balancer = build_balancer(cfg.balancer, cfg.reward_names)
+        self.precision: Precision = make_precision(m.mixed_precision, dev)
+        self.scaler = self.precision.scaler  # fp16 only
+        self.autocast = self.precision
+        self.table = load_table(cfg.data.train)
+        self.sampler = StratifiedKRepeatSampler(
+            self.table["source"].tolist(), k=s.images_per_prompt, batch_size=s.batch_size,
+            world_size=self.info.world_size, rank=self.info.rank, seed=t.seed,
+            stratified=cfg.data.stratified)
+        self.sigmas = sigma_schedule(self.pipe.scheduler, s.num_steps).to(dev, torch.float32)
+        self.reward_device = reward_device(t.reward_device, self.info.local_rank,
+                                           cuda=dev.type == "cuda")
+        self.rollouts = RolloutEngine(self.pipe, cfg, self.table,
+                                      build_rewards(cfg, self.reward_device), self.sampler,
+                                      self.sigmas, self.info, self.autocast,
+                                      self._embed_cache(), progress,
+                                      reward_device=self.reward_device)
+        self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", enabled=self.info.is_main,
+                                  backends=cfg.logging.backends)
+        self.step, self.epoch = 0, 0
+
+    def _embed_cache(self):
+        if not self.cfg.data.embed_cache:
+            return None
+        from marble.data.embed_cache import EmbeddingCache
+
+        return EmbeddingCache(self.cfg.data.embed_cache)
+
+    # ------------------------------------------------------------ state
+
+    def _adapter_states(self) -> dict:
+        from marble.models.lora import adapter_state
+
+        tr = self.pipe.transformer
+        return {"default": adapter_state(tr, "default"), "old": adapter_state(tr, "old")}
+
+    def save(self) -> Path:
+        """Checkpoint on the main rank (all ranks hold identical state); others wait."""
+        from marble.models.lora import adapter_state, save_lora_diffusers
+
+        path = checkpoint_dir(self.out_dir, self.step)
+        if self.info.is_main:
+            with self.ema.swapped():
+                ema_state = adapter_state(self.pipe.transformer, "default")
+            state = {
+                "step": self.step, "epoch": self.epoch, "rng": capture_rng_state(),
+                "sampler": self.sampler.state_dict(), "balancer": self.balancer.state_dict(),
+                "ema": self.ema.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            }
+            save_checkpoint(
+                path, state, adapters=self._adapter_states(),
+                optimizer_state=self.optimizer.state_dict(),
+                write_lora=lambda d: save_lora_diffusers(self.pipe.transformer, d, "default",
+                                                         ema_state),
+                keep=self.cfg.train.keep_checkpoints)
+        dist.barrier()
+        return path
+
+    def _choose_checkpoint(self) -> Path | None:
+        """Rank 0 verifies the files' hashes and picks; every rank gets its answer (or
+        its error), so all ranks load the same checkpoint and none waits forever."""
+        choice = None
+        if self.info.is_main:
+            try:
+                choice = ("path", resume_checkpoint(self.out_dir))
+            except CheckpointError as exc:
+                choice = ("error", str(exc))
+        kind, value = dist.broadcast_object(choice)
+        if kind == "error":
+            raise CheckpointError(value)
+        return value
+
+    def resume(self) -> Path | None:
+        """Load the newest intact complete checkpoint of the run folder, if any."""
+        from marble.models.lora import load_adapter_state
+
+        path = self._choose_checkpoint()
+        if path is None:
+            return None
+        # CPU first: RNG states must stay CPU tensors; the optimizer and adapters move
+        # their tensors to the parameters' device on load.
+        ckpt = load_checkpoint(path, map_location="cpu")
+        for name, tensors in ckpt["adapters"].items():
+            load_adapter_state(self.pipe.transformer, name, tensors)
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        state = ckpt["state"]
+        self.ema.load_state_dict(state["ema"])
+        self.ema.shadow = [s.to(p.device) for s, p in zip(self.ema.shadow, self.params)]
+        self.balancer.load_state_dict(state["balancer"])
+        self.sampler.load_state_dict(state["sampler"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        restore_rng_state(state["rng"])
+        self.step, self.epoch = int(state["step"]), int(state["epoch"])
+        self.metrics.truncate_after(self.step)
+        return path
+
+    # ------------------------------------------------------------ one epoch
+
+    def train_epoch(self) -> dict:
+        t0 = time.perf_counter()
+        ro = self.rollouts.collect(self.epoch)
+        # Means over micro-steps: `full_solve` is the fraction of micro-steps that solved;
+        # alpha/* keep the last value (the weights in force after the step).
+        averager = StepAverager()
+        self._optimize(ro, averager)
+        record = {"step": self.step, "epoch": self.epoch, "balancer": self.cfg.balancer.method}
+        record.update(ro.metrics)
+        step_metrics = averager.result()
+        loss_keys = sorted(k for k in step_metrics if k.startswith("loss/"))
+        if loss_keys and self.info.world_size > 1:  # per-rank losses -> global means
+            values = torch.tensor([step_metrics[k] for k in loss_keys], dtype=torch.float64,
+                                  device=self.info.device)
+            means = dist.all_reduce_mean_(values)
+            step_metrics.update(zip(loss_keys, means.tolist()))
+        record.update(step_metrics)
+        record["time/step_s"] = time.perf_counter() - t0
+        decay = old_policy_decay(self.step, self.cfg.train.old_decay_type,
+                                 self.cfg.train.old_decay_cap)
+        from marble.models.lora import blend_adapter
+
+        blend_adapter(self.pipe.transformer, dst="old", src="default", decay=decay)
+        record["old_decay"] = decay
+        self.epoch += 1
+        if self.step % max(1, self.cfg.train.log_every) == 0:
+            self.metrics.log(record)
+        return record
+
+    def _per_sample_draws(self, global_index: torch.Tensor, n_t: int, shape) -> tuple:
+        """Per sample: a T_train subset of the sigma grid (docs/algorithm.md §4) and fresh noise.
+
+        Keyed by the sample's global position, so a sample gets the same draws on any
+        number of ranks and whichever micro-batch it lands in.
+        """
+        seed, num_steps = self.cfg.train.seed, self.cfg.sampling.num_steps
+        tsel, noise = [], []
+        for gidx in global_index.tolist():
+            gen = keyed_generator(seed, STREAM_TIMESTEPS, self.epoch, gidx)
+            tsel.append(torch.randperm(num_steps, generator=gen)[:n_t])
+            noise.append(torch.randn((n_t, *shape), generator=gen))
+        dev = self.info.device
+        return torch.stack(tsel).to(dev), torch.stack(noise).to(dev)
+
+    def _micro_step(self, ro: Rollouts, idx, t_index, eps, scale: float, micro: int) -> dict:
+        from marble.training.microstep import MicroBatch, build_micro_step, logged_losses, noised
+
+        x0, sig = ro.x0[idx], self.sigmas[t_index]
+        batch = MicroBatch(x0=x0, x_t=noised(x0, eps, sig), sigma=sig,
+                           prompt_embeds=ro.prompt_embeds[idx], pooled=ro.pooled[idx],
+                           advantages=ro.advantages[idx], avg_advantage=ro.avg_advantage[idx])
+        step = build_micro_step(self.pipe.transformer, batch, self.cfg.train, self.params,
+                                self.autocast, scale=scale, global_step=self.step,
+                                micro_index=micro, grad_scaler=self.scaler)
+        metrics = dict(self.balancer.backward(step))
+        # The weighted-sum objective is logged for every balancer, so runs compare.
+        for key, value in logged_losses(step).items():
+            metrics.setdefault(key, value)
+        return metrics
+
+    def _optimize(self, ro: Rollouts, averager: StepAverager) -> None:
+        t = self.cfg.train
+        n, bsz = len(ro), t.batch_size
+        n_micro, n_t = n // bsz, training_timesteps(self.cfg)
+        if n_micro != grad_accumulation(self.cfg):
+            raise RuntimeError(f"{n} rollouts on this rank do not make "
+                               f"{grad_accumulation(self.cfg)} micro-batches of {bsz}")
+        scale = 1.0 / (n_micro * n_t)
+        perm = torch.randperm(n, generator=keyed_generator(t.seed, STREAM_SHUFFLE, self.epoch,
+                                                           self.info.rank))
+        bar = tqdm(total=n_micro * n_t, desc=f"step {self.step}", leave=False,
+                   disable=not (self.progress and self.info.is_main))
+        hidden = 0.0  # gradient entries a balancer zeroed (full solves): still an overflow
+        for g in range(n_micro):
+            idx = perm[g * bsz:(g + 1) * bsz].to(self.info.device)
+            t_sel, noise = self._per_sample_draws(ro.global_index[idx.cpu()], n_t,
+                                                  tuple(ro.x0.shape[1:]))
+            for j in range(n_t):
+                metrics = self._micro_step(ro, idx, t_sel[:, j], noise[:, j], scale, g * n_t + j)
+                hidden += metrics.get("nonfinite_grad_entries", 0.0)
+                averager.add(metrics)
+                bar.update(1)
+        bar.close()
+        averager.add(self._apply_update(hidden))
+
+    def _apply_update(self, hidden_nonfinite: float = 0.0) -> dict:
+        """Optimizer step (or a skip on any rank's overflow), then the weight EMA.
+
+        Like the reference, a skipped step still counts and the EMA still updates, with
+        the decay of the post-increment step (min((1+s)/(10+s), 0.9), s = 1 first).
+        """
+        out = optimizer_update(self.params, self.optimizer, self.precision,
+                               self.cfg.train.max_grad_norm, hidden_nonfinite)
+        self.step += 1
+        out["ema_decay"] = self.ema.update(self.step)
+        if self.info.device.type == "cuda":
+            out["memory/peak_gb"] = torch.cuda.max_memory_allocated(self.info.device) / 2**30
+        return out
+
+    def close(self) -> None:
+        self.rollouts.close()
+
+
+def _final_rewards(records: list[dict]) -> dict:
+    if not records:
+        return {}
+    return {k: v for k, v in records[-1].items() if k.startswith("reward/")}
+
+
+def _train_loop(trainer: Trainer, cfg: RunConfig, progress: bool,
+                stop: StopRequest) -> tuple[Path | None, bool]:
+    """Resume, then step and checkpoint to max_steps; (resumed from, stopped to requeue)."""
+    resumed = trainer.resume()
+    max_steps, every = cfg.train.max_steps, max(1, cfg.train.save_every)
+    bar = tqdm(total=max_steps, initial=trainer.step, desc="train", disable=not progress)
+    requeue = False
+    while trainer.step < max_steps:
+        trainer.train_epoch()
+        bar.update(1)
+        # One tiny all-reduce per step, so every rank stops after the same step.
+        requeue = stop.agreed() and trainer.step < max_steps
+        if trainer.step % every == 0 or trainer.step == max_steps or requeue:
+            trainer.save()
+        if requeue:
+            break
+    bar.close()
+    if resumed is None and trainer.step == 0:
+        trainer.save()  # max_steps 0: still leave a loadable checkpoint
+    return resumed, requeue
+
+
+def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
+                 progress: bool = True) -> dict:
+    """Train (or resume) to cfg.train.max_steps; write DIR/train_summary.json; return it.
+
+    SIGUSR1/SIGTERM stop the run early (marble.training.stopping): the step in flight finishes, a
+    checkpoint is written, no train_summary.json, and the summary has `requeue: True`.
+    """
+    from marble.train import check_run_dir
+
+    out_dir = Path(out_dir)
+    check_run_dir(out_dir, cfg)  # before config.yaml is replaced: refuse a changed config
+    info = dist.init_distributed(device)
+    if info.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_text(out_dir / "config.yaml", dump_yaml(cfg))
+    start = time.perf_counter()
+    trainer = Trainer(cfg, out_dir, device=device, progress=progress)
+    stop = StopRequest()
+    try:
+        with stop:
+            resumed, requeue = _train_loop(trainer, cfg, progress and info.is_main, stop)
+    finally:
+        trainer.close()
+    last = latest_checkpoint(out_dir)
+    summary = {
+        "final_step": trainer.step, "epoch": trainer.epoch,
+        "last_checkpoint": str(last) if last else None,
+        "resumed_from": str(resumed) if resumed else None,
+        "wall_time_s": time.perf_counter() - start, "world_size": info.world_size,
+        "rank": info.rank,
+        "balancer": cfg.balancer.method, "final_rewards": _final_rewards(trainer.metrics.read()),
+        "requeue": requeue, "stop_signal": stop.signal_name,
+    }
+    if info.is_main and not requeue:  # the workflow's output: only for a finished run
+        write_json(out_dir / "train_summary.json", summary)
+    dist.barrier()
+    dist.cleanup()
+    return summary
