@@ -41,11 +41,12 @@ from marble.evaluation.results import (
     json_safe,
     read_results,
 )
+from marble.assets import hub_ref as hub_refs
+from marble.assets.hub_ref import HUB_PREFIX, hub_ref
 from marble.runtime.io import write_json
 
 DEFAULT_MODEL = "stabilityai/stable-diffusion-3.5-medium"
 DEFAULT_DATA_DIR = "dataset"  # the reference reads dataset/<name>/ (its evaluation.py)
-HUB_PREFIX = "hf:"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -156,20 +157,13 @@ def resolve_checkpoint(args):
 
 
 def parse_hub_ref(value: str) -> tuple[str, str | None]:
-    """`[hf:]<repo id>[@revision]` -> (repo id, revision or None); a clear error otherwise."""
+    """`[hf:]<repo id>[@revision]` -> (repo id, revision or None), as a CheckpointError."""
     from marble.evaluation.checkpoints import CheckpointError
 
-    body = value.removeprefix(HUB_PREFIX)
-    repo_id, _, revision = body.partition("@")
-    parts = repo_id.split("/")
-    if not repo_id or len(parts) > 2 or not all(parts) or (_ and not revision):
-        raise CheckpointError(f"{value!r} is not a hub LoRA reference: expected "
-                              f"{HUB_PREFIX}<owner>/<name>[@<revision>] or a local folder")
-    return repo_id, revision or None
-
-
-def hub_ref(repo_id: str, revision: str | None) -> str:
-    return f"{HUB_PREFIX}{repo_id}" + (f"@{revision}" if revision else "")
+    try:
+        return hub_refs.parse_hub_ref(value)
+    except hub_refs.HubRefError as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 def download_hub_lora(repo_id: str, revision: str | None) -> Path:
