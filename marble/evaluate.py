@@ -229,6 +229,15 @@ def finish(args, samples, names, record, timing) -> dict:
     return averages
 
 
+def warn_failed(averages: dict, names: list[str], output_dir: Path) -> None:
+    """One line per reward with failed requests: they are NaN, and a rerun retries them."""
+    for name in names:
+        failed = averages.get(f"failed_{name}", 0)
+        if failed:
+            print(f"marble evaluate: {failed} {name} requests failed in {output_dir} (stored as missing, "
+                  "not scored); rerun the same command to retry them", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
@@ -261,8 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     dist.barrier()
     if info.is_main:
         averages = finish(args, samples, names, record, {**timing, "wall_s": time.perf_counter() - start})
-        print(json.dumps({k: v for k, v in averages.items() if not k.startswith(("n_", "nan_", "na_"))},
-                         indent=1, default=str))
+        print(json.dumps({k: v for k, v in averages.items()
+                          if not k.startswith(("n_", "nan_", "na_", "failed_"))}, indent=1, default=str))
+        warn_failed(averages, names, Path(args.output_dir))
     dist.cleanup()
     return 0
 
