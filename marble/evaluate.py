@@ -31,7 +31,7 @@ from pathlib import Path
 
 import yaml
 
-from marble.evaluation.images import DEFAULT_IMAGE_FORMAT, IMAGE_FORMATS, write_image_prompts
+from marble.evaluation.images import DEFAULT_IMAGE_FORMAT, IMAGE_FORMATS, ImageDecodeError, write_image_prompts
 from marble.evaluation.prompts import DATASETS, DEFAULT_BATCH_SIZE, DEFAULT_REWARDS, load_samples
 from marble.evaluation.results import (
     ResultsError,
@@ -229,6 +229,18 @@ def finish(args, samples, names, record, timing) -> dict:
     return averages
 
 
+def exc_message(exc: BaseException, output_dir: str) -> str | None:
+    """One line for the input and disk errors a user can act on (None: not one of them)."""
+    from marble.runtime.oserrors import describe_write_failure
+
+    from marble.rewards.base import RewardServiceError
+
+    # A dead reward server too: the batches already scored are kept, a rerun continues.
+    if isinstance(exc, (FileNotFoundError, ImageDecodeError, RewardServiceError)):
+        return str(exc)
+    return describe_write_failure(exc, output_dir)
+
+
 def warn_failed(averages: dict, names: list[str], output_dir: Path) -> None:
     """One line per reward with failed requests: they are NaN, and a rerun retries them."""
     for name in names:
@@ -266,7 +278,14 @@ def main(argv: list[str] | None = None) -> int:
     if info.is_main:  # written first, so even a crashed run guards its results
         write_json(Path(args.output_dir) / "run_info.json", record)
     start = time.perf_counter()
-    timing = runner.run(samples, names, options, lora, args)
+    try:
+        timing = runner.run(samples, names, options, lora, args)
+    except (FileNotFoundError, ImageDecodeError, OSError, RuntimeError) as exc:
+        message = exc_message(exc, args.output_dir)
+        if message is None:
+            raise
+        print(f"marble evaluate: {message}", file=sys.stderr)
+        return 2
     dist.barrier()
     if info.is_main:
         averages = finish(args, samples, names, record, {**timing, "wall_s": time.perf_counter() - start})
