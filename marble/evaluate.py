@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -91,6 +92,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--limit must be >= 1, got {args.limit}")
     if args.batch_size is not None and args.batch_size < 1:
         parser.error(f"--batch_size must be >= 1, got {args.batch_size}")
+    if args.num_inference_steps < 1:
+        parser.error(f"--num_inference_steps must be >= 1, got {args.num_inference_steps}")
+    if args.resolution < 8 or args.resolution % 8:  # the VAE downsamples by 8
+        parser.error(f"--resolution must be a positive multiple of 8, got {args.resolution}")
+    if not math.isfinite(args.guidance_scale) or args.guidance_scale < 0:
+        parser.error(f"--guidance_scale must be a finite number >= 0, got {args.guidance_scale}")
     args.batch_size = args.batch_size or DEFAULT_BATCH_SIZE[args.dataset]
     # `--checkpoint_path hf:ID[@REV]` (a workflow eval.checkpoints entry) is a hub LoRA.
     if args.checkpoint_path and args.checkpoint_path.startswith(HUB_PREFIX):

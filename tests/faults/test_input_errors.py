@@ -159,3 +159,11 @@ def test_a_corrupt_saved_image_names_its_file(tmp_path, capsys):
     assert evaluate.main(eval_argv(tmp_path, tmp_path / "out", "ocr")) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if "marble evaluate" in line]
     assert len(lines) == 1 and "00000.jpg of sample 0 cannot be decoded" in lines[0]
+
+
+@pytest.mark.parametrize("flag,value", [("--resolution", "0"), ("--num_inference_steps", "-3"),
+                                        ("--guidance_scale", "nan")])
+def test_evaluate_flags_out_of_range_name_the_flag(tmp_path, capsys, flag, value):
+    with pytest.raises(SystemExit) as exc:
+        evaluate.main(eval_argv(tmp_path, tmp_path / "out", "ocr", flag, value))
+    assert exc.value.code == 2 and f"{flag} must be" in capsys.readouterr().err
