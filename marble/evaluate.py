@@ -16,7 +16,10 @@ repeat index), so reruns give identical images and any rank count the same noise
 reference sets no seed); the run resumes, skipping samples already in
 `evaluation_results.jsonl`, and refuses to mix results of different image-changing flags.
 Outputs: evaluation_results.jsonl, average_scores.json, image_prompts.json, run_info.json,
-images/ (when asked).
+images/ (when asked). A remote reward request that failed (e.g. UnifiedReward's server
+answered 503) is stored as missing, counted as `failed_<reward>` in average_scores.json,
+and retried by the next run; while any remain the exit status is 3 (EXIT_INCOMPLETE, every
+output written), so a workflow reruns the job (--allow_failed_requests: exit 0).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ from marble.runtime.io import write_json
 DEFAULT_MODEL = "stabilityai/stable-diffusion-3.5-medium"
 DEFAULT_DATA_DIR = "dataset"  # the reference reads dataset/<name>/ (its evaluation.py)
 HUB_PREFIX = "hf:"
+# Outputs written, but some samples' remote requests failed (NaN, not scores): not done yet.
+EXIT_INCOMPLETE = 3
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip_generation", action="store_true", help="score the saved images only")
     p.add_argument("--limit", type=int, default=None, help="first N samples only")
     p.add_argument("--rewards", default=None, help="comma-separated reward list (default: per dataset)")
+    p.add_argument("--allow_failed_requests", action="store_true",
+                   help=f"exit 0 even when remote reward requests failed (default: exit {EXIT_INCOMPLETE} "
+                        "after writing every output, so a workflow reruns the job and the rerun retries them)")
     # $MARBLE_REWARD_OPTIONS (a YAML file) is the base every evaluation starts from: a harness
     # (marble.tools.dev.paper_mini) or a site points all evaluations at its scorer options; the
     # flag (the workflow's eval.reward_options) overrides it option by option.
@@ -248,13 +256,16 @@ def exc_message(exc: BaseException, output_dir: str) -> str | None:
     return describe_write_failure(exc, output_dir)
 
 
-def warn_failed(averages: dict, names: list[str], output_dir: Path) -> None:
-    """One line per reward with failed requests: they are NaN, and a rerun retries them."""
+def warn_failed(averages: dict, names: list[str], output_dir: Path) -> int:
+    """One line per reward with failed requests (they are NaN, a rerun retries them); their count."""
+    total = 0
     for name in names:
         failed = averages.get(f"failed_{name}", 0)
+        total += failed
         if failed:
             print(f"marble evaluate: {failed} {name} requests failed in {output_dir} (stored as missing, "
                   "not scored); rerun the same command to retry them", file=sys.stderr)
+    return total
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -298,9 +309,9 @@ def main(argv: list[str] | None = None) -> int:
         averages = finish(args, samples, names, record, {**timing, "wall_s": time.perf_counter() - start})
         print(json.dumps({k: v for k, v in averages.items()
                           if not k.startswith(("n_", "nan_", "na_", "failed_"))}, indent=1, default=str))
-        warn_failed(averages, names, Path(args.output_dir))
+    failed = dist.broadcast_object(warn_failed(averages, names, Path(args.output_dir)) if info.is_main else None)
     dist.cleanup()
-    return 0
+    return EXIT_INCOMPLETE if failed and not args.allow_failed_requests else 0
 
 
 if __name__ == "__main__":
