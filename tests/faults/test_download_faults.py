@@ -122,3 +122,47 @@ def test_every_packaged_entry_is_pinned_to_a_commit_and_a_digest():
         assert (e.sha256 and e.size) or e.git_blob or e.sha256_prefix, e.path
     pth = {e.path: e for e in load_manifest()}["sac+logos+ava1-l14-linearMSE.pth"]
     assert pth.size == 3714759 and pth.sha256.startswith("21dd590f")
+
+
+REPO, REV = "google-bert/bert-base-uncased", "86b5e0934494bd15c9632b12f734a8a67f723594"
+
+
+@pytest.fixture
+def hub_mirror(tmp_path, monkeypatch):
+    """A one-repo hub on 127.0.0.1 (marble.tools.dev.mirror_server) and a manifest naming it
+    without sha256 pins: its files are verified against the hub's listing only."""
+    import json
+
+    import huggingface_hub.constants as hf_constants
+
+    from marble.tools.dev.mirror_server import MirrorServer
+
+    root = tmp_path / "mirror"
+    (root / "hub" / REPO).mkdir(parents=True)
+    (root / "hub" / REPO / "vocab.txt").write_text("[PAD]\n[UNK]\nhello\n" * 50)
+    (root / "mirror.json").write_text(json.dumps({"repos": {REPO: {"revision": REV, "gated": False}}}))
+    manifest = tmp_path / "manifest.yaml"
+    manifest.write_text(f"groups:\n  rewards:\n    dir: ck\n    hub:\n      - repo: {REPO}\n"
+                        f"        revision: {REV}\n        files:\n          - {{path: vocab.txt}}\n")
+    monkeypatch.setattr(hf_constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    for name in ("HF_TOKEN", "HF_HUB_OFFLINE", "MARBLE_MIRROR"):
+        monkeypatch.delenv(name, raising=False)
+    with MirrorServer(root, idle_s=60) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        yield str(manifest), root / "hub" / REPO / "vocab.txt"
+
+
+def test_a_hub_file_is_checked_against_the_listing_and_a_corrupt_one_fetched_again(hub_mirror, tmp_path, capsys):
+    manifest, served = hub_mirror
+    out = tmp_path / "ck"
+    args = ["rewards", "--out", str(out), "--manifest", manifest]
+    assert download_main(args) == 0 and (out / "vocab.txt").read_bytes() == served.read_bytes()
+    (out / verify.SIDECAR).unlink()  # a file from before hashes were recorded
+    assert download_main([*args, "--offline"]) == 1  # offline, nothing to check it against
+    assert download_main(args) == 0 and "present" in capsys.readouterr().out  # the listing confirms it
+    assert download_main([*args, "--offline"]) == 0
+    same_size_corruption(out / "vocab.txt")
+    assert download_main([*args, "--offline"]) == 1
+    assert f"{out}/vocab.txt (sha256" in capsys.readouterr().err
+    assert download_main(args) == 0 and (out / "vocab.txt").read_bytes() == served.read_bytes()
