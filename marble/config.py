@@ -9,7 +9,6 @@ of the wrong type is an error that names the key and where it came from.
 from __future__ import annotations
 
 import dataclasses
-import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import yaml
+
+from marble.config_ranges import range_problem
 
 PRESET_DIR = Path(__file__).parent / "presets"
 
@@ -317,72 +318,11 @@ def load_config(
     return cfg
 
 
-# Keys whose value must be >= 1 (a count of steps, samples, pixels), and >= 0.
-POSITIVE_KEYS = (
-    "model.lora_rank", "model.max_sequence_length", "sampling.num_steps", "sampling.resolution",
-    "sampling.images_per_prompt", "sampling.batch_size", "sampling.num_batches_per_epoch",
-    "sampling.eval_num_steps", "train.batch_size", "train.max_steps", "train.save_every",
-    "train.keep_checkpoints", "train.log_every", "train.lr", "train.adam_eps", "train.nft_beta",
-    "train.adv_clip", "train.max_grad_norm", "balancer.amortize_every",
-)
-NON_NEGATIVE_KEYS = ("model.lora_alpha", "sampling.guidance_scale", "train.kl_beta", "train.weight_decay",
-                     "balancer.warmup_steps", "balancer.grad_eps")
-UNIT_INTERVAL_KEYS = ("train.ema_decay", "train.old_decay_cap")  # [0, 1]
-
-
-def _value(cfg: RunConfig, key: str) -> Any:
-    node: Any = cfg
-    for part in key.split("."):
-        node = getattr(node, part)
-    return node
-
-
-def _non_finite(node: Any, where: str = "") -> str | None:
-    """The first float key (dotted) holding NaN or inf, or None."""
-    if dataclasses.is_dataclass(node):
-        for f in dataclasses.fields(node):
-            found = _non_finite(getattr(node, f.name), f"{where}.{f.name}" if where else f.name)
-            if found:
-                return found
-    elif isinstance(node, list):
-        for i, item in enumerate(node):
-            found = _non_finite(item, f"{where}[{i}]")
-            if found:
-                return found
-    elif isinstance(node, float) and not math.isfinite(node):
-        return where
-    return None
-
-
-def validate_ranges(cfg: RunConfig, origin: str = "config") -> None:
-    """Every number in its range, so a bad value fails here naming its key, not deep in a run."""
-    bad = _non_finite(cfg)
-    if bad:
-        raise ConfigError(f"{origin}: `{bad}` = {_value_at(cfg, bad)!r} must be a finite number")
-    for key in POSITIVE_KEYS:
-        if not _value(cfg, key) > 0:
-            raise ConfigError(f"{origin}: `{key}` = {_value(cfg, key)!r} must be > 0")
-    for key in NON_NEGATIVE_KEYS:
-        if not _value(cfg, key) >= 0:
-            raise ConfigError(f"{origin}: `{key}` = {_value(cfg, key)!r} must be >= 0")
-    for key in UNIT_INTERVAL_KEYS:
-        if not 0 <= _value(cfg, key) <= 1:
-            raise ConfigError(f"{origin}: `{key}` = {_value(cfg, key)!r} must be in [0, 1]")
-    betas = cfg.train.adam_betas
-    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
-        raise ConfigError(f"{origin}: `train.adam_betas` = {betas!r} must be two values in [0, 1)")
-
-
-def _value_at(cfg: RunConfig, dotted: str) -> Any:
-    """The value at a key such as `train.adam_betas[1]`."""
-    head, _, index = dotted.partition("[")
-    value = _value(cfg, head)
-    return value[int(index.rstrip("]"))] if index else value
-
-
 def validate(cfg: RunConfig, origin: str = "config") -> None:
     """Cross-field checks that the types alone cannot express."""
-    validate_ranges(cfg, origin)
+    problem = range_problem(cfg)
+    if problem:
+        raise ConfigError(f"{origin}: {problem}")
     s, t, b = cfg.sampling, cfg.train, cfg.balancer
     names = cfg.reward_names
     if not names:
