@@ -293,10 +293,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     record = {"identity": run_identity, "flags": flags, "rewards": names,
               "lora": str(lora) if lora else None, "world_size": info.world_size, "argv": argv}
-    if info.is_main:  # written first, so even a crashed run guards its results
-        write_json(Path(args.output_dir) / "run_info.json", record)
     start = time.perf_counter()
     try:
+        if info.is_main:  # written first, so even a crashed run guards its results
+            write_json(Path(args.output_dir) / "run_info.json", record)
         timing = runner.run(samples, names, options, lora, args)
     except (FileNotFoundError, ImageDecodeError, OSError, RuntimeError) as exc:
         message = exc_message(exc, args.output_dir)

@@ -81,7 +81,7 @@ def matches_listing(entry, path: Path, sibling, cache) -> bool:
     """Whether a file already on disk is the hub's at the pinned commit (size; LFS sha256 or
     git blob id; the manifest's pins): checked without downloading, then recorded as verified."""
     size = path.stat().st_size
-    if size != getattr(sibling, "size", size) or (entry.size is not None and size != entry.size):
+    if any(want is not None and size != want for want in (getattr(sibling, "size", None), entry.size)):
         return False
     digest, blob = cache.digests(entry.path, path)
     lfs_sha = getattr(getattr(sibling, "lfs", None), "sha256", None)

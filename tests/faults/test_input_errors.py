@@ -167,3 +167,24 @@ def test_evaluate_flags_out_of_range_name_the_flag(tmp_path, capsys, flag, value
     with pytest.raises(SystemExit) as exc:
         evaluate.main(eval_argv(tmp_path, tmp_path / "out", "ocr", flag, value))
     assert exc.value.code == 2 and f"{flag} must be" in capsys.readouterr().err
+
+
+def test_a_full_disk_during_evaluation_is_one_line_naming_the_file(mount_tmpfs, tmp_path, capsys):
+    import numpy as np
+    from PIL import Image
+
+    disk = mount_tmpfs("size=64k")
+    (tmp_path / "ocr").mkdir()
+    (tmp_path / "ocr" / "test.txt").write_text("a cat\n")
+    (disk / "out" / "images").mkdir(parents=True)
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(disk / "out" / "images" / "00000.jpg")
+    with open(disk / "filler", "wb", buffering=0) as fh:  # fill the disk to the last block
+        try:
+            while True:
+                fh.write(b"\0" * 4096)
+        except OSError:
+            pass
+    assert evaluate.main(eval_argv(tmp_path, disk / "out", "ocr")) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if "marble evaluate" in line]
+    assert len(lines) == 1 and lines[0].startswith("marble evaluate: No space left on device: ")
+    assert str(disk / "out") in lines[0]
