@@ -118,7 +118,7 @@ class UnifiedReward(Reward):
         return {"model": self.model, "messages": [{"role": "user", "content": content}], "temperature": 0.0}
 
     def judge(self, text: str) -> tuple[float, str | None]:
-        """(raw score, None) or (NaN or the reference's 0, judgement kind) for a reply text."""
+        """(raw score, None), or (NaN, judgement kind) for a reply without a usable score."""
         score = parse_final_score(text, reference=self.reference_rules)
         if score != score:
             return score, "unparsable"
