@@ -197,6 +197,10 @@ def _build(cls: type, data: Any, where: str, origin: str) -> Any:
             kwargs[key] = [_build(item_cls, v, f"{path}[{i}]", origin) for i, v in enumerate(value)]
         else:
             if not _type_ok(value, tp):
+                if is_string_key(tp) and isinstance(value, (int, float)):
+                    # YAML reads 0123456 as the octal 42798: the text is gone, only quoting keeps it.
+                    raise ConfigError(f"{origin}: `{path}` must be a string, but YAML read a number "
+                                      f"({value!r}); quote the value, e.g. {path.rsplit('.', 1)[-1]}: \"...\"")
                 raise ConfigError(f"{origin}: `{path}` = {value!r} is not a valid {_tp_name(tp)}")
             kwargs[key] = float(value) if tp is float else value
     return cls(**kwargs)

@@ -188,3 +188,10 @@ def test_a_full_disk_during_evaluation_is_one_line_naming_the_file(mount_tmpfs, 
     lines = [line for line in capsys.readouterr().err.splitlines() if "marble evaluate" in line]
     assert len(lines) == 1 and lines[0].startswith("marble evaluate: No space left on device: ")
     assert str(disk / "out") in lines[0]
+
+
+def test_a_string_key_yaml_read_as_a_number_says_quote_it(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  revision: 0123456\n")
+    with pytest.raises(ConfigError, match=r"`model.revision` must be a string, but YAML read a number \(42798\)"):
+        load_config("tiny", files=[path])
