@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         if info.is_main:  # written first, so even a crashed run guards its results
             write_json(Path(args.output_dir) / "run_info.json", record)
         timing = runner.run(samples, names, options, lora, args)
-    except (FileNotFoundError, ImageDecodeError, OSError, RuntimeError) as exc:
+    except Exception as exc:  # noqa: BLE001 - re-raised unless a user can act on it
         message = exc_message(exc, args.output_dir)
         if message is None:
             raise

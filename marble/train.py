@@ -165,8 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     except (TrainError, CheckpointError) as exc:
         print(f"marble train: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    except (OSError, RuntimeError) as exc:
-        # Disk full, read-only or forbidden run folder: the reason and the path, one line.
+    except Exception as exc:  # noqa: BLE001 - re-raised unless it is a write failure
+        # Disk full, read-only or forbidden run folder: the reason and the path, one line
+        # (safetensors' errors are plain Exceptions, torch's RuntimeErrors).
         message = describe_write_failure(exc, args.output_dir)
         if message is None:
             raise

@@ -1,10 +1,11 @@
 """One line a user can act on for a failed write: disk full, read-only, no permission.
 
-Python's OSError carries errno and the file name; torch's C++ writer does not (a full disk
-during `torch.save` is `RuntimeError: [enforce fail at inline_container.cc:...] unexpected
-pos ...` or `PytorchStreamWriter failed writing file ...`). For those the folder being
-written is probed: a small write that fails with ENOSPC (or no free blocks) is reported as
-"No space left on device: <folder>".
+Python's OSError carries errno and the file name; other writers do not: safetensors raises
+`SafetensorError('... No space left on device (os error 28)')` (a plain Exception, no path),
+torch's C++ writer `RuntimeError: [enforce fail at inline_container.cc:...] unexpected pos`
+or `PytorchStreamWriter failed writing file ...` (no reason either). For those the reason is
+read from the text where it is there, else the folder being written is probed: a small write
+that fails with ENOSPC (or no free blocks) is reported as "No space left on device: <folder>".
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ _MESSAGES = {
     errno.EACCES: "Permission denied",
     errno.EPERM: "Operation not permitted",
 }
+# The OS's words (and Rust's `os error N`) inside other libraries' messages.
+_TEXT = {errno.ENOSPC: ("No space left on device", "os error 28"), errno.EDQUOT: ("Disk quota exceeded", "os error 122"),
+         errno.EROFS: ("Read-only file system", "os error 30")}
 # What torch's zip writer says when a write fails (no errno survives the C++ layer).
 _TORCH_WRITE_FAILURES = ("inline_container", "PytorchStreamWriter failed", "file write failed")
 PROBE_BYTES = 1 << 16
@@ -47,9 +51,15 @@ def describe_write_failure(exc: BaseException, where: str | os.PathLike) -> str 
     where = Path(where)
     if isinstance(exc, OSError) and exc.errno in _MESSAGES:
         return f"{_MESSAGES[exc.errno]}: {exc.filename or where}"
-    if isinstance(exc, RuntimeError) and any(s in str(exc) for s in _TORCH_WRITE_FAILURES):
+    if isinstance(exc, OSError):
+        return None
+    for code, words in _TEXT.items():
+        if any(w in str(exc) for w in words):
+            return f"{_MESSAGES[code]}: {where}"
+    if any(s in str(exc) for s in _TORCH_WRITE_FAILURES):
         if _probe_full(where):
             return f"{_MESSAGES[errno.ENOSPC]}: {where}"
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return f"writing under {where} failed: {first}"
+        # A short write on a local disk is almost always a full disk or quota.
+        return f"writing under {where} failed (a short write: is the disk full or over quota?): {first}"
     return None

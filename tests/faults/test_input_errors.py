@@ -195,3 +195,13 @@ def test_a_string_key_yaml_read_as_a_number_says_quote_it(tmp_path):
     path.write_text("model:\n  revision: 0123456\n")
     with pytest.raises(ConfigError, match=r"`model.revision` must be a string, but YAML read a number \(42798\)"):
         load_config("tiny", files=[path])
+
+
+def test_a_full_disk_under_safetensors_says_no_space_and_names_the_folder(mount_tmpfs):
+    from safetensors.torch import save_file
+
+    disk = mount_tmpfs("size=64k")
+    with pytest.raises(Exception) as err:  # a plain Exception naming no file
+        save_file({"w": torch.zeros(1 << 18)}, str(disk / "adapters.safetensors"))
+    assert describe_write_failure(err.value, disk) == f"No space left on device: {disk}"
+    assert describe_write_failure(KeyError("x"), disk) is None
