@@ -3,7 +3,9 @@
 Presets are named YAML files in `marble/presets/` (`tiny`, `rho_07`, ...). A preset may
 name a `base:` preset it extends. User files and `--set key=value` overrides are merged
 on top. Every key is checked against the dataclasses below: an unknown key or a value
-of the wrong type is an error that names the key and where it came from.
+of the wrong type is an error that names the key and where it came from, and so is a
+number out of its range (marble.config_ranges: counts > 0, finite floats, ...). `--set`
+keeps the text of string keys (`model.revision=0123456` stays "0123456").
 """
 
 from __future__ import annotations
