@@ -8,8 +8,9 @@ backoff, verifies size and sha256 (a mismatch removes the partial file), then re
 into place atomically. `--mirror URL` (or MARBLE_MIRROR) fetches `https://host/path` from
 `URL/host/path`. Hub entries go through huggingface_hub at a pinned commit
 (`marble.assets.hub`; HF_ENDPOINT for a mirror, HF_TOKEN for the gated model).
-`--offline` (or HF_HUB_OFFLINE=1) downloads nothing: it checks what is on disk and names
-every missing file.
+A file already on disk counts as present only when its content matches its pin (re-hashed,
+cached by size + mtime: `marble.assets.verify`); `--offline` (or HF_HUB_OFFLINE=1) downloads
+nothing: it checks what is on disk the same way and names every missing or bad file.
 
 Why not pooch: it cannot resume a partial download and would add a dependency for the
 handful of plain URLs; this module is small, tested, and does size + sha256 + resume.
@@ -18,7 +19,6 @@ handful of plain URLs; this module is small, tested, and does size + sha256 + re
 from __future__ import annotations
 
 import argparse
-import hashlib
 import http.client
 import os
 import sys
@@ -31,11 +31,13 @@ from pathlib import Path
 import yaml
 from tqdm.auto import tqdm
 
+from marble.assets.verify import HashCache, digests, problem
+
 MANIFEST = Path(__file__).with_name("manifest.yaml")
 GROUPS = ("model", "rewards", "datasets")
 CHUNK = 1 << 20
 GROUP_KEYS = {"dir", "files", "hub"}
-FILE_KEYS = {"path", "url", "size", "sha256", "auth", "page"}
+FILE_KEYS = {"path", "url", "size", "sha256", "git_blob", "sha256_prefix", "auth", "page"}
 HUB_KEYS = {"repo", "revision", "gated", "page", "into", "files"}
 HUB_FILE_KEYS = {"path", "size", "sha256"}
 
@@ -61,6 +63,13 @@ class Entry:
     revision: str | None = None
     remote: str | None = None
     gated: bool = False
+    git_blob: str | None = None  # the file's git blob id in the pinned commit (pins size too)
+    sha256_prefix: str | None = None  # all that is published for some checkpoints (openmmlab's)
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the manifest pins the content (a hub file is also pinned by its commit's listing)."""
+        return bool(self.sha256 or self.git_blob or (self.repo and self.revision))
 
 
 def _keys(where: str, spec: dict, allowed: set[str], required: tuple[str, ...]) -> None:
@@ -100,7 +109,8 @@ def load_manifest(path: str | Path = MANIFEST) -> list[Entry]:
         for i, f in enumerate(spec.get("files") or []):
             _keys(f"{path}: groups.{group}.files[{i}]", f, FILE_KEYS, ("path", "url"))
             entries.append(Entry(group, f["path"], f["url"], f.get("size"), f.get("sha256"),
-                                 f.get("auth"), f.get("page")))
+                                 f.get("auth"), f.get("page"), git_blob=f.get("git_blob"),
+                                 sha256_prefix=f.get("sha256_prefix")))
         for i, hub in enumerate(spec.get("hub") or []):
             entries.extend(_hub_entries(path, group, i, hub))
     return entries
@@ -120,17 +130,13 @@ def mirrored(entry: Entry, mirror: str | None) -> Entry:
     return replace(entry, url=f"{mirror.rstrip('/')}/{rest}")
 
 
-def present(entry: Entry, out: Path) -> bool:
-    dest = out / entry.path
-    return dest.is_file() and (entry.size is None or dest.stat().st_size == entry.size)
+def present(entry: Entry, out: Path, cache: HashCache | None = None) -> bool:
+    """out/entry.path exists and its content matches its pin (re-hashed unless cached)."""
+    return problem(entry, out, cache) is None
 
 
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(CHUNK), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return digests(path)[0]
 
 
 def denied_message(entry: Entry, status: int) -> str:
@@ -182,14 +188,20 @@ def _fetch_once(entry: Entry, part: Path, timeout: float) -> None:
 
 
 def _verify(entry: Entry, part: Path) -> str:
+    def fail(what: str):
+        part.unlink()
+        raise DownloadError(f"{entry.path}: {what}; checksum error, partial file removed")
+
     size = part.stat().st_size
     if entry.size is not None and size != entry.size:
-        part.unlink()
-        raise DownloadError(f"{entry.path}: size {size} != pinned {entry.size}; checksum error, partial file removed")
-    digest = sha256_file(part)
+        fail(f"size {size} != pinned {entry.size}")
+    digest, blob = digests(part)
     if entry.sha256 and digest != entry.sha256.lower():
-        part.unlink()
-        raise DownloadError(f"{entry.path}: sha256 {digest} != pinned {entry.sha256}; checksum error, partial file removed")
+        fail(f"sha256 {digest} != pinned {entry.sha256}")
+    if entry.git_blob and blob != entry.git_blob.lower():
+        fail(f"git blob {blob} != pinned {entry.git_blob}")
+    if entry.sha256_prefix and not digest.startswith(entry.sha256_prefix.lower()):
+        fail(f"sha256 {digest} does not start with the pinned {entry.sha256_prefix}")
     return digest
 
 
@@ -219,7 +231,8 @@ def download(entry: Entry, out: Path, retries: int = 5, backoff: float = 1.0, ti
         time.sleep(delay)
     digest = _verify(entry, part)
     os.replace(part, dest)  # same folder: atomic
-    if entry.sha256:
+    HashCache(out).mark_verified(entry.path, dest)
+    if entry.sha256 or entry.git_blob:
         return "downloaded"
     print(f"{entry.path}: not pinned; size {dest.stat().st_size}, sha256 {digest}: "
           f"pin these in the manifest", file=sys.stderr)
@@ -227,15 +240,9 @@ def download(entry: Entry, out: Path, retries: int = 5, backoff: float = 1.0, ti
 
 
 def missing_files(entries: list[Entry], out: Path) -> list[str]:
-    """Entries absent on disk (or of the wrong pinned size)."""
-    bad = []
-    for e in entries:
-        dest = out / e.path
-        if not dest.is_file():
-            bad.append(f"{dest} (missing)")
-        elif e.size is not None and dest.stat().st_size != e.size:
-            bad.append(f"{dest} (size {dest.stat().st_size}, pinned {e.size})")
-    return bad
+    """Entries absent on disk or whose content does not match its pin, each with the reason."""
+    cache = HashCache(out)
+    return [f"{out / e.path} ({why})" for e in entries if (why := problem(e, out, cache))]
 
 
 def fetch_group(entries: list[Entry], out: Path, retries: int = 5, backoff: float = 1.0,
