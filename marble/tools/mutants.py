@@ -81,10 +81,20 @@ def check_catalogue(mutants: list[Mutant], root: Path) -> None:
         if not m.tests:
             problems.append(f"mutant {m.name!r}: names no tests")
         for test in m.tests:
-            if not (root / test.split("::")[0]).is_file():
-                problems.append(f"mutant {m.name!r}: test file {test.split('::')[0]} does not exist")
+            problems += _missing_test(m.name, root, test)
     if problems:
         raise MutantError("\n".join(problems))
+
+
+def _missing_test(name: str, root: Path, test: str) -> list[str]:
+    """A named test file that does not exist, or a test function it does not define."""
+    file, _, node = test.partition("::")
+    if not (root / file).is_file():
+        return [f"mutant {name!r}: test file {file} does not exist"]
+    func = node.split("::")[-1].split("[")[0]
+    if func and f"def {func}(" not in (root / file).read_text(encoding="utf-8"):
+        return [f"mutant {name!r}: {file} defines no test {func}"]
+    return []
 
 
 def scratch_copy(root: Path, dest: Path, paths=COPY) -> Path:
@@ -196,7 +206,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mutants: {exc}", file=sys.stderr)
         return 2
     print(table(outcomes))
-    return 0 if all(o.status == CAUGHT for o in outcomes) else 1
+    return exit_status(outcomes)
+
+
+def exit_status(outcomes: list[Outcome]) -> int:
+    """0 when every mutant was caught, else 1."""
+    return 0 if outcomes and all(o.status == CAUGHT for o in outcomes) else 1
 
 
 if __name__ == "__main__":
