@@ -1,8 +1,8 @@
 """The mutation runner (marble/tools/mutants.py) on a toy tree, and the real catalogue's snippets.
 
 The toy: a module with add and mul, a test that checks add only. Mutating add is caught,
-mutating mul is missed, a test id that does not exist is an error (not a catch), and the
-toy tree itself is never written.
+mutating mul is missed, a test id that does not exist or a test that only skips is an error
+(neither a catch nor a miss), and the toy tree itself is never written.
 """
 
 from __future__ import annotations
@@ -47,6 +47,13 @@ def test_caught_missed_and_error_on_a_toy_tree(toy):
     text = M.table(outcomes)
     assert "1 caught, 1 missed, 1 errors of 3 mutants" in text
     assert M.exit_status(outcomes) == 1 and M.exit_status(outcomes[:1]) == 0
+
+
+def test_only_a_failing_or_passing_run_is_a_verdict():
+    assert M.verdict(1, "1 failed in 0.1s") == M.CAUGHT
+    assert M.verdict(0, "3 passed in 0.1s") == M.MISSED
+    assert M.verdict(0, "2 skipped in 0.1s") == M.ERROR  # a missing extra is not a miss
+    assert M.verdict(None) == M.ERROR and M.verdict(2) == M.ERROR and M.verdict(5) == M.ERROR
 
 
 def test_a_baseline_that_fails_unmutated_is_refused(toy):

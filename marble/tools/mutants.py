@@ -9,7 +9,8 @@ The real tree is never written. The scratch copy holds the source folders (marbl
 workflow/, config/ and the top-level files); each mutant's file is mutated there, its tests run
 with PYTHONPATH pointing at the copy (bytecode off, so no stale .pyc can hide a mutation), and
 the file is restored before the next mutant. Verdicts from pytest's exit status: 1 (a test
-failed) = caught, 0 = missed, anything else (collection error, no such test, timeout) = error.
+failed) = caught, 0 = missed, anything else (collection error, no such test, all skipped,
+timeout) = error.
 
     python -m marble.tools.mutants              # all, after a baseline run of the named tests
     python -m marble.tools.mutants --list
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -128,9 +130,12 @@ def run_tests(tree: Path, tests: tuple[str, ...], shared: Path | None, timeout: 
     return proc.returncode, (proc.stdout + proc.stderr)[-2000:]
 
 
-def verdict(returncode: int | None) -> str:
+def verdict(returncode: int | None, tail: str = "") -> str:
     # 1 = tests ran and one failed. 2-5 (interrupted, internal, usage, nothing collected) and a
-    # timeout say nothing about the mutant: a renamed test must not count as a catch.
+    # timeout say nothing about the mutant: a renamed test must not count as a catch. Exit 0
+    # with nothing passed (every named test skipped: a missing extra) is not a miss either.
+    if returncode == 0 and not re.search(r"\b\d+ passed", tail):
+        return ERROR
     return {0: MISSED, 1: CAUGHT}.get(returncode, ERROR)
 
 
@@ -143,7 +148,7 @@ def run_mutant(tree: Path, mutant: Mutant, shared: Path | None, timeout: float =
         rc, tail = run_tests(tree, mutant.tests, shared, timeout)
     finally:
         path.write_text(original, encoding="utf-8")
-    return Outcome(mutant, verdict(rc), time.perf_counter() - t0, tail)
+    return Outcome(mutant, verdict(rc, tail), time.perf_counter() - t0, tail)
 
 
 def run_all(mutants: list[Mutant], root: Path = ROOT, shared: Path | None = None, baseline: bool = True,
@@ -157,7 +162,7 @@ def run_all(mutants: list[Mutant], root: Path = ROOT, shared: Path | None = None
             t0 = time.perf_counter()
             rc, tail = run_tests(tree, tests, shared, timeout * max(1, len(mutants)))
             report(f"baseline: {len(tests)} test ids, exit {rc}, {time.perf_counter() - t0:.1f} s")
-            if rc != 0:
+            if verdict(rc, tail) != MISSED:  # i.e. ran and passed
                 raise MutantError(f"the named tests fail without any mutation (exit {rc}); "
                                   f"every mutant would read as caught:\n{tail}")
         outcomes = []
