@@ -124,7 +124,7 @@ def run_tests(tree: Path, tests: tuple[str, ...], shared: Path | None, timeout: 
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
     try:
         proc = subprocess.run(cmd, cwd=tree, env=_env(tree, shared), capture_output=True, text=True,
-                              timeout=timeout)
+                              timeout=timeout, check=False)  # the status is the verdict
     except subprocess.TimeoutExpired as exc:
         return None, str(exc.stdout or "")[-2000:]
     return proc.returncode, (proc.stdout + proc.stderr)[-2000:]
