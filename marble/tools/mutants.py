@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # What a test run needs from the checkout; build outputs, venvs, data and results stay out.
 COPY = ("marble", "tests", "workflow", "config", "config.yaml", "slurm", "Snakefile", "pyproject.toml",
         "dvc.yaml", "dvc.lock", "params.yaml", "environment.yml", "Makefile", "README.md", "docs",
-        ".test", ".dvc", ".dvcignore", ".gitignore")
+        ".test", ".gitignore")  # not .dvc: its cache can be large
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", "*.egg-info")
 TIMEOUT_S = 1200  # per mutant; a hang is an error to look at, not a catch
 CAUGHT, MISSED, ERROR = "caught", "missed", "ERROR"
