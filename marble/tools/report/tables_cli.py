@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", type=Path, help="folder of run folders (results/runs)")
     p.add_argument("--only", default="", help="comma-separated run names (default: every run)")
     p.add_argument("--eval-summary", type=Path, help="results/eval/summary.csv")
+    p.add_argument("--eval-dir", type=Path,
+                   help="instead of --eval-summary: an evaluation settings folder (<run>/<ckpt>/<dataset>)")
     p.add_argument("--bench", type=Path, help="`marble bench step` JSON")
     p.add_argument("--flops", type=Path, help="`marble bench flops` JSON")
     p.add_argument("--inputs", type=Path, nargs="*", default=[], help="paper_tables: markdown files")
@@ -67,6 +69,10 @@ def build(args):
     from marble.tools.report.loading import load_eval_summary
 
     if args.name == "rho_ablation":
+        if args.eval_dir is not None:  # only the table's own runs need evaluating
+            from marble.evaluation.summary import collect
+
+            return pt.rho_ablation(_runs(args), collect(args.eval_dir))
         return pt.rho_ablation(_runs(args), load_eval_summary(args.eval_summary))
     if args.name == "harmony":
         return pt.harmony(_runs(args))
