@@ -129,7 +129,7 @@ def test_tiny_pipeline_end_to_end(tiny_pipeline):
     assert set(verdict["reward_change"]) == set(cfg["runs"])
     for per_reward in verdict["reward_change"].values():
         assert per_reward and all(len(pair) == 2 for pair in per_reward.values())
-    assert "## Beside the paper" in report.read_text()
+    assert "## Details: Table 1 per balancer, and as published" in report.read_text()
     # The DVC stages cover the whole `all` target: Snakemake finds nothing left to do.
     assert "Nothing to be done" in tiny_pipeline["dry_all"]
 

@@ -228,3 +228,27 @@ def metrics_json(frame: pd.DataFrame) -> dict:
         out.setdefault(name, {})[rec["metric"]] = None if pd.isna(value) else float(value)
     return out
 
+
+
+# ------------------------------------------------------------------ Table 1 (the report's view)
+
+
+def table1(runs: list[RunData], long_eval: pd.DataFrame | None) -> pd.DataFrame:
+    """Per balancer with a published row (weighted sum, MARBLE): our eval scores (mean over
+    its runs, i.e. seeds, at their latest checkpoints) beside the published row. The full
+    Table 1 with every published row is the Table 1 target's (results/eval/table1.*)."""
+    rows = []
+    for balancer, paper_row in published.BALANCER_ROWS.items():
+        mine = [_eval_values(long_eval, r.name) for r in runs if r.balancer == balancer]
+        mine = [m for m in mine if m]
+        paper = dict(zip(published.TABLE1_COLUMNS[:-1], published.TABLE1[paper_row]))
+        basis = (f"eval: latest checkpoint, mean of {len(mine)} run(s)" if mine
+                 else f"{NOT_MEASURED}: no evaluated {balancer} run")
+        metrics = list(dict.fromkeys([*paper, *(k for m in mine for k in m)]))
+        for metric in metrics:
+            values = [m[metric] for m in mine if metric in m and not math.isnan(m[metric])]
+            rows.append({"row": f"{balancer} ({paper_row})", "metric": metric,
+                         "ours": sum(values) / len(values) if values else math.nan,
+                         "published": paper.get(metric, math.nan), "basis": basis,
+                         "source": published.SOURCE if metric in paper else ""})
+    return _frame(rows)
