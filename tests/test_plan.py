@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from pathlib import Path
 
 import pytest
 import yaml
@@ -113,6 +112,6 @@ def test_dry_run_of_paper_tables_plans_the_runs_and_prints_the_estimate():
     trained = re.findall(r"rule train_run:\n(?:\s+\S.*\n)*?\s+wildcards: run=(\S+)", proc.stdout)
     assert sorted(trained) == sorted(RHO_RUNS + ["weighted_sum"])  # once each, no equal_alpha
     for rule in ("rho_ablation", "harmony", "cost", "paper_tables", "bench_step"):
-        assert re.search(rf"^{rule}\s+1$", proc.stdout, re.M), rule
+        assert re.search(rf"^{rule}\s+1$", proc.stdout, re.MULTILINE), rule
     assert re.search(r"rho_ablation: 5 runs x 16 GPUs x \d+\.\d h", proc.stderr)
     assert re.search(r"paper tables, each run once: 6 runs, \d+ GPU-h", proc.stderr)

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     for key in ("mode", "runs", "train", "dataset", "model_dir"):
         if key not in config:
             raise SystemExit(f"marble plan: {args.config}: missing key `{key}`")
-    for name, spec in config["runs"].items():
+    for spec in config["runs"].values():
         spec.setdefault("set", [])
         spec.setdefault("max_steps", None)
     bench = json.loads(args.bench.read_text(encoding="utf-8")) if args.bench and args.bench.is_file() else None

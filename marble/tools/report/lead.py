@@ -4,7 +4,6 @@ cell). Tiny runs get the same layout, labelled as toy analogues."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pandas as pd
@@ -32,22 +31,6 @@ def released_marble(runs: list[RunData]) -> list[RunData]:
     marble = [r for r in runs if r.balancer == "marble" and r.alpha_ema in (0.7, None)]
     reference = [r for r in marble if not (r.config.get("balancer") or {}).get("exact_masking")]
     return [r for r in runs if r.balancer != "marble"] + (reference or marble)
-
-
-def compact(frame: pd.DataFrame) -> pd.DataFrame:
-    """A row per table row, a column per metric, each cell "ours / published"."""
-    keys = ["rho", "row"] if "rho" in frame else ["row"]
-    metrics = list(dict.fromkeys(frame["metric"]))
-
-    def one(v):
-        return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3g}"
-    rows = []
-    for key, group in frame.groupby(keys, sort=False):
-        key = key if isinstance(key, tuple) else (key,)
-        cells = {m: f"{one(o)} / {one(p)}" for m, o, p in
-                 zip(group["metric"], group["ours"], group["published"])}
-        rows.append({**dict(zip(keys, key)), **{m: cells.get(m, "–") for m in metrics}})
-    return pd.DataFrame(rows).set_index(keys)
 
 
 def _notes(frame: pd.DataFrame) -> str:
@@ -80,7 +63,7 @@ def lead_blocks(frames: dict[str, pd.DataFrame], root: Path, toy: bool, write_cs
             continue
         label = (f"{title}{' (toy analogue)' if toy else ''}: each cell ours / published "
                  f"(`{path}`). {_notes(frame)}")
-        blocks.append(Table(label, compact(frame)))
+        blocks.append(Table(label, paper_tables.compact(frame)))
         written = figures.ours_vs_published(frame, root / "figures" / f"paper_{slug}.png",
                                             f"{title}: ours (blue) vs published (grey)")
         if written is not None:

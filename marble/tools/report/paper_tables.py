@@ -16,7 +16,12 @@ import pandas as pd
 from marble.evaluation.summary import wide_table
 from marble.tools.report import published
 from marble.tools.report.loading import RunData, latest_checkpoint_name
-from marble.tools.report.tables import _harmony_row, exact_masking, is_count_metric, rho_groups
+from marble.tools.report.tables import (
+    _harmony_row,
+    exact_masking,
+    is_count_metric,
+    rho_groups,
+)
 from marble.tools.report.verdict import reward_changes
 
 COLUMNS = ["row", "metric", "ours", "published", "basis", "source"]
@@ -54,8 +59,9 @@ def _train_values(run: RunData) -> dict[str, float]:
             for c in reward_changes(run.metrics, run.reward_names).values()}
 
 
-def _rho_label(run: RunData) -> str:
-    masking = " (exact masking)" if exact_masking(run) else ""
+def _rho_label(run: RunData, varies_masking: bool) -> str:
+    """`ours: <run>`, marked when the group mixes masking modes (rho_07 vs rho_07_exact)."""
+    masking = " (exact masking)" if varies_masking and exact_masking(run) else ""
     return f"ours: {run.name}{masking}"
 
 
@@ -66,6 +72,7 @@ def rho_ablation(runs: list[RunData], long_eval: pd.DataFrame | None) -> pd.Data
     group = _rho_runs(runs)
     evaluated = bool(group) and all(_eval_values(long_eval, r.name) for r in group)
     basis = "eval: latest checkpoint" if evaluated else "training reward: last logged epochs"
+    varies_masking = len({exact_masking(r) for r in group}) > 1
     rows = []
     for rho, values in published.RHO_ABLATION.items():
         for metric, value in zip(published.RHO_COLUMNS, values):
@@ -75,7 +82,7 @@ def rho_ablation(runs: list[RunData], long_eval: pd.DataFrame | None) -> pd.Data
         ours = _eval_values(long_eval, run.name) if evaluated else _train_values(run)
         paper = dict(zip(published.RHO_COLUMNS, published.RHO_ABLATION.get(run.alpha_ema, [])))
         for metric, value in ours.items():
-            rows.append({"rho": run.alpha_ema, "row": _rho_label(run), "metric": metric,
+            rows.append({"rho": run.alpha_ema, "row": _rho_label(run, varies_masking), "metric": metric,
                          "ours": value, "published": paper.get(metric, math.nan),
                          "basis": basis, "source": published.RHO_SOURCE if metric in paper else ""})
     frame = pd.DataFrame(rows, columns=["rho", *COLUMNS])
@@ -193,25 +200,36 @@ def cost(bench: dict | None, flops: dict | None) -> pd.DataFrame:
 # ------------------------------------------------------------------ rendering
 
 
-def _cell(ours: float, paper: float) -> str:
-    def one(v):
-        return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.4g}"
-    return f"{one(ours)} / {one(paper)}"
+def _one(value) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4g}"
+
+
+def metric_order(frame: pd.DataFrame) -> list[str]:
+    """The metrics with a published value first (the paper's order), then ours alone."""
+    metrics = list(dict.fromkeys(frame["metric"]))
+    paper = set(frame.loc[frame["published"].notna(), "metric"])
+    return [m for m in metrics if m in paper] + [m for m in metrics if m not in paper]
+
+
+def compact(frame: pd.DataFrame) -> pd.DataFrame:
+    """A row per table row, a column per metric, each cell "ours / published"."""
+    keys = ["rho", "row"] if "rho" in frame else ["row"]
+    metrics = metric_order(frame)
+    rows = []
+    for key, group in frame.groupby(keys, sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        cells = {m: f"{_one(o)} / {_one(p)}"
+                 for m, o, p in zip(group["metric"], group["ours"], group["published"])}
+        rows.append({**dict(zip(keys, key)), **{m: cells.get(m, "–") for m in metrics}})
+    return pd.DataFrame(rows).set_index(keys)
 
 
 def wide_markdown(frame: pd.DataFrame, title: str) -> str:
-    """A row per table row, a column per metric, each cell "ours / published"; the bases
-    and sources follow as lines (each said once)."""
-    keys = ["rho", "row"] if "rho" in frame else ["row"]
-    metrics = list(dict.fromkeys(frame["metric"]))
-    lines = [f"## {title}", "", "Each cell: ours / published (– = none).", "",
-             "| " + " | ".join(keys + metrics) + " |", "|" + "---|" * (len(keys) + len(metrics))]
-    for key, group in frame.groupby(keys, sort=False):
-        key = key if isinstance(key, tuple) else (key,)
-        by_metric = {m: _cell(o, p) for m, o, p in zip(group["metric"], group["ours"], group["published"])}
-        cells = [str(k) for k in key] + [by_metric.get(m, "–") for m in metrics]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    lines.append("")
+    """The compact table, then the bases and sources as lines (each said once)."""
+    from marble.tools.report.render import markdown_table
+
+    lines = [f"## {title}", "", "Each cell: ours / published (– = none).", ""]
+    lines += [markdown_table(compact(frame)) if not frame.empty else "(no rows)", ""]
     for name, values in (("basis of ours", frame["basis"]), ("source", frame["source"])):
         for value in dict.fromkeys(v for v in values if v):
             lines.append(f"- {name}: {value}")
