@@ -160,3 +160,22 @@ def test_tables_cli_writes_csv_markdown_and_strict_metrics(tmp_path):
     assert "EMA decay rho ablation" in joined and "Training cost" in joined
     with pytest.raises(SystemExit, match="--only names runs .*: nope"):
         tables_main(["harmony", "--runs", str(runs), "--only", "nope", "--out", str(out)])
+
+
+def test_table1_view_toy_rewards_averaged_over_datasets(tmp_path):
+    from test_report_layout import _wide_eval
+
+    from marble.tools.report.loading import load_eval_summary
+
+    root = tmp_path / "runs"
+    write_run(root, "weighted_sum", "weighted_sum", CURVES)
+    write_run(root, "marble", "marble", CURVES)
+    write_run(root, "marble_s2", "marble", CURVES)
+    long = load_eval_summary(_wide_eval(tmp_path / "s.csv", ["weighted_sum", "marble", "marble_s2"]))
+    frame = pt.table1(load_runs(root), long)
+    # _wide_eval: run i, toy reward j -> 0.1 i + 0.01 j on every dataset; MARBLE = runs 1, 2
+    cell = _cell(frame, "marble (+ MARBLE)", "toy_saturation (mean over datasets)")
+    assert cell["ours"] == pytest.approx(0.16) and math.isnan(cell["published"])
+    assert _cell(frame, "weighted_sum (+ DiffusionNFT (weighted-sum))", "OCR")["published"] == 0.91
+    assert set(frame["basis"]) == {"eval: latest checkpoint, mean of 1 run(s)",
+                                   "eval: latest checkpoint, mean of 2 run(s)"}

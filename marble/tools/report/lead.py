@@ -35,7 +35,7 @@ def released_marble(runs: list[RunData]) -> list[RunData]:
 
 def _notes(frame: pd.DataFrame) -> str:
     bases = [b for b in dict.fromkeys(frame["basis"]) if b]
-    sources = [s for s in dict.fromkeys(frame["source"]) if s]
+    sources = [s.removeprefix("published: ") for s in dict.fromkeys(frame["source"]) if s]
     return ("Ours: " + "; ".join(bases) + ". " if bases else "") + \
         ("Published: " + "; ".join(sources) + "." if sources else "")
 

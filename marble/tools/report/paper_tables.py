@@ -46,7 +46,8 @@ def _eval_values(long_eval: pd.DataFrame | None, run: str) -> dict[str, float]:
     a toy reward keeps its own `<reward> (<dataset>)` column."""
     if long_eval is None or run not in set(long_eval["run"]):
         return {}
-    mine = long_eval[(long_eval["run"] == run) & ~long_eval["metric"].map(is_count_metric)]
+    # wide_table tells reward means by their `n_<key>` counts beside them: keep those.
+    mine = long_eval[long_eval["run"] == run]
     latest = latest_checkpoint_name(list(mine["checkpoint"]))
     wide, _ = wide_table(mine[mine["checkpoint"] == latest])
     row = wide.iloc[0].drop(labels=["Composite"], errors="ignore")
@@ -79,7 +80,7 @@ def rho_ablation(runs: list[RunData], long_eval: pd.DataFrame | None) -> pd.Data
             rows.append({"rho": rho, "row": "published", "metric": metric, "ours": math.nan,
                          "published": value, "basis": "", "source": published.RHO_SOURCE})
     for run in group:
-        ours = _eval_values(long_eval, run.name) if evaluated else _train_values(run)
+        ours = _over_datasets(_eval_values(long_eval, run.name)) if evaluated else _train_values(run)
         paper = dict(zip(published.RHO_COLUMNS, published.RHO_ABLATION.get(run.alpha_ema, [])))
         for metric, value in ours.items():
             rows.append({"rho": run.alpha_ema, "row": _rho_label(run, varies_masking), "metric": metric,
@@ -251,13 +252,24 @@ def metrics_json(frame: pd.DataFrame) -> dict:
 # ------------------------------------------------------------------ Table 1 (the report's view)
 
 
+def _over_datasets(values: dict[str, float]) -> dict[str, float]:
+    """A reward outside the paper's columns (`<reward> (<dataset>)`, e.g. a toy reward)
+    as its mean over the eval datasets, so the view stays one column per reward."""
+    groups: dict[str, list[float]] = {}
+    for key, value in values.items():
+        name = key.rsplit(" (", 1)[0] + " (mean over datasets)" if key.endswith(")") else key
+        groups.setdefault(name, []).append(value)
+    return {k: sum(v) / len(v) for k, v in groups.items()}
+
+
 def table1(runs: list[RunData], long_eval: pd.DataFrame | None) -> pd.DataFrame:
     """Per balancer with a published row (weighted sum, MARBLE): our eval scores (mean over
     its runs, i.e. seeds, at their latest checkpoints) beside the published row. The full
     Table 1 with every published row is the Table 1 target's (results/eval/table1.*)."""
     rows = []
     for balancer, paper_row in published.BALANCER_ROWS.items():
-        mine = [_eval_values(long_eval, r.name) for r in runs if r.balancer == balancer]
+        mine = [_over_datasets(_eval_values(long_eval, r.name)) for r in runs
+                if r.balancer == balancer]
         mine = [m for m in mine if m]
         paper = dict(zip(published.TABLE1_COLUMNS[:-1], published.TABLE1[paper_row]))
         basis = (f"eval: latest checkpoint, mean of {len(mine)} run(s)" if mine

@@ -90,7 +90,7 @@ CSS = """
 body{font-family:system-ui,sans-serif;max-width:1180px;margin:1.5em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:.4em 0 1.2em;font-size:.8em;max-width:100%}
 th,td{border:1px solid #ccc;padding:.2em .45em;text-align:right;overflow-wrap:anywhere}
-th{background:#f2f2f2;font-weight:600} td:first-child,th:first-child{text-align:left}
+th{background:#f2f2f2;font-weight:600;overflow-wrap:break-word} td:first-child,th:first-child{text-align:left}
 figure{margin:.8em 0 1.6em} img{max-width:100%;height:auto}
 figcaption,.caption{color:#555;font-style:italic;font-size:.9em}
 p,li,figcaption,.caption,summary{overflow-wrap:anywhere}
@@ -104,6 +104,12 @@ MAX_COLUMNS = 10
 def _inline(text: str) -> str:
     """Escape, then turn `code` spans into <code>."""
     return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+
+
+def _breakable(name: str) -> str:
+    """A header that may wrap after `_` and `/` (toy_text_contrast, dataset/metric), so
+    headers break between words, not inside "GenEval"."""
+    return re.sub(r"([_/])", r"\1<wbr>", html.escape(name))
 
 
 def column_blocks(frame: pd.DataFrame, limit: int = MAX_COLUMNS) -> list[pd.DataFrame]:
@@ -123,7 +129,7 @@ def _html_table(frame: pd.DataFrame) -> str:
 
 
 def _one_html_table(flat: pd.DataFrame) -> str:
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in flat.columns)
+    head = "".join(f"<th>{_breakable(str(c))}</th>" for c in flat.columns)
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(fmt_cell(v))}</td>" for v in row) + "</tr>"
         for row in flat.itertuples(index=False)
