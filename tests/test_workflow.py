@@ -42,7 +42,8 @@ def test_dry_run_paper_config_is_one_switch():
     proc = snakemake(["-n", "all", "--configfile", "config/paper.yaml"], ROOT)
     runs = {line.split("results/runs/")[1].split("/")[0]
             for line in proc.stdout.splitlines() if "output: results/runs/" in line}
-    assert runs == {"rho_07", "equal_alpha", "weighted_sum"}
+    # Table 1's trainings, equal_alpha and the rho ablation (rho_07 is its 0.7 row)
+    assert runs == {"rho_07", "equal_alpha", "weighted_sum", "rho_01", "rho_03", "rho_05", "rho_09"}
     assert "rule download_model" in proc.stdout and "rule embed_prompts" in proc.stdout
     assert "rule build_tiny_model" not in proc.stdout
 
