@@ -250,8 +250,9 @@ def _rho_section(b: Builder, runs, trends, evals) -> None:
     groups = tables.rho_groups(runs)
     if not groups:
         s.blocks.append(Text("Not applicable: no two MARBLE runs differ only in `balancer.alpha_ema` "
-                             "(or `balancer.exact_masking`). Configure runs such as rho_05 / rho_07 / "
-                             "rho_07_exact / rho_09 to get this table. "
+                             "(or `balancer.exact_masking`). Train the presets rho_01 / rho_03 / "
+                             "rho_05 / rho_07 / rho_09 (config/paper.yaml, `snakemake rho_ablation`) "
+                             "to get this table. "
                              "Paper: rho = 0.7 is best on every metric (0.1 worst)."))
         return
     by_name = {t.run: t for t in trends}
