@@ -31,10 +31,11 @@ SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
 # ------------------------------------------------------------------ static checks
 
 
-@pytest.mark.parametrize("target", ["all", "eval_only"])
+@pytest.mark.parametrize("target", ["all", "eval_only", "paper_tables"])
 def test_dry_run(target):
     proc = snakemake(["-n", target], ROOT)
     assert "This was a dry-run" in proc.stdout or "Nothing to be done" in proc.stdout
+    assert "Plan (training only" in proc.stderr  # any dry run prints the plan's cost
 
 
 def test_dry_run_paper_config_is_one_switch():
