@@ -128,7 +128,8 @@ def test_paper_mini_evaluates_with_two_torchrun_ranks(paper_mini_plan):
     multi-GPU evaluation), like training; before the key every job ran one process."""
     _, commands, out = paper_mini_plan
     evals = [c for c in commands if "--dataset" in c and "--output_dir" in c]
-    assert len(evals) == 3 * 4, out[-2000:]  # 3 runs x 4 datasets
+    runs = yaml.safe_load((ROOT / ".test/paper-mini.yaml").read_text())["runs"]
+    assert len(evals) == len(runs) * 4, out[-2000:]  # every run (7 with the rho ablation) x 4 datasets
     launch = "torchrun --standalone --nnodes 1 --nproc_per_node 2 -m marble.evaluate"
     assert all(launch in c for c in evals), evals[0]
 

@@ -1,10 +1,13 @@
+import json
 import os
+import sys
 from pathlib import Path
 
 from snakemake.utils import min_version, validate
 
 from marble.workflow import checkpoints as wf_ckpts
 from marble.workflow import evaluation as wf_eval
+from marble.workflow import plan as wf_plan
 from marble.workflow import runs as wf_runs
 from marble.workflow import slurm as wf_slurm
 
@@ -178,3 +181,40 @@ def summary_inputs(wildcards):
     keys = set(final_checkpoints(eval_only_requested()))
     keys |= set(scanned_checkpoints()) | set(named_checkpoints())
     return eval_outputs(keys)
+
+
+# ------------------------------------------------------------------ the paper's tables
+
+TABLE_RUNS = wf_plan.table_runs(RUNS, MODE)
+TABLES_DIR = "results/tables"
+# `marble bench flops` (counted FLOPs, no GPU needed) when it exists: cost shows its ratios
+# where no GPU timed the bench.
+FLOPS_JSON = "results/bench/flops.json"
+
+
+def table_files(name):
+    return [f"{TABLES_DIR}/{name}.{ext}" for ext in ("csv", "md", "json")]
+
+
+def table_evals(table):
+    return eval_outputs({(run, final_ckpt(run)) for run in TABLE_RUNS[table]})
+
+
+def table_summaries(table):
+    return [f"results/runs/{run}/train_summary.json" for run in TABLE_RUNS[table]]
+
+
+def table1_files():
+    """Table 1 composes by its target's name: its files when a `table1` rule exists."""
+    if not workflow.is_rule("table1"):
+        return []
+    return list(rules.table1.output or rules.table1.input)
+
+
+# A dry run (`snakemake -n ...`) prints what the plan costs before anything is submitted.
+if wf_plan.is_dry_run(sys.argv[1:]):
+    from marble.workflow.plan_cli import plan_text
+
+    _bench = Path("results/bench/step.json")
+    _measured = json.loads(_bench.read_text()) if _bench.is_file() else None
+    print(plan_text(config, _measured, Path("results/runs")), file=sys.stderr)

@@ -59,9 +59,11 @@ rule make_report:
     params:
         out_dir=lambda wc, output: os.path.dirname(output.md),
         eval_dir=EVAL_DIR,
+        flops=f"--flops {FLOPS_JSON}" if os.path.exists(FLOPS_JSON) else "",
     shell:
         "marble report --runs results/runs --eval-summary {input.summary:q}"
-        " --bench {input.bench:q} --eval-dir {params.eval_dir:q} --out {params.out_dir:q}"
+        " --bench {input.bench:q} {params.flops} --eval-dir {params.eval_dir:q}"
+        " --out {params.out_dir:q}"
         " > {log:q} 2>&1"
 
 

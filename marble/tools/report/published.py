@@ -37,6 +37,27 @@ COST = {
 }
 
 
+# Section E's other tables, each with its own source line (the same page).
+RHO_SOURCE = "published: MARBLE project page (aim-uofa.github.io/MARBLE), EMA decay rho ablation"
+RHO_COLUMNS = TABLE1_COLUMNS[:-1]  # the eight metrics, no composite
+RHO_ABLATION = {
+    0.1: [0.86, 0.80, 21.52, 0.261, 0.292, 5.84, 1.22, 2.98],
+    0.3: [0.88, 0.84, 21.76, 0.266, 0.312, 6.03, 1.27, 3.04],
+    0.5: [0.93, 0.95, 22.02, 0.276, 0.340, 6.14, 1.48, 3.43],
+    0.7: [0.94, 0.96, 22.83, 0.286, 0.355, 6.59, 1.53, 3.52],
+    0.9: [0.90, 0.89, 22.14, 0.272, 0.342, 6.26, 1.47, 3.40],
+}
+COST_SOURCE = ("published: MARBLE project page (aim-uofa.github.io/MARBLE), training cost, "
+               "8xH200, K = 5, relative to the weighted sum")
+HARMONY_SOURCE = "published: MARBLE project page (aim-uofa.github.io/MARBLE), gradient harmony"
+# Weighted sum -> MARBLE: share of mini-batches with an anti-aligned reward, worst-reward
+# cosine min_k cos(d, g_k), across-reward variance var_k cos(d, g_k).
+HARMONY = {
+    "weighted_sum": {"anti_aligned_frac": 0.80, "cos_min_mean": -0.13, "cos_var_mean": 0.161},
+    "marble": {"anti_aligned_frac": 0.00, "cos_min_mean": 0.37, "cos_var_mean": 0.006},
+}
+
+
 def table1() -> pd.DataFrame:
     frame = pd.DataFrame.from_dict(TABLE1, orient="index", columns=TABLE1_COLUMNS)
     frame.index.name = "model (published)"

@@ -12,6 +12,7 @@ import pandas as pd
 
 from marble.tools.report.loading import RunData, latest_checkpoint_name
 from marble.tools.report.published import COST as PUBLISHED_COST
+from marble.tools.report.published import HARMONY as PUBLISHED_HARMONY
 from marble.tools.report.verdict import RunTrend
 
 # The MARBLE page's cost table (8xH200, K = 5), relative to the weighted sum.
@@ -20,11 +21,8 @@ PAPER_COST = {
     "marble": (0.97, 1.14),  # amortized, N = 10
     "mgda": (0.56, 1.14),  # full solve every micro-step
 }
-# The page's gradient-harmony numbers (weighted sum -> MARBLE).
-PAPER_HARMONY = {
-    "weighted_sum": {"anti_aligned_frac": 0.80, "cos_min_mean": -0.13, "cos_var_mean": 0.161},
-    "marble": {"anti_aligned_frac": 0.00, "cos_min_mean": 0.37, "cos_var_mean": 0.006},
-}
+# The page's gradient-harmony numbers (weighted sum -> MARBLE): one transcription.
+PAPER_HARMONY = PUBLISHED_HARMONY
 
 
 def composite_function() -> Callable[[pd.DataFrame], pd.Series] | None:
