@@ -46,6 +46,7 @@ from marble.assets.hub_ref import HUB_PREFIX, hub_ref
 from marble.runtime.io import write_json
 
 DEFAULT_MODEL = "stabilityai/stable-diffusion-3.5-medium"
+MODEL_TYPES = ("sd3", "generic")
 DEFAULT_DATA_DIR = "dataset"  # the reference reads dataset/<name>/ (its evaluation.py)
 
 
@@ -54,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     lora = p.add_mutually_exclusive_group()
     lora.add_argument("--checkpoint_path", help="marble checkpoint or run folder, or a peft/diffusers LoRA folder")
     lora.add_argument("--lora_hf_path", help="hub LoRA: [hf:]<repo id>[@revision], or a local folder")
-    p.add_argument("--model_type", default="sd3", help="only sd3 is supported")
+    p.add_argument("--model_type", choices=MODEL_TYPES, default="sd3",
+                   help="sd3: StableDiffusion3Pipeline (LoRAs load here); generic: the folder's own "
+                        "diffusers text-to-image pipeline (SD-XL, FLUX.1, SD3.5-L base rows)")
     p.add_argument("--model_path", default=DEFAULT_MODEL, help="base model: hub id, folder or random:tiny")
     p.add_argument("--dataset", required=True, choices=DATASETS)
     p.add_argument("--data_dir", default=DEFAULT_DATA_DIR, help="raw prompt files (DIR/<dataset>/...)")
@@ -84,8 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.model_type != "sd3":
-        parser.error(f"--model_type {args.model_type!r}: only 'sd3' (Stable Diffusion 3.x) is supported")
+    if args.model_type != "sd3" and (args.checkpoint_path or args.lora_hf_path):
+        parser.error(f"--model_type {args.model_type}: LoRAs load into sd3 pipelines only")
     if args.no_score and args.skip_generation:
         parser.error("--no_score and --skip_generation together leave nothing to do")
     if args.limit is not None and args.limit < 1:
@@ -167,22 +170,20 @@ def parse_hub_ref(value: str) -> tuple[str, str | None]:
 
 
 def download_hub_lora(repo_id: str, revision: str | None) -> Path:
-    """The LoRA repo's local snapshot via huggingface_hub (its cache, HF_ENDPOINT, HF_TOKEN).
-
-    With HF_HUB_OFFLINE=1 (compute nodes) it is read from the cache only. A revision
-    should be a commit hash: a branch or tag may move between runs.
-    """
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
-
+    """The LoRA repo's local snapshot (marble.assets.hub.snapshot: the huggingface_hub cache,
+    HF_ENDPOINT, HF_TOKEN, retried on transient errors). With HF_HUB_OFFLINE=1 (compute
+    nodes) it is read from the cache only. A revision should be a commit hash: a branch or
+    tag may move between runs."""
+    from marble.assets.download import DownloadError
+    from marble.assets.hub import snapshot
     from marble.evaluation.checkpoints import CheckpointError
 
     try:  # a LoRA repo is small: fetch it whole, then load it like a local folder
-        return Path(snapshot_download(repo_id, revision=revision, token=os.environ.get("HF_TOKEN")))
-    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
+        return snapshot(repo_id, revision)
+    except DownloadError as exc:
         raise CheckpointError(
             f"hub LoRA {hub_ref(repo_id, revision)}: {exc}; on an offline node fetch it first "
-            f"(`hf download {repo_id}" + (f" --revision {revision}" if revision else "") + "`) "
+            f"(`python -m marble.assets.hub {hub_ref(repo_id, revision)} --out DIR`) "
             "or pass a local folder") from exc
 
 

@@ -32,7 +32,12 @@ DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 RESULTS_FILE = "evaluation_results.jsonl"
 
 
-def load_eval_pipeline(model_path: str, mixed_precision: str, device, lora: str | Path | None):
+def load_eval_pipeline(model_path: str, mixed_precision: str, device, lora: str | Path | None,
+                       model_type: str = "sd3"):
+    if model_type == "generic":  # a base row through its own pipeline (no LoRA: parse_args)
+        from marble.models.loading import load_text_to_image
+
+        return load_text_to_image(model_path, dtype=DTYPES[mixed_precision], device=device)
     from marble.models import load_pipeline
 
     pipe = load_pipeline(model_path, dtype=DTYPES[mixed_precision], device=device)
@@ -51,6 +56,12 @@ def generate_images(pipe, samples: list[EvalSample], args) -> torch.Tensor:
 
     generators = [torch.Generator("cpu").manual_seed(sample_seed(args.seed, s.prompt_id, s.repeat))
                   for s in samples]
+    if getattr(args, "model_type", "sd3") == "generic":
+        # The pipeline's own sampler and decode, as its users run it; images in [0, 1].
+        images = pipe(prompt=[s.prompt for s in samples], num_inference_steps=args.num_inference_steps,
+                      guidance_scale=args.guidance_scale, height=args.resolution, width=args.resolution,
+                      generator=generators, output_type="pt").images
+        return image_io.quantize_8bit(images.float().cpu())
     latents = pipe(
         prompt=[s.prompt for s in samples],  # a copy: the pipeline never sees our records
         num_inference_steps=args.num_inference_steps,
@@ -157,7 +168,7 @@ def run(samples: list[EvalSample], reward_names: list[str], reward_options: dict
     if rounds == 0:
         return totals
     pipe = None if args.skip_generation else load_eval_pipeline(
-        args.model_path, args.mixed_precision, info.device, lora)
+        args.model_path, args.mixed_precision, info.device, lora, getattr(args, "model_type", "sd3"))
     rewards = {} if args.no_score else build_rewards(reward_names, reward_options)
     for index in tqdm(range(rounds), desc=f"evaluate {args.dataset}", disable=not info.is_main):
         batch = mine[index] if index < len(mine) else []

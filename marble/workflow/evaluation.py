@@ -7,8 +7,52 @@ import json
 import os
 import shlex
 
+from marble.assets.hub_ref import is_hub_ref, parse_hub_ref, pinned_revision  # noqa: F401
+
 # The settings that change the images (and so name the results folder).
 IMAGE_SETTINGS = ("num_inference_steps", "guidance_scale", "resolution", "mixed_precision")
+# What one row's `eval.protocols.<name>` may set: the image settings, the base model (a folder
+# or `hf:owner/repo@commit`) and its pipeline kind, and the datasets it is evaluated on.
+PROTOCOL_KEYS = (*IMAGE_SETTINGS, "model", "model_type", "datasets")
+MODEL_TYPES = ("sd3", "generic")
+HUB_MODEL_DIR = "data/models/hub"
+
+
+def row_protocol(eval_cfg: dict, name: str) -> dict:
+    """The eval settings of one row (run or eval.checkpoints name): `eval.protocols[name]`
+    over the global `eval` ones, so each Table 1 row is generated under its own protocol."""
+    override = (eval_cfg.get("protocols") or {}).get(name) or {}
+    unknown = sorted(set(override) - set(PROTOCOL_KEYS))
+    if unknown:
+        raise ValueError(f"config eval.protocols.{name}: unknown key(s) {unknown}; known: {list(PROTOCOL_KEYS)}")
+    row = {**eval_cfg, "model": None, "model_type": "sd3", **override}
+    if row["model_type"] not in MODEL_TYPES:
+        raise ValueError(f"config eval.protocols.{name}.model_type: {row['model_type']!r} not in {MODEL_TYPES}")
+    return row
+
+
+def hub_model_folder(model: str) -> str:
+    """Where a hub base model `hf:owner/repo@commit` is fetched (one folder per repo and commit)."""
+    repo, revision = parse_hub_ref(model)
+    return f"{HUB_MODEL_DIR}/{repo.replace('/', '--')}-{(revision or 'main')[:12]}"
+
+
+def model_folder(row: dict, default_model_dir: str) -> str:
+    """The local base-model folder a row evaluates (the workflow's model when the row names none)."""
+    model = row.get("model")
+    if not model:
+        return default_model_dir
+    return hub_model_folder(model) if is_hub_ref(model) else model
+
+
+def hub_models(eval_cfg: dict) -> dict:
+    """{folder name under HUB_MODEL_DIR: (repo, revision)} of every row's hub base model."""
+    out = {}
+    for spec in (eval_cfg.get("protocols") or {}).values():
+        model = (spec or {}).get("model")
+        if model and is_hub_ref(model):
+            out[hub_model_folder(model).rsplit("/", 1)[1]] = parse_hub_ref(model)
+    return out
 
 
 def settings_name(eval_cfg: dict, model_dir: str) -> str:
@@ -20,6 +64,8 @@ def settings_name(eval_cfg: dict, model_dir: str) -> str:
     """
     settings = {k: eval_cfg[k] for k in IMAGE_SETTINGS}
     settings["model"] = os.path.normpath(model_dir)
+    if eval_cfg.get("model_type", "sd3") != "sd3":  # absent for sd3: earlier folder names stay
+        settings["model_type"] = eval_cfg["model_type"]
     if eval_cfg["reward_options"]:  # absent when empty: folder names of earlier runs stay
         settings["reward_options"] = eval_cfg["reward_options"]
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
@@ -54,7 +100,8 @@ def _quoted(value) -> str:
 def evaluate_args(eval_cfg: dict, dataset: str) -> str:
     """The protocol and reward arguments of `marble evaluate` for one dataset, shell-quoted."""
     q = _quoted
-    args = [f"--num_inference_steps {q(eval_cfg['num_inference_steps'])}",
+    args = [f"--model_type {q(eval_cfg.get('model_type', 'sd3'))}",
+            f"--num_inference_steps {q(eval_cfg['num_inference_steps'])}",
             f"--guidance_scale {q(eval_cfg['guidance_scale'])}",
             f"--mixed_precision {q(eval_cfg['mixed_precision'])}"]
     if eval_cfg["limit"] is not None:
