@@ -46,13 +46,46 @@ def model_folder(row: dict, default_model_dir: str) -> str:
 
 
 def hub_models(eval_cfg: dict) -> dict:
-    """{folder name under HUB_MODEL_DIR: (repo, revision)} of every row's hub base model."""
+    """{folder name under HUB_MODEL_DIR: (ref, is a diffusers pipeline)} of every hub model the
+    evaluations need: each row's base model, and the UnifiedReward judge's weights."""
     out = {}
     for spec in (eval_cfg.get("protocols") or {}).values():
         model = (spec or {}).get("model")
         if model and is_hub_ref(model):
-            out[hub_model_folder(model).rsplit("/", 1)[1]] = parse_hub_ref(model)
+            out[hub_model_folder(model).rsplit("/", 1)[1]] = (model, True)
+    judge = (eval_cfg.get("unifiedreward") or {}).get("model")
+    if judge and is_hub_ref(judge):
+        out[hub_model_folder(judge).rsplit("/", 1)[1]] = (judge, False)
     return out
+
+
+def judge_folder(eval_cfg: dict) -> str | None:
+    """The UnifiedReward judge's local weights folder (fetched when given as `hf:`), or None."""
+    model = (eval_cfg.get("unifiedreward") or {}).get("model")
+    if not model:
+        return None
+    return hub_model_folder(model) if is_hub_ref(model) else model
+
+
+def needs_judge(eval_cfg: dict, dataset: str) -> bool:
+    """Whether this dataset's evaluation scores unifiedreward with a workflow-managed judge."""
+    from marble.evaluation.prompts import DEFAULT_REWARDS
+
+    names = eval_cfg["rewards"].get(dataset) or DEFAULT_REWARDS[dataset]
+    return "unifiedreward" in names and bool((eval_cfg.get("unifiedreward") or {}).get("server"))
+
+
+def service_prefix(eval_cfg: dict, dataset: str) -> str:
+    """`python -m marble.rewards.service ... --` before an evaluation that needs the judge
+    (the sidecar starts, is health-checked, serves this job, stops), else nothing."""
+    if not needs_judge(eval_cfg, dataset):
+        return ""
+    judge = eval_cfg["unifiedreward"]
+    args = ["python -m marble.rewards.service", f"--server {shlex.quote(judge['server'])}"]
+    if judge_folder(eval_cfg):
+        args.append(f"--model {shlex.quote(judge_folder(eval_cfg))}")
+    args.append(f"--ready-timeout {shlex.quote(str(judge.get('ready_timeout_s') or 1800))}")
+    return " ".join(args) + " --"
 
 
 def settings_name(eval_cfg: dict, model_dir: str) -> str:
@@ -127,3 +160,25 @@ def source_args(source: str, hub_lora_dir: str | None) -> str:
     if hub_lora_dir is not None:
         return f"--lora_hf_path {shlex.quote(hub_lora_dir)}"
     return f"--checkpoint_path {shlex.quote(source)}"
+
+
+def row_settings(eval_cfg: dict, name: str, default_model_dir: str) -> str:
+    """The settings folder of one row's evaluations (its own protocol and model)."""
+    row = row_protocol(eval_cfg, name)
+    return settings_name(row, model_folder(row, default_model_dir))
+
+
+def eval_targets(eval_cfg: dict, keys, default_model_dir: str) -> list[str]:
+    """average_scores.json of every (run, ckpt) x its row's datasets, each under its row's
+    settings folder: `results/eval/<settings>/<run>/<ckpt>/<dataset>/average_scores.json`."""
+    out = []
+    for run, ckpt in sorted(keys):
+        settings = row_settings(eval_cfg, run, default_model_dir)
+        out += [f"results/eval/{settings}/{run}/{ckpt}/{ds}/average_scores.json"
+                for ds in row_protocol(eval_cfg, run)["datasets"]]
+    return out
+
+
+def eval_dirs(targets: list[str]) -> list[str]:
+    """The settings folders holding `targets` (results/eval/<settings>), sorted, distinct."""
+    return sorted({"/".join(t.split("/")[:3]) for t in targets})
