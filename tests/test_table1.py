@@ -56,7 +56,7 @@ def test_row_protocols_of_the_table1_config():
 def test_dry_run_plans_the_eleven_rows_and_trains_only_ours(tmp_path):
     work = copy_workflow(tmp_path / "repo", config="config/table1.yaml")
     out = snakemake(["-n", "-p", "-c1", "all"], work).stdout
-    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", out, flags=re.M))
+    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", out, flags=re.MULTILINE))
     assert counts["evaluate_ckpt"] == "44" and counts["train_run"] == "2"
     assert counts["fetch_hub_lora"] == "4" and counts["fetch_hub_model"] == "4"  # 3 bases + judge
     assert counts["table1"] == "1"

@@ -14,10 +14,9 @@ import argparse
 import math
 from pathlib import Path
 
-
 from marble.evaluation.summary import PAPER_METRICS, collect, wide_table
 from marble.runtime.io import write_text
-from marble.tools.report.published import load_published  # noqa: F401  (the one parser)
+from marble.tools.report.published import load_published
 
 COLUMNS = [c for c, *_ in PAPER_METRICS]
 

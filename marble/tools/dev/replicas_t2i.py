@@ -12,7 +12,13 @@ from pathlib import Path
 
 import torch
 
-from marble.models.tiny import CLIP_HIDDEN, T5_WIDTH, _text_encoders, _train_clip_tokenizer, _train_t5_tokenizer
+from marble.models.tiny import (
+    CLIP_HIDDEN,
+    T5_WIDTH,
+    _text_encoders,
+    _train_clip_tokenizer,
+    _train_t5_tokenizer,
+)
 
 TIME_EMBED = 8  # SD-XL's added time ids embedding width (tiny)
 
@@ -29,7 +35,11 @@ def _tiny_vae(latent_channels: int, scaling: float, shift: float | None):
 
 def build_sdxl(seed: int = 0):
     """A tiny StableDiffusionXLPipeline (UNet with SD-XL's text-time conditioning)."""
-    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
+    from diffusers import (
+        EulerDiscreteScheduler,
+        StableDiffusionXLPipeline,
+        UNet2DConditionModel,
+    )
 
     clip_tok = _train_clip_tokenizer()
     with torch.random.fork_rng(devices=[]):
@@ -56,7 +66,11 @@ def build_sdxl(seed: int = 0):
 
 def build_flux(seed: int = 0):
     """A tiny FluxPipeline (CLIP pooled + T5 sequence conditioning, packed 2x2 latents)."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from diffusers import (
+        FlowMatchEulerDiscreteScheduler,
+        FluxPipeline,
+        FluxTransformer2DModel,
+    )
     from transformers import CLIPTextModel
 
     clip_tok, t5_tok = _train_clip_tokenizer(), _train_t5_tokenizer()

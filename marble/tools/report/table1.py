@@ -21,7 +21,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from marble.evaluation.summary import COMPOSITE, PAPER_METRICS, collect, composite_zscore, wide_table
+from marble.evaluation.summary import (
+    COMPOSITE,
+    PAPER_METRICS,
+    collect,
+    composite_zscore,
+    wide_table,
+)
 from marble.runtime.io import write_text
 from marble.tools.report.published import load_published
 
@@ -64,10 +70,10 @@ def _fmt(metric: str, value) -> str:
 
 def render(frame: pd.DataFrame, source: str) -> str:
     cols = [*METRICS, COMPOSITE]
-    lines = ["# Table 1: ours / published\n",
-             f"Published: {source}. Ours: this workflow's evaluation, each row under its own protocol "
+    intro = (f"Published: {source}. Ours: this workflow's evaluation, each row under its own protocol "
              "(config eval.protocols). Cells are `ours / published`; composites are recomputed over "
-             "the rows below; `–`: not evaluated.\n",
+             "the rows below; `–`: not evaluated.\n")
+    lines = ["# Table 1: ours / published\n", intro,
              "| row | run | " + " | ".join(cols) + " | assumed |", "|" + "---|" * (len(cols) + 3)]
     for name, row in frame.iterrows():
         cells = [f"{_fmt(c, row[('ours', c)])} / {_fmt(c, row[('published', c)])}" for c in cols]
