@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -65,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num_inference_steps", type=int, default=40)
     p.add_argument("--mixed_precision", choices=("no", "fp16", "bf16"), default="no")
     p.add_argument("--resolution", type=int, default=512)
+    p.add_argument("--reward_device", default="auto",
+                   help="where model-based scorers run: auto (cuda:LOCAL_RANK when CUDA is there, else cpu), "
+                        "cpu, cuda (this rank's GPU) or cuda:N")
     p.add_argument("--batch_size", type=int, default=None, help="per rank (default: the reference's per dataset)")
     p.add_argument("--seed", type=int, default=42, help="global seed of the per-sample noise")
     p.add_argument("--save_images", action="store_true")
@@ -91,6 +95,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--model_type {args.model_type}: LoRAs load into sd3 pipelines only")
     if args.no_score and args.skip_generation:
         parser.error("--no_score and --skip_generation together leave nothing to do")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.reward_device):
+        parser.error(f"--reward_device {args.reward_device!r}: expected auto, cpu, cuda or cuda:N")
     if args.limit is not None and args.limit < 1:
         parser.error(f"--limit must be >= 1, got {args.limit}")
     if args.batch_size is not None and args.batch_size < 1:
@@ -253,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         write_json(Path(args.output_dir) / "run_info.json", record)
     start = time.perf_counter()
     timing = runner.run(samples, names, options, lora, args)
+    # Where and how this run computed (device, dtype, TF32, autocast; each scorer's device and
+    # engine): part of the record, beside the flags.
+    record.update({k: timing.pop(k) for k in ("numerics", "scorers") if k in timing})
     dist.barrier()
     if info.is_main:
         averages = finish(args, samples, names, record, {**timing, "wall_s": time.perf_counter() - start})

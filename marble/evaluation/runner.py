@@ -62,7 +62,15 @@ def generate_images(pipe, samples: list[EvalSample], args) -> torch.Tensor:
                       guidance_scale=args.guidance_scale, height=args.resolution, width=args.resolution,
                       generator=generators, output_type="pt").images
         return image_io.quantize_8bit(images.float().cpu())
-    latents = pipe(
+    device = pipe.transformer.device
+    autocast = device.type == "cuda" and args.mixed_precision != "no"
+    with torch.autocast(device.type, dtype=DTYPES[args.mixed_precision], enabled=autocast):
+        latents = _sd3_latents(pipe, samples, generators, args)
+    return image_io.quantize_8bit(decode_latents(pipe, latents))
+
+
+def _sd3_latents(pipe, samples, generators, args):
+    return pipe(
         prompt=[s.prompt for s in samples],  # a copy: the pipeline never sees our records
         num_inference_steps=args.num_inference_steps,
         guidance_scale=args.guidance_scale,
@@ -71,13 +79,45 @@ def generate_images(pipe, samples: list[EvalSample], args) -> torch.Tensor:
         generator=generators,
         output_type="latent",
     ).images
-    return image_io.quantize_8bit(decode_latents(pipe, latents))
 
 
-def build_rewards(names: list[str], options: dict[str, dict]) -> dict:
+def build_rewards(names: list[str], options: dict[str, dict], device: str = "cpu") -> dict:
+    """The scorers; those taking a `device` get `device` (the rank's GPU) unless the reward's
+    own options name one (training's rule: marble.training.trainer.build_rewards)."""
     from marble import rewards
+    from marble.training.trainer import _takes_device
 
-    return {name: rewards.build(name, **options.get(name, {})) for name in names}
+    out = {}
+    for name in names:
+        opts = dict(options.get(name, {}))
+        if "device" not in opts and _takes_device(name):
+            opts["device"] = device
+        out[name] = rewards.build(name, **opts)
+    return out
+
+
+def describe_scorers(rewards: dict) -> dict:
+    """{reward: {class, device, engine}} for run_info.json: where each scorer ran and with what
+    (the OCR engine says whether it is the paper's PaddleOCR or an ONNX stand-in)."""
+    out = {}
+    for name, reward in rewards.items():
+        device = getattr(reward, "device", None)
+        engine = getattr(reward, "engine_label", None) or getattr(reward, "model_name", None)
+        out[name] = {"class": type(reward).__name__, "device": None if device is None else str(device),
+                     "engine": engine}
+    return out
+
+
+def precision_setup(device: torch.device, mixed_precision: str) -> dict:
+    """The reference evaluation's numerics on CUDA: TF32 matmuls/convolutions on, and the
+    pipeline call under autocast in the chosen half precision. Returns what was set."""
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    autocast = cuda and mixed_precision != "no"
+    return {"device": str(device), "dtype": str(DTYPES[mixed_precision]).removeprefix("torch."), "tf32": cuda,
+            "autocast": str(DTYPES[mixed_precision]).removeprefix("torch.") if autocast else None}
 
 
 def score_images(rewards: dict, images: torch.Tensor, samples: list[EvalSample]) -> list[dict]:
@@ -167,9 +207,15 @@ def run(samples: list[EvalSample], reward_names: list[str], reward_options: dict
     totals = {"generation_s": 0.0, "scoring_s": 0.0, "generated": 0, "pending": len(todo)}
     if rounds == 0:
         return totals
+    from marble.training.trainer import reward_device
+
+    scorer_device = reward_device(getattr(args, "reward_device", "auto"), info.local_rank,
+                                  cuda=info.device.type == "cuda")
+    totals["numerics"] = precision_setup(info.device, args.mixed_precision)
     pipe = None if args.skip_generation else load_eval_pipeline(
         args.model_path, args.mixed_precision, info.device, lora, getattr(args, "model_type", "sd3"))
-    rewards = {} if args.no_score else build_rewards(reward_names, reward_options)
+    rewards = {} if args.no_score else build_rewards(reward_names, reward_options, scorer_device)
+    totals["scorers"] = describe_scorers(rewards)
     for index in tqdm(range(rounds), desc=f"evaluate {args.dataset}", disable=not info.is_main):
         batch = mine[index] if index < len(mine) else []
         rows, timing = process_batch(pipe, rewards, batch, previous, args, output_dir)
