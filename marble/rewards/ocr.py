@@ -113,15 +113,20 @@ def require_paddleocr_2(version: str) -> None:
 
 
 class _Paddle:
-    def __init__(self, use_gpu: bool):
+    def __init__(self, use_gpu: bool, ckpt_dir: str | None = None):
         try:
             import paddleocr
             from paddleocr import PaddleOCR
         except ImportError as err:
             raise ImportError("ocr backend 'paddle' needs `pip install marble[paddle]` (see docs/rewards.md)") from err
         require_paddleocr_2(getattr(paddleocr, "__version__", "0"))
-        # The reference's settings: English, no angle classifier, CPU.
-        self.engine = PaddleOCR(use_angle_cls=False, lang="en", use_gpu=use_gpu, show_log=False, drop_score=DROP_SCORE)
+        from marble.rewards.base import ckpt_dir as resolve_ckpt_dir
+        from marble.rewards.paddle_models import model_dirs
+
+        # The reference's settings: English, no angle classifier, CPU; its default en models,
+        # read from the reward-checkpoint folder (fetched on the login node).
+        self.engine = PaddleOCR(use_angle_cls=False, lang="en", use_gpu=use_gpu, show_log=False,
+                                drop_score=DROP_SCORE, **model_dirs(resolve_ckpt_dir(ckpt_dir)))
 
     def read(self, image: np.ndarray) -> str:
         result = self.engine.ocr(image, cls=False)
@@ -136,11 +141,12 @@ class OCRReward(Reward):
     MASK_OPTIONS = ("reference_rules",)
     reference_rules = False  # class default, so weight-free `applicability` objects have it
 
-    def __init__(self, backend: str = "auto", use_gpu: bool = False, reference_rules: bool = False, **kw):
+    def __init__(self, backend: str = "auto", use_gpu: bool = False, reference_rules: bool = False,
+                 ckpt_dir: str | None = None, **kw):
         super().__init__(**kw)
         self.reference_rules = bool(reference_rules)
         self.backend = resolve_backend(backend)
-        engines = {"paddle": lambda: _Paddle(use_gpu), "rapidocr": _Rapid, "rapidocr_onnxruntime": _RapidOnnxruntime}
+        engines = {"paddle": lambda: _Paddle(use_gpu, ckpt_dir), "rapidocr": _Rapid, "rapidocr_onnxruntime": _RapidOnnxruntime}
         self.engine = engines[self.backend]()
         self.errors = 0  # OCR engine exceptions (NaN samples, or 0 under reference_rules)
 
