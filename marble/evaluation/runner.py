@@ -111,10 +111,10 @@ def describe_scorers(rewards: dict) -> dict:
 def precision_setup(device: torch.device, mixed_precision: str) -> dict:
     """The reference evaluation's numerics on CUDA: TF32 matmuls/convolutions on, and the
     pipeline call under autocast in the chosen half precision. Returns what was set."""
+    from marble.runtime.precision import enable_tf32
+
     cuda = device.type == "cuda"
-    if cuda:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    enable_tf32(device, True)  # training's switch: on CUDA only
     autocast = cuda and mixed_precision != "no"
     return {"device": str(device), "dtype": str(DTYPES[mixed_precision]).removeprefix("torch."), "tf32": cuda,
             "autocast": str(DTYPES[mixed_precision]).removeprefix("torch.") if autocast else None}
