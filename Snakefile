@@ -33,10 +33,6 @@ if MODE == "paper" and config["cluster"]["local_downloads"]:
         download_prompts,
 
 
-# With eval.published (the Table 1 rows), every evaluating target also writes Table 1.
-TABLE1_TARGETS = ["results/eval/table1.md"] if EVAL["published"] else []
-
-
 rule all:
     input:
         "results/report/report.md",

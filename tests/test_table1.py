@@ -89,11 +89,17 @@ def test_table1_puts_rows_from_several_settings_folders_beside_the_paper(tmp_pat
     _scores(eval_root / "n40-a/sd35m/base/pickscore", {"pickscore": 0.8})
     _scores(eval_root / "n40-b/flowgrpo_ocr/hub-x/ocr", {"ocr": 0.9})
     _scores(eval_root / "n40-b/flowgrpo_ocr/hub-x/pickscore", {"pickscore": 0.85})
+    from marble.rewards.ocr import ENGINE_LABELS
+
+    onnx = {"scorers": {"ocr": {"engine": f"rapidocr_onnxruntime: {ENGINE_LABELS['rapidocr_onnxruntime']}"}}}
+    (eval_root / "n40-b/flowgrpo_ocr/hub-x/ocr/run_info.json").write_text(json.dumps(onnx))
     assert table1.main(["--eval-dir", str(eval_root / "n40-a"), "--eval-dir", str(eval_root / "n40-b"),
                         "--published", str(PUBLISHED), "--out-dir", str(tmp_path / "out")]) == 0
     text = (tmp_path / "out/table1.md").read_text()
     assert "| SD3.5-M (w/o CFG) | sd35m | – / 0.24 | 0.10 / 0.12 | 20.80 / 20.51 |" in text
     assert "Not evaluated yet:" in text and "+ MARBLE" in text
+    flow = next(line for line in text.splitlines() if line.startswith("| + FlowGRPO (OCR)"))
+    assert "ocr: rapidocr_onnxruntime: ONNX" in flow  # a stand-in engine is named beside the row
     metrics = json.loads((tmp_path / "out/table1.json").read_text())
     assert metrics["+ FlowGRPO (OCR)"]["OCR"] == pytest.approx(0.9)
     assert metrics["+ FlowGRPO (OCR)"]["Composite"] > metrics["SD3.5-M (w/o CFG)"]["Composite"]

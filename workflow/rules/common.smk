@@ -121,6 +121,9 @@ def eval_catalogue():
     return wf_ckpts.merge_catalogue(final_checkpoints(), scanned_checkpoints(), named_checkpoints())
 
 
+# With eval.published (the Table 1 rows), every evaluating target also writes Table 1.
+TABLE1_TARGETS = ["results/eval/table1.md"] if EVAL["published"] else []
+
 # The settings folder of rows without their own eval.protocols entry.
 EVAL_DIR = f"results/eval/{wf_eval.settings_name(EVAL, MODEL_DIR)}"
 

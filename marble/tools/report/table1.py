@@ -8,7 +8,8 @@ of the settings folders (each row has its own protocol). Ours: the Table 1 metri
 run (marble.evaluation.summary's definitions and scales); the composite is recomputed over
 the rows here, for ours and for the published values alike, so both compare the same set of
 rows (over all 11 rows the published recomputation equals the page's). A row's `assumed:`
-list (protocol values the paper does not state) is printed beside it. Writes table1.md,
+list (protocol values the paper does not state) is printed beside it, and so is any scorer
+engine that is a stand-in (an ONNX OCR engine, from run_info.json). Writes table1.md,
 table1.csv and table1.json (DVC metrics: {row: {metric: value}}).
 """
 
@@ -47,7 +48,21 @@ def ours_by_run(eval_dirs: list) -> dict[str, dict[str, float]]:
     return out
 
 
-def build(ours: dict[str, dict[str, float]], published: dict) -> pd.DataFrame:
+def stand_in_engines(eval_dirs: list) -> dict[str, set[str]]:
+    """{run: engine labels that are not the paper's} from each evaluation's run_info.json
+    (an ONNX OCR engine, say), so the table says which numbers came from a stand-in."""
+    out: dict[str, set[str]] = {}
+    for folder in eval_dirs:
+        for info in Path(folder).glob("*/*/*/run_info.json"):
+            scorers = json.loads(info.read_text(encoding="utf-8")).get("scorers") or {}
+            for name, desc in scorers.items():
+                engine = (desc or {}).get("engine") or ""
+                if engine.split(":", 1)[-1].strip().startswith("ONNX"):
+                    out.setdefault(info.parent.parent.parent.name, set()).add(f"{name}: {engine}")
+    return out
+
+
+def build(ours: dict[str, dict[str, float]], published: dict, engines: dict | None = None) -> pd.DataFrame:
     """One row per published row: ours and published per metric, both composites over these rows."""
     names = list(published["rows"])
     mine = pd.DataFrame([{m: ours.get(published["rows"][n]["run"], {}).get(m, math.nan) for m in METRICS}
@@ -57,7 +72,10 @@ def build(ours: dict[str, dict[str, float]], published: dict) -> pd.DataFrame:
     mine[COMPOSITE], paper[COMPOSITE] = composite_zscore(mine), composite_zscore(paper)
     frame = pd.concat({"ours": mine, "published": paper}, axis=1)
     frame.insert(0, ("", "run"), [published["rows"][n]["run"] for n in names])
-    frame.insert(1, ("", "assumed"), ["; ".join(published["rows"][n].get("assumed") or []) for n in names])
+    engines = engines or {}
+    frame.insert(1, ("", "assumed"), ["; ".join([*(published["rows"][n].get("assumed") or []),
+                                                 *sorted(engines.get(published["rows"][n]["run"], ()))])
+                                      for n in names])
     frame.index.name = "row"
     return frame
 
@@ -101,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-dir", type=Path, required=True)
     args = p.parse_args(argv)
     published = load_published(args.published)
-    frame = build(ours_by_run([d for d in args.eval_dir if Path(d).is_dir()]), published)
+    dirs = [d for d in args.eval_dir if Path(d).is_dir()]
+    frame = build(ours_by_run(dirs), published, stand_in_engines(dirs))
     flat = frame.copy()
     flat.columns = [f"{a}: {b}" if a else b for a, b in frame.columns]
     write_text(args.out_dir / "table1.csv", flat.to_csv())
