@@ -6,6 +6,12 @@ invocations work:
     torchrun --nproc_per_node=8 -m marble.evaluate --lora_hf_path ID[@REV] --model_type sd3 \
         --dataset geneval --guidance_scale 4.5 --mixed_precision fp16 --save_images
     python -m marble.evaluate --checkpoint_path runs/x --dataset ocr --guidance_scale 1.0
+    python -m marble.evaluate --model_path data/models/hub/sdxl --model_type generic --dataset ocr
+
+`--model_type generic` evaluates any diffusers text-to-image folder through its own pipeline
+(Table 1's SD-XL, SD3.5-L, FLUX.1-Dev rows; no LoRA). Scorers run on --reward_device (auto:
+this rank's GPU); on CUDA, TF32 is on and the SD3 transformer runs under autocast in the
+--mixed_precision dtype, as the reference evaluation; run_info.json records both.
 
 The reference's layout is read and written: prompts under `dataset/<name>/` (--data_dir),
 images as `images/<id:05d>.jpg` (--image_format jpg, so its folders rescore with

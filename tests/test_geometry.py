@@ -6,10 +6,10 @@ import re
 import shlex
 
 import pytest
+from test_workflow_lib import ROOT
 
 from marble.config import ConfigError, load_config
 from marble.training.geometry import check_geometry, step_geometry
-from test_workflow_lib import ROOT
 
 
 def test_step_geometry_of_the_reference_and_of_one_node():
@@ -30,7 +30,7 @@ def test_one_node_is_refused_without_the_flag_and_named_with_it():
 
 def test_the_readme_one_node_command_keeps_the_reference_geometry():
     text = (ROOT / "README.md").read_text()
-    block = re.search(r"^torchrun --nproc_per_node (\d+) -m marble\.train (.*?)\n(?!\s)", text, flags=re.M | re.S)
+    block = re.search(r"^torchrun --nproc_per_node (\d+) -m marble\.train (.*?)\n(?!\s)", text, flags=re.MULTILINE | re.DOTALL)
     ranks, rest = int(block.group(1)), shlex.split(block.group(2).replace("\\\n", " "))
     preset = rest[rest.index("--preset") + 1]
     sets = [rest[i + 1] for i, w in enumerate(rest) if w == "--set"]

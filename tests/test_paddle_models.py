@@ -39,9 +39,9 @@ def test_a_tar_without_the_model_is_refused_and_leaves_nothing(tmp_path):
 
 def test_paper_presets_and_evaluation_name_the_reference_engine():
     import yaml
+    from test_workflow_lib import ROOT
 
     from marble.config import load_config
-    from test_workflow_lib import ROOT
 
     for preset in ("rho_07", "weighted_sum", "equal_alpha"):
         ocr = [r for r in load_config(preset).rewards if r.name == "ocr"]

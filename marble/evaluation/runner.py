@@ -102,7 +102,8 @@ def describe_scorers(rewards: dict) -> dict:
     out = {}
     for name, reward in rewards.items():
         device = getattr(reward, "device", None)
-        engine = getattr(reward, "engine_label", None) or getattr(reward, "model_name", None)
+        # The OCR engine's label, else the loaded model's folder or hub id (transformers models).
+        engine = getattr(reward, "engine_label", None) or getattr(getattr(reward, "model", None), "name_or_path", None)
         out[name] = {"class": type(reward).__name__, "device": None if device is None else str(device),
                      "engine": engine}
     return out

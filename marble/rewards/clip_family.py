@@ -109,7 +109,7 @@ def clip_pixel_values(images: torch.Tensor, config: dict) -> torch.Tensor:
     if config.get("do_center_crop"):
         ch, cw = _size(config["crop_size"])
         h, w = x.shape[-2:]
-        top, left = int(round((h - ch) / 2.0)), int(round((w - cw) / 2.0))
+        top, left = round((h - ch) / 2.0), round((w - cw) / 2.0)
         x = x[..., top:top + ch, left:left + cw]
     if config.get("do_normalize"):
         mean = torch.tensor(config["image_mean"], dtype=x.dtype).view(1, -1, 1, 1)
