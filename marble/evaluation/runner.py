@@ -63,8 +63,9 @@ def generate_images(pipe, samples: list[EvalSample], args) -> torch.Tensor:
                       generator=generators, output_type="pt").images
         return image_io.quantize_8bit(images.float().cpu())
     device = pipe.transformer.device
-    autocast = device.type == "cuda" and args.mixed_precision != "no"
-    with torch.autocast(device.type, dtype=DTYPES[args.mixed_precision], enabled=autocast):
+    precision = getattr(args, "mixed_precision", "no")
+    autocast = device.type == "cuda" and precision != "no"  # the reference's autocast, CUDA only
+    with torch.autocast(device.type, dtype=DTYPES[precision], enabled=autocast):
         latents = _sd3_latents(pipe, samples, generators, args)
     return image_io.quantize_8bit(decode_latents(pipe, latents))
 
