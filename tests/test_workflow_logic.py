@@ -117,6 +117,9 @@ def test_row_protocol_overrides_and_refuses_unknown_keys():
     assert "--model_type generic" in evaluation.evaluate_args(row, "ocr")
     with pytest.raises(ValueError, match="eval.protocols.bad: unknown key"):
         evaluation.row_protocol({**cfg, "protocols": {"bad": {"cfg": 1}}}, "bad")
+    evaluation.check_protocol_names(cfg, {"flux", "other"})
+    with pytest.raises(ValueError, match=r"eval.protocols: \['flux'\] name no run"):
+        evaluation.check_protocol_names(cfg, {"other"})
 
 
 def test_pinned_revision_and_pipeline_patterns():

@@ -182,3 +182,11 @@ def eval_targets(eval_cfg: dict, keys, default_model_dir: str) -> list[str]:
 def eval_dirs(targets: list[str]) -> list[str]:
     """The settings folders holding `targets` (results/eval/<settings>), sorted, distinct."""
     return sorted({"/".join(t.split("/")[:3]) for t in targets})
+
+
+def check_protocol_names(eval_cfg: dict, known) -> None:
+    """A protocol for a row nobody evaluates is a typo: a one-line error naming it."""
+    unknown = sorted(set(eval_cfg.get("protocols") or {}) - set(known))
+    if unknown:
+        raise ValueError(f"config eval.protocols: {unknown} name no run, eval.checkpoints entry "
+                         f"or scanned run (known: {sorted(known)})")

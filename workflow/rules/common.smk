@@ -121,6 +121,9 @@ def eval_catalogue():
     return wf_ckpts.merge_catalogue(final_checkpoints(), scanned_checkpoints(), named_checkpoints())
 
 
+wf_eval.check_protocol_names(EVAL, {run for run, _ in eval_catalogue()})
+
+
 # With eval.published (the Table 1 rows), every evaluating target also writes Table 1.
 TABLE1_TARGETS = ["results/eval/table1.md"] if EVAL["published"] else []
 
