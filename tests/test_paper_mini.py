@@ -12,7 +12,9 @@ from marble.tools.dev.paper_mini import failed_stages
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_MINI = ("config/paper.yaml", ".test/paper-mini.yaml")
-SIZE_KEYS = ("sampling.", "train.batch_size", "train.save_every", "model.lora_rank", "model.lora_alpha", "rewards=")
+# train.allow_geometry_change acknowledges the shrunk batch geometry (marble.training.geometry).
+SIZE_KEYS = ("sampling.", "train.batch_size", "train.save_every", "train.allow_geometry_change",
+             "model.lora_rank", "model.lora_alpha", "rewards=")
 
 
 def test_paper_mini_shrinks_sizes_only():

@@ -32,7 +32,12 @@ DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 RESULTS_FILE = "evaluation_results.jsonl"
 
 
-def load_eval_pipeline(model_path: str, mixed_precision: str, device, lora: str | Path | None):
+def load_eval_pipeline(model_path: str, mixed_precision: str, device, lora: str | Path | None,
+                       model_type: str = "sd3"):
+    if model_type == "generic":  # a base row through its own pipeline (no LoRA: parse_args)
+        from marble.models.loading import load_text_to_image
+
+        return load_text_to_image(model_path, dtype=DTYPES[mixed_precision], device=device)
     from marble.models import load_pipeline
 
     pipe = load_pipeline(model_path, dtype=DTYPES[mixed_precision], device=device)
@@ -51,7 +56,22 @@ def generate_images(pipe, samples: list[EvalSample], args) -> torch.Tensor:
 
     generators = [torch.Generator("cpu").manual_seed(sample_seed(args.seed, s.prompt_id, s.repeat))
                   for s in samples]
-    latents = pipe(
+    if getattr(args, "model_type", "sd3") == "generic":
+        # The pipeline's own sampler and decode, as its users run it; images in [0, 1].
+        images = pipe(prompt=[s.prompt for s in samples], num_inference_steps=args.num_inference_steps,
+                      guidance_scale=args.guidance_scale, height=args.resolution, width=args.resolution,
+                      generator=generators, output_type="pt").images
+        return image_io.quantize_8bit(images.float().cpu())
+    device = pipe.transformer.device
+    precision = getattr(args, "mixed_precision", "no")
+    autocast = device.type == "cuda" and precision != "no"  # the reference's autocast, CUDA only
+    with torch.autocast(device.type, dtype=DTYPES[precision], enabled=autocast):
+        latents = _sd3_latents(pipe, samples, generators, args)
+    return image_io.quantize_8bit(decode_latents(pipe, latents))
+
+
+def _sd3_latents(pipe, samples, generators, args):
+    return pipe(
         prompt=[s.prompt for s in samples],  # a copy: the pipeline never sees our records
         num_inference_steps=args.num_inference_steps,
         guidance_scale=args.guidance_scale,
@@ -60,13 +80,46 @@ def generate_images(pipe, samples: list[EvalSample], args) -> torch.Tensor:
         generator=generators,
         output_type="latent",
     ).images
-    return image_io.quantize_8bit(decode_latents(pipe, latents))
 
 
-def build_rewards(names: list[str], options: dict[str, dict]) -> dict:
+def build_rewards(names: list[str], options: dict[str, dict], device: str = "cpu") -> dict:
+    """The scorers; those taking a `device` get `device` (the rank's GPU) unless the reward's
+    own options name one (training's rule: marble.training.trainer.build_rewards)."""
     from marble import rewards
+    from marble.training.trainer import _takes_device
 
-    return {name: rewards.build(name, **options.get(name, {})) for name in names}
+    out = {}
+    for name in names:
+        opts = dict(options.get(name, {}))
+        if "device" not in opts and _takes_device(name):
+            opts["device"] = device
+        out[name] = rewards.build(name, **opts)
+    return out
+
+
+def describe_scorers(rewards: dict) -> dict:
+    """{reward: {class, device, engine}} for run_info.json: where each scorer ran and with what
+    (the OCR engine says whether it is the paper's PaddleOCR or an ONNX stand-in)."""
+    out = {}
+    for name, reward in rewards.items():
+        device = getattr(reward, "device", None)
+        # The OCR engine's label, else the loaded model's folder or hub id (transformers models).
+        engine = getattr(reward, "engine_label", None) or getattr(getattr(reward, "model", None), "name_or_path", None)
+        out[name] = {"class": type(reward).__name__, "device": None if device is None else str(device),
+                     "engine": engine}
+    return out
+
+
+def precision_setup(device: torch.device, mixed_precision: str) -> dict:
+    """The reference evaluation's numerics on CUDA: TF32 matmuls/convolutions on, and the
+    pipeline call under autocast in the chosen half precision. Returns what was set."""
+    from marble.runtime.precision import enable_tf32
+
+    cuda = device.type == "cuda"
+    enable_tf32(device, True)  # training's switch: on CUDA only
+    autocast = cuda and mixed_precision != "no"
+    return {"device": str(device), "dtype": str(DTYPES[mixed_precision]).removeprefix("torch."), "tf32": cuda,
+            "autocast": str(DTYPES[mixed_precision]).removeprefix("torch.") if autocast else None}
 
 
 def score_images(rewards: dict, images: torch.Tensor, samples: list[EvalSample]) -> tuple[list[dict], list[list[str]]]:
@@ -167,9 +220,15 @@ def run(samples: list[EvalSample], reward_names: list[str], reward_options: dict
     totals = {"generation_s": 0.0, "scoring_s": 0.0, "generated": 0, "pending": len(todo)}
     if rounds == 0:
         return totals
+    from marble.training.trainer import reward_device
+
+    scorer_device = reward_device(getattr(args, "reward_device", "auto"), info.local_rank,
+                                  cuda=info.device.type == "cuda")
+    totals["numerics"] = precision_setup(info.device, args.mixed_precision)
     pipe = None if args.skip_generation else load_eval_pipeline(
-        args.model_path, args.mixed_precision, info.device, lora)
-    rewards = {} if args.no_score else build_rewards(reward_names, reward_options)
+        args.model_path, args.mixed_precision, info.device, lora, getattr(args, "model_type", "sd3"))
+    rewards = {} if args.no_score else build_rewards(reward_names, reward_options, scorer_device)
+    totals["scorers"] = describe_scorers(rewards)
     for index in tqdm(range(rounds), desc=f"evaluate {args.dataset}", disable=not info.is_main):
         batch = mine[index] if index < len(mine) else []
         rows, timing = process_batch(pipe, rewards, batch, previous, args, output_dir)

@@ -105,6 +105,11 @@ class Trainer:
         self.info = dist.init_distributed(device)
         dev = self.info.device
         t, m, s = cfg.train, cfg.model, cfg.sampling
+        from marble.training.geometry import check_geometry
+
+        geometry = check_geometry(self.info.world_size, s, t)  # refuses a silent change of batch
+        if self.info.is_main:
+            print(geometry, flush=True)
         enable_tf32(dev, m.allow_tf32)
         # Base transformer in model.base_dtype (fp32 by default, as the reference), text
         # encoders in the autocast dtype, not loaded at all when the embedding cache

@@ -8,8 +8,10 @@ x26 scale, UnifiedReward on 1-5; composite = mean of column-wise z-scores over t
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
+import yaml
 
 SOURCE = "published: MARBLE project page (aim-uofa.github.io/MARBLE), Table 1"
 TABLE1_COLUMNS = ["GenEval", "OCR", "PickScore", "CLIPScore", "HPSv2.1", "Aesthetic",
@@ -88,3 +90,25 @@ def beside_paper(evals: pd.DataFrame | None, balancer_of: dict[str, str]) -> pd.
         row.update({f"published: {c}": v for c, v in zip(TABLE1_COLUMNS, published)})
         rows.append(row)
     return pd.DataFrame(rows).set_index("balancer")
+
+
+def load_published(path: Path) -> dict:
+    """Rows {name: {run, values}}; a row named as in the paper's Table 1 without `values:`
+    takes them from `marble.tools.report.published.TABLE1`, the project's one transcription."""
+    from marble.evaluation.summary import PAPER_METRICS
+
+    columns = [c for c, *_ in PAPER_METRICS]
+    path = Path(path)
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    rows = data.get("rows")
+    if not isinstance(rows, dict) or not rows:
+        raise ValueError(f"{path}: no `rows:` mapping")
+    for name, row in rows.items():
+        if isinstance(row, dict) and "values" not in row and name in TABLE1:
+            row["values"] = {c: v for c, v in zip(TABLE1_COLUMNS, TABLE1[name]) if c in columns}
+        if not isinstance(row, dict) or "run" not in row or not isinstance(row.get("values"), dict):
+            raise ValueError(f"{path}: row {name!r} needs `run:` and `values:` (or a Table 1 row name)")
+        unknown = set(row["values"]) - set(columns)
+        if unknown:
+            raise ValueError(f"{path}: row {name!r}: unknown metric(s) {sorted(unknown)}; known: {columns}")
+    return data
