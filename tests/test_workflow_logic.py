@@ -84,11 +84,19 @@ def test_hub_sources_and_labels():
         checkpoints.hub_source("hf:a/b/c")
 
 
+def fake_checkpoint(folder, payload=b"weights"):
+    """A checkpoint folder with one file and a real marker (the trainer's format)."""
+    from marble.training.checkpoint_format import COMPLETE, marker_text
+
+    folder.mkdir(parents=True)
+    (folder / "state.pt").write_bytes(payload)
+    (folder / COMPLETE).write_text(marker_text(folder))
+    return folder
+
+
 def test_scanned_checkpoints_name_clashes_apart(tmp_path):
     for parent in ("one", "two"):
-        ck = tmp_path / parent / "marble" / "checkpoints" / "checkpoint-000004"
-        ck.mkdir(parents=True)
-        (ck / "COMPLETE").write_text("{}")
+        fake_checkpoint(tmp_path / parent / "marble" / "checkpoints" / "checkpoint-000004")
     (tmp_path / "one" / "marble" / "checkpoints" / "checkpoint-000008").mkdir()  # no marker
     found = checkpoints.scanned_checkpoints([str(tmp_path / "one"), str(tmp_path / "two")])
     assert sorted(found) == [("marble", "checkpoint-000004"), ("marble-two", "checkpoint-000004")]

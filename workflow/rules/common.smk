@@ -1,5 +1,4 @@
 import os
-from pathlib import Path
 
 from snakemake.utils import min_version, validate
 
@@ -85,14 +84,16 @@ def hub_loras():
 def final_checkpoints(only_trained=False):
     """{(run, ckpt): folder} of each configured run's final checkpoint.
 
-    only_trained: just the runs whose final checkpoint is complete (its COMPLETE marker and
-    the training summary), so `eval_only` never asks for training, whatever changed in `runs:`.
+    only_trained: just the runs whose final checkpoint is usable (marker and hashes, the
+    definition resume uses) and whose training summary exists, so `eval_only` never asks
+    for training, whatever changed in `runs:`.
     """
     out = {}
     for run in RUNS:
         folder = f"results/runs/{run}/checkpoints/{final_ckpt(run)}"
-        done = os.path.exists(f"{folder}/COMPLETE") and os.path.exists(
-            f"results/runs/{run}/train_summary.json"
+        done = only_trained and (
+            os.path.exists(f"results/runs/{run}/train_summary.json")
+            and wf_ckpts.is_usable(folder)
         )
         if only_trained and not done:
             continue
@@ -149,8 +150,7 @@ def eval_inputs(wildcards):
         return {}
     if wf_ckpts.hub_source(folder):
         return {"ready": f"{LORA_DIR}/{wildcards.run}"}
-    marker = Path(folder) / "COMPLETE"
-    return {"ready": str(marker) if marker.exists() else folder}
+    return {"ready": wf_ckpts.checkpoint_input(folder)}
 
 
 def eval_source_args(wildcards):
