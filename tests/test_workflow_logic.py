@@ -109,3 +109,23 @@ def test_merge_catalogue_refuses_one_name_for_two_folders(tmp_path):
     assert same == {("r", "c"): str(a)}
     with pytest.raises(ValueError, match="names two folders"):
         checkpoints.merge_catalogue({("r", "c"): str(a)}, {("r", "c"): str(b)})
+
+
+def test_folder_names_with_spaces_become_wildcard_values(tmp_path):
+    assert checkpoints.checkpoint_label("data/my lora") == "my_lora"
+    assert checkpoints.checkpoint_label("data/.hidden") == "lora.hidden"
+    fake_checkpoint(tmp_path / "my run" / "checkpoints" / "checkpoint-000002")
+    assert list(checkpoints.scanned_checkpoints([str(tmp_path)])) == [("my_run", "checkpoint-000002")]
+
+
+def test_scan_skips_a_damaged_checkpoint_and_eval_input_names_it(tmp_path):
+    good = fake_checkpoint(tmp_path / "r" / "checkpoints" / "checkpoint-000002")
+    bad = fake_checkpoint(tmp_path / "r" / "checkpoints" / "checkpoint-000004")
+    (bad / "state.pt").write_bytes(b"flipped")
+    assert list(checkpoints.scanned_checkpoints([str(tmp_path)])) == [("r", "checkpoint-000002")]
+    assert checkpoints.checkpoint_input(str(good)) == str(good / "COMPLETE")
+    with pytest.raises(ValueError, match=r"checkpoint-000004 is damaged: state.pt \(sha256"):
+        checkpoints.checkpoint_input(str(bad))
+    lora = tmp_path / "bare"  # a bare LoRA (no marker): the folder itself
+    lora.mkdir()
+    assert checkpoints.checkpoint_input(str(lora)) == str(lora)

@@ -28,6 +28,13 @@ def hub_source(source: str) -> tuple[str, str] | None:
     return repo, revision or "main"
 
 
+def wildcard_name(text: str, default: str) -> str:
+    """`text` as a `{run}`/`{ckpt}` wildcard value (letters, digits, `_.-`; a folder
+    named `my lora` is `my_lora`), so any folder name can be evaluated."""
+    name = _UNSAFE.sub("_", text)
+    return name if name[:1].isalnum() else f"{default}{name}" if name else default
+
+
 def checkpoint_label(source: str) -> str:
     """The `{ckpt}` folder name of an eval.checkpoints entry."""
     if source == BASE:
@@ -35,7 +42,7 @@ def checkpoint_label(source: str) -> str:
     hub = hub_source(source)
     if hub:
         return _UNSAFE.sub("_", f"hub-{hub[1]}")
-    return Path(source).name or "lora"
+    return wildcard_name(Path(source).name, "lora")
 
 
 def named_checkpoints(entries: dict) -> dict:
@@ -68,7 +75,7 @@ def scanned_checkpoints(scan_dirs: list) -> dict:
             if not is_usable(folder):
                 continue
             run_dir = _run_dir_of(folder)
-            name = run_dir.name
+            name = wildcard_name(run_dir.name, "run")
             same = found.get((name, folder.name))
             # One of our own runs scanned through another spelling (absolute path).
             if same is not None and os.path.samefile(same, folder):
@@ -77,7 +84,7 @@ def scanned_checkpoints(scan_dirs: list) -> dict:
                 base = _UNSAFE.sub("_", run_dir.parent.name) or "root"
                 name, n = f"{name}-{base}", 2
                 while (name, folder.name) in found:
-                    name, n = f"{run_dir.name}-{base}{n}", n + 1
+                    name, n = f"{wildcard_name(run_dir.name, 'run')}-{base}{n}", n + 1
             found[(name, folder.name)] = str(folder)
     return found
 

@@ -32,6 +32,12 @@ def checkpoint_name(step: int) -> str:
     return checkpoint_format.checkpoint_name(step)
 
 
+def option(flag: str, value) -> str:
+    """`flag VALUE` shell-quoted, or "" for an empty value (an optional input)."""
+    value = " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value or "")
+    return f"{flag} {shlex.quote(value)}" if value else ""
+
+
 def train_args(spec: dict, overrides: list[str]) -> str:
     """`marble train` arguments after the preset and output dir, each shell-quoted."""
     args = [f"--set {shlex.quote(str(s))}" for s in overrides]

@@ -28,9 +28,9 @@ rule evaluate_ckpt:
         out_dir=lambda wc, output: os.path.dirname(output.scores),
         args=eval_args,
         launcher=eval_launcher(),
-        ckpts=f"MARBLE_REWARD_CKPTS={config['reward_ckpt_dir']}",
+        reward_ckpts=config["reward_ckpt_dir"],
     shell:
-        "{params.ckpts} {params.launcher} {params.source}"
+        "MARBLE_REWARD_CKPTS={params.reward_ckpts:q} {params.launcher} {params.source}"
         " --model_path {input.model:q} --model_type sd3 --dataset {wildcards.dataset}"
         " --data_dir {input.raw:q} --output_dir {params.out_dir:q} {params.args}"
         " >> {log:q} 2>&1"
@@ -73,8 +73,10 @@ rule eval_summary:
         "benchmarks/eval/summary.tsv"
     conda:
         MARBLE_ENV
+    params:
+        eval_dir=EVAL_DIR,
     shell:
-        f"python -m marble.evaluation.summary --eval-dir {EVAL_DIR}"
+        "python -m marble.evaluation.summary --eval-dir {params.eval_dir:q}"
         " --out-csv {output.csv:q} --out-md {output.table:q} > {log:q} 2>&1"
 
 
