@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -71,6 +72,21 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         _fsync_dir(final.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# The temporary `atomic_path` makes: `.<name>.<8 random characters>.tmp`.
+_ATOMIC_TMP_RE = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
+
+
+def remove_atomic_leftovers(folder: str | os.PathLike) -> list[Path]:
+    """Remove the temporaries of atomic writes that a kill -9 interrupted in `folder`
+    (not recursive); returns them. Only for a folder that no other process writes now."""
+    folder = Path(folder)
+    found = [p for p in sorted(folder.iterdir()) if _ATOMIC_TMP_RE.match(p.name)] \
+        if folder.is_dir() else []
+    for path in found:
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    return found
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:
