@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from marble.training.checkpoint_format import (  # noqa: F401  (CheckpointError: re-exported)
+from marble.training.checkpoint_format import (
     CheckpointError,
     damaged_files,
     is_marble_checkpoint,

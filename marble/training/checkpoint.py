@@ -24,15 +24,16 @@ import logging
 import os
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
 from marble.runtime.io import atomic_path, fsync_tree
-from marble.training.checkpoint_format import (  # noqa: F401  (re-exported: one definition)
+from marble.training.checkpoint_format import (
     COMPLETE,
     MARKER_FORMAT,
     CheckpointError,

@@ -13,7 +13,11 @@ import re
 from pathlib import Path
 
 from marble.assets.hub_ref import is_hub_ref, parse_hub_ref
-from marble.training.checkpoint_format import COMPLETE, damaged_files, is_marble_checkpoint
+from marble.training.checkpoint_format import (
+    COMPLETE,
+    damaged_files,
+    is_marble_checkpoint,
+)
 
 BASE = "base"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")

@@ -21,6 +21,7 @@ class Row:
     held: int = 0
     lost: int = 0
     skipped: list[str] = field(default_factory=list)
+    trials: list[str] = field(default_factory=list)  # what each recorded injection did
 
 
 TABLE: dict[str, Row] = defaultdict(Row)
@@ -75,6 +76,8 @@ def pytest_runtest_makereport(item, call):
         results = [(report.passed, item.name)]
     elif report.failed and all(held for held, _ in results):
         results = [*results, (False, "assertion after the injections")]
+    if trials is not None:
+        row.trials += [f"{'held' if held else 'LOST'}: {what}" for held, what in trials.results]
     row.tried += len(results)
     row.held += sum(held for held, _ in results)
     row.lost += sum(not held for held, _ in results)
@@ -92,6 +95,8 @@ def pytest_terminal_summary(terminalreporter):
         if row.skipped:
             line += f"  (skipped: {'; '.join(sorted(set(row.skipped)))})"
         write(line)
+        for trial in row.trials:
+            write(f"    {trial}")
     total = Row(sum(r.tried for r in TABLE.values()), sum(r.held for r in TABLE.values()),
                 sum(r.lost for r in TABLE.values()))
     write(f"{'total':<{width}}  {total.tried:>5}  {total.held:>4}  {total.lost:>4}")

@@ -16,9 +16,9 @@ import io
 import os
 import signal
 import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
 
 
 class EventCounter:
@@ -50,9 +50,9 @@ def instrumented(counter: EventCounter) -> Iterator[EventCounter]:
     import torch
     from PIL import Image
 
+    import marble.evaluation.runner as runner
     import marble.runtime.io as mio
     import marble.training.checkpoint as ckpt
-    import marble.evaluation.runner as runner
     import marble.training.metrics as metrics
     from marble.training.trainer import Trainer
 

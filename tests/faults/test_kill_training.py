@@ -20,11 +20,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_resume import ROOT, args, table_path  # noqa: F401  (table_path is a fixture)
+from safetensors import safe_open
+from test_resume import ROOT, args, table_path
 
 from marble.train import main as train_main
-from safetensors import safe_open
-
 from marble.training.checkpoint_format import (
     damaged_files,
     file_hashes,
@@ -69,7 +68,7 @@ def metric_rows(run: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_model_dir, table_path, tmp_path_factory):  # noqa: F811
+def reference(tiny_model_dir, table_path, tmp_path_factory):
     run = tmp_path_factory.mktemp("reference") / "run"
     events, names = count_events("train", run_args(tiny_model_dir, table_path, run))
     return {"run": run, "events": events, "names": names,
@@ -96,7 +95,7 @@ def draws(reference) -> list[tuple[int, str]]:
 
 
 def test_kill_minus_9_then_rerun_equals_the_uninterrupted_run(
-        reference, tiny_model_dir, table_path, tmp_path, fault_trials):  # noqa: F811
+        reference, tiny_model_dir, table_path, tmp_path, fault_trials):
     for i, (event, mode) in enumerate(draws(reference)):
         run = tmp_path / f"kill{i}" / "run"
         what = f"event {event}/{reference['events']} {mode} ({reference['names'][event - 1]})"

@@ -117,7 +117,9 @@ EVAL_ONLY = eval_only_requested()
 
 
 def eval_catalogue():
-    return wf_ckpts.merge_catalogue(final_checkpoints(), scanned_checkpoints(), named_checkpoints())
+    return wf_ckpts.merge_catalogue(
+        final_checkpoints(), scanned_checkpoints(), named_checkpoints()
+    )
 
 
 EVAL_DIR = f"results/eval/{wf_eval.settings_name(EVAL, MODEL_DIR)}"
@@ -176,4 +178,3 @@ def summary_inputs(wildcards):
     keys = set(final_checkpoints(eval_only_requested()))
     keys |= set(scanned_checkpoints()) | set(named_checkpoints())
     return eval_outputs(keys)
-
