@@ -166,12 +166,11 @@ def prune_checkpoints(run_dir: str | Path, keep: int) -> list[Path]:
     """Delete all but the newest `keep` usable checkpoints, and damaged ones older than
     the oldest kept; returns what was removed."""
     usable = usable_checkpoints(run_dir, warn=False)
-    if len(usable) <= keep:
+    if keep <= 0 or len(usable) <= keep:
         return []
     oldest_kept = usable[-keep][0]
-    found = [(s, p) for s, p in list_checkpoints(run_dir) if s < oldest_kept]
     removed = []
-    for _, path in found if keep > 0 else []:
+    for _, path in [(s, p) for s, p in list_checkpoints(run_dir) if s < oldest_kept]:
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed

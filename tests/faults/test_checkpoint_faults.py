@@ -166,3 +166,13 @@ def test_disk_full_during_a_save_leaves_the_previous_checkpoint(tmp_path):
         assert [p.name for p in (mnt / "checkpoints").iterdir()] == ["checkpoint-000001"]
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
+
+
+@pytest.mark.fault("pruning counts a damaged checkpoint as kept")
+def test_pruning_keeps_the_newest_usable_checkpoints(tmp_path):
+    for step in (1, 2, 3):
+        _save(tmp_path, step, keep=2)
+    (checkpoint_dir(tmp_path, 3) / COMPLETE).write_text("")  # damaged after its save
+    _save(tmp_path, 4, keep=2)
+    usable = [s for s, _ in checkpoint_format.usable_checkpoints(tmp_path)]
+    assert usable == [2, 4]  # two usable ones kept: 4 can fall back to 2
