@@ -96,6 +96,9 @@ def instrumented(counter: EventCounter) -> Iterator[EventCounter]:
         return real["optimize"](self, *a, **kw)
 
     def image_save(self, fp, *a, **kw):
+        if not isinstance(fp, (str, os.PathLike)):  # an in-memory encode: no write
+            return real["image"](self, fp, *a, **kw)
+
         def torn():
             buf = io.BytesIO()
             real["image"](self, buf, *a, format=kw.get("format") or Path(str(fp)).suffix[1:]
