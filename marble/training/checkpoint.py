@@ -33,7 +33,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from marble.runtime.io import atomic_path, fsync_tree
-from marble.training.checkpoint_format import (
+from marble.training.checkpoint_format import (  # noqa: F401  (re-exported: one definition)
     COMPLETE,
     MARKER_FORMAT,
     CheckpointError,

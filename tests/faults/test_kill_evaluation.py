@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_evaluate import TOY, pixels, raw_dir, rows, same_scores
+from test_evaluate import TOY, pixels, raw_dir, rows, same_scores  # noqa: F401  (raw_dir: a fixture)
 from test_resume import ROOT
 
 from marble import evaluate

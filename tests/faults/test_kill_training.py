@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-from test_resume import ROOT, args, table_path
+from test_resume import ROOT, args, table_path  # noqa: F401  (table_path: a fixture)
 
 from marble.train import main as train_main
 from marble.training.checkpoint_format import (
