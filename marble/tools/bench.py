@@ -61,6 +61,7 @@ def synthetic_batch(pipe, cfg, device, seed: int = 0):
     """Random x0, x_t, sigma, embeddings and a [B, K] advantage matrix with NaN masks."""
     import torch
 
+    from marble.maths.flow import forward_process
     from marble.models.encode import latent_shape
 
     gen = torch.Generator().manual_seed(seed)
@@ -71,19 +72,21 @@ def synthetic_batch(pipe, cfg, device, seed: int = 0):
     x0 = torch.randn(shape, generator=gen)
     eps = torch.randn(shape, generator=gen)
     sigma = torch.rand(b, generator=gen) * 0.9 + 0.05
-    sb = sigma.view(-1, 1, 1, 1)
     adv = torch.randn(b, k, generator=gen).clamp(-3, 3)
     # Mask pattern like the paper's mix: the first two rewards always apply, reward k>=2
     # applies to every third sample offset by k (specialists such as OCR / GenEval).
     for j in range(2, k):
         adv[[i for i in range(b) if (i + j) % 3 != 0], j] = float("nan")
     batch = {
-        "x0": x0, "x_t": (1 - sb) * x0 + sb * eps, "sigma": sigma,
+        "x0": x0, "x_t": forward_process(x0, eps, sigma), "sigma": sigma,
         "embeds": torch.randn(b, seq, tcfg.joint_attention_dim, generator=gen),
         "pooled": torch.randn(b, tcfg.pooled_projection_dim, generator=gen),
         "adv": adv, "avg_adv": torch.nanmean(adv, dim=1),
     }
-    return {key: v.to(device) for key, v in batch.items()}
+    out = {key: v.to(device) for key, v in batch.items()}
+    # Known on the host, as the trainer knows it from the rollout: no device read.
+    out["present"] = tuple(bool(x) for x in torch.isfinite(adv).any(0).tolist())
+    return out
 
 
 def make_balancers(cfg, rows=tuple(ROWS)):
@@ -108,18 +111,18 @@ def make_balancers(cfg, rows=tuple(ROWS)):
 
 
 def one_micro_step(pipe, cfg, batch, balancer, params, autocast, micro_index: int = 1) -> dict:
-    """The trainer's micro-step (marble.training.microstep) on the synthetic batch, then the
-    balancer's backward; the balancer's metrics. `autocast` is a `marble.runtime.precision.Precision`:
+    """The trainer's micro-step (`marble.training.microstep.run_micro_step`) on the
+    synthetic batch; its metrics (device scalars). `autocast` is a `marble.runtime.precision.Precision`:
     under fp16 its GradScaler scales the backward passes as in training."""
-    from marble.training.microstep import MicroBatch, build_micro_step
+    from marble.training.microstep import MicroBatch, run_micro_step
 
     micro = MicroBatch(x0=batch["x0"], x_t=batch["x_t"], sigma=batch["sigma"],
                        prompt_embeds=batch["embeds"], pooled=batch["pooled"],
-                       advantages=batch["adv"], avg_advantage=batch["avg_adv"])
-    step = build_micro_step(pipe.transformer, micro, cfg.train, params, autocast, scale=1.0,
-                            global_step=1, micro_index=micro_index,
-                            grad_scaler=getattr(autocast, "scaler", None))
-    return balancer.backward(step)
+                       advantages=batch["adv"], avg_advantage=batch["avg_adv"],
+                       reward_present=batch.get("present"))
+    return run_micro_step(pipe.transformer, micro, cfg.train, params, autocast, balancer,
+                          scale=1.0, global_step=1, micro_index=micro_index,
+                          grad_scaler=getattr(autocast, "scaler", None))
 
 
 def _interleaved(run, probe: MemoryProbe, repeats: int, warmup: int, rows: tuple) -> dict:
