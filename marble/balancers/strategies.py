@@ -178,8 +178,8 @@ class Balancer:
         k = len(self.reward_names)
         diagnostics = int(self.cfg.diagnostics_every) > 0
         # cos(d, g_k) is free here; the weighted-sum direction costs one more pass, so it is
-        # measured on the first micro-step of an optimizer step only.
-        with_ws = diagnostics and step.micro_index == 0
+        # measured on the diagnostics cadence only (first micro-step of every n-th step).
+        with_ws = self.wants_diagnostics(step)
         fns = [*self._reward_fns(step), _kl] + ([weighted_sum_loss] if with_ws else [])
         local, values = gradient_passes(step, fns, self.recompute)
         grads, gram, _, valid_dev, nonfinite = reduce_reward_grads(local[:k], self.cfg.grad_eps)
