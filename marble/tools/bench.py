@@ -2,6 +2,7 @@
 
     marble bench step --preset tiny --json OUT.json [--repeats 5] [--warmup 1]
     marble bench step --preset bench_sd35m --json OUT.json      # on a GPU, paper scale
+    marble bench flops --preset bench_sd35m --json OUT.json     # counted, any machine
 
 In one process: build the preset's model (adapters "default" + "old"), one fixed
 synthetic micro-batch (random x0, embeddings, K rewards with a mask pattern) and one AdamW,
@@ -205,29 +206,23 @@ def bench_step(cfg, repeats: int = 5, warmup: int = 1, device: str | None = None
     import torch
 
     from marble.config import grad_accumulation, training_timesteps
-    from marble.models import load_pipeline
-    from marble.models.lora import add_lora_adapters, trainable_lora_parameters
-    from marble.runtime.precision import base_weight_dtype, optimizer_update
-    from marble.training.trainer import _DTYPES, autocast_factory, upcast_lora_
+    from marble.models.policy import load_policy
+    from marble.runtime.precision import make_precision, optimizer_update
 
     fix_malloc()
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     mp = cfg.model.mixed_precision if dev.type == "cuda" else "no"
     path = model_path or cfg.model.path
     probe = MemoryProbe(dev)
-    # Base weights as in training (model.base_dtype, fp32 by default like the reference).
-    base = base_weight_dtype(cfg.model.base_dtype) if dev.type == "cuda" else torch.float32
-    pipe = load_pipeline(path, dtype=_DTYPES[mp], device=dev, transformer_dtype=base)
-    torch.manual_seed(cfg.train.seed)
-    add_lora_adapters(pipe.transformer, rank=cfg.model.lora_rank, alpha=cfg.model.lora_alpha,
-                      targets=cfg.model.lora_targets, seed=cfg.train.seed)
-    upcast_lora_(pipe.transformer)
-    params = trainable_lora_parameters(pipe.transformer)
+    # The model as training loads it (base in model.base_dtype, fp32 by default like the
+    # reference); autocast off on the CPU.
+    pipe, params = load_policy(dataclasses.replace(cfg.model, mixed_precision=mp),
+                               cfg.train.seed, dev, path=path)
     weights_mb = probe.loaded()
     t = cfg.train
     optimizer = torch.optim.AdamW(params, lr=0.0, betas=tuple(t.adam_betas),
                                   weight_decay=t.weight_decay, eps=t.adam_eps)
-    autocast = autocast_factory(mp, dev)
+    autocast = make_precision(mp, dev)
     batch = synthetic_batch(pipe, cfg, dev, seed=t.seed)
     balancers = make_balancers(cfg, rows)
 
@@ -292,6 +287,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", default=None,
                    help="model path override (default: the preset's; `random:tiny` when the "
                         "preset's local folder is missing)")
+    f = sub.add_parser("flops", help="counted FLOPs, passes and live-tensor peak per row "
+                       "(meta tensors, deterministic) and each preset's whole-run overhead")
+    f.add_argument("--preset", required=True)
+    f.add_argument("--json", required=True, type=Path, help="output JSON file")
+    f.add_argument("--md", type=Path, default=None, help="also write the markdown tables here")
+    f.add_argument("--layers", type=int, default=None,
+                   help="transformer depth override (same widths; quick checks)")
+    f.add_argument("--rows", default=None, help="comma-separated subset of the rows "
+                   "(default: all; weighted_sum included)")
+    f.add_argument("--runs", default=None, help="comma-separated presets whose whole-run "
+                   "overhead to price (default: the paper presets, or tiny_* for tiny)")
     r = sub.add_parser("rollout", help="rollout batch time with vs without the embedding cache")
     r.add_argument("--preset", required=True)
     r.add_argument("--json", required=True, type=Path, help="output JSON file")
@@ -299,12 +305,36 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--table", default=None, help="prompt table (default: the preset's data.train)")
     r.add_argument("--cache", default=None, help="embedding cache folder (default: a temp one)")
     r.add_argument("--warmup", type=int, default=1, help=argparse.SUPPRESS)
+    for q in (f,):
+        q.add_argument("--config", action="append", default=[], metavar="FILE")
+        q.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     for q in (r,):
         q.add_argument("--config", action="append", default=[], metavar="FILE")
         q.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
         q.add_argument("--device", choices=["cpu", "cuda"], default=None)
         q.add_argument("--model", default=None, help="model path override")
     return p
+
+
+def _flops_main(cfg, args) -> int:
+    from marble.runtime.io import write_json, write_text
+    from marble.tools.bench_flops import FLOP_ROWS, bench_flops, markdown_table
+
+    def names(text):
+        return None if text is None else tuple(x.strip() for x in text.split(",") if x.strip())
+
+    rows = names(args.rows) or tuple(FLOP_ROWS)
+    if "weighted_sum" not in rows or set(rows) - set(FLOP_ROWS):
+        print(f"marble bench: error: --rows {args.rows!r}: pick from {', '.join(FLOP_ROWS)}, "
+              "weighted_sum included", file=sys.stderr)
+        raise SystemExit(2)
+    res = bench_flops(cfg, rows=rows, runs=names(args.runs), num_layers=args.layers)
+    write_json(args.json, res)
+    table = markdown_table(res)
+    if args.md is not None:
+        write_text(args.md, table)
+    print(table, end="")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -317,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"marble bench: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    if args.what == "flops":
+        return _flops_main(cfg, args)
     if args.repeats < 1 or args.warmup < 0:
         print("marble bench: error: --repeats must be >= 1 and --warmup >= 0", file=sys.stderr)
         raise SystemExit(2)

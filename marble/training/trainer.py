@@ -8,7 +8,6 @@ state, so N steps straight equal k steps + resume + N-k steps bitwise on the CPU
 
 from __future__ import annotations
 
-import random
 import time
 from pathlib import Path
 
@@ -22,12 +21,9 @@ from marble.runtime import distributed as dist
 from marble.runtime.io import write_json, write_text
 from marble.runtime.precision import (
     Precision,
-    base_weight_dtype,
     enable_tf32,
     make_precision,
     optimizer_update,
-    text_encoder_dtype,
-    upcast_lora_,
 )
 from marble.training.checkpoint import (
     CheckpointError,
@@ -46,12 +42,6 @@ from marble.training.stopping import StopRequest
 def autocast_factory(mixed_precision: str, device: torch.device) -> Precision:
     """A zero-arg autocast context factory; fp16 also carries its GradScaler (`.scaler`)."""
     return make_precision(mixed_precision, device)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % (1 << 32))
-    torch.manual_seed(seed)
 
 
 def reward_device(setting: str, local_rank: int, cuda: bool | None = None) -> str:
@@ -93,8 +83,7 @@ class Trainer:
         from marble.balancers import build_balancer
         from marble.data import load_table
         from marble.data.sampler import StratifiedKRepeatSampler
-        from marble.models import load_pipeline
-        from marble.models.lora import add_lora_adapters, trainable_lora_parameters
+        from marble.models.policy import load_policy
         from marble.models.sampling import sigma_schedule
 
         self.cfg, self.out_dir, self.progress = cfg, Path(out_dir), progress
@@ -104,16 +93,8 @@ class Trainer:
         enable_tf32(dev, m.allow_tf32)
         # Base transformer in model.base_dtype (fp32 by default, as the reference), text
         # encoders in the autocast dtype, not loaded at all when the embedding cache
-        # serves the prompts; LoRA in fp32 (upcast below).
-        self.pipe = load_pipeline(
-            m.path, revision=m.revision, dtype=text_encoder_dtype(m.mixed_precision, dev),
-            device=dev, transformer_dtype=base_weight_dtype(m.base_dtype),
-            text_encoders=not cfg.data.embed_cache)
-        seed_everything(t.seed)  # same LoRA init on every rank
-        add_lora_adapters(self.pipe.transformer, rank=m.lora_rank, alpha=m.lora_alpha,
-                          targets=m.lora_targets, seed=t.seed)
-        upcast_lora_(self.pipe.transformer)
-        self.params = trainable_lora_parameters(self.pipe.transformer)
+        # serves the prompts; LoRA in fp32 (marble.models.policy, shared with the bench).
+        self.pipe, self.params = load_policy(m, t.seed, dev, text_encoders=not cfg.data.embed_cache)
         self.optimizer = torch.optim.AdamW(self.params, lr=t.lr, betas=tuple(t.adam_betas),
                                            weight_decay=t.weight_decay, eps=t.adam_eps)
         self.ema = WeightEMA(self.params, max_decay=t.ema_decay)
