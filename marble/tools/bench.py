@@ -22,6 +22,7 @@ from pathlib import Path
 
 from marble.tools.bench_memory import MemoryProbe, fix_malloc
 from marble.tools.bench_rollout import bench_rollout
+from marble.tools.bench_switch import time_adapter_switch
 
 # Row -> (method, balancer overrides, micro_index, prime the alpha cache, what it is).
 ROWS = {
@@ -144,11 +145,13 @@ def _interleaved(run, probe: MemoryProbe, repeats: int, warmup: int, rows: tuple
 
 
 def _median_row(times, cpu, peaks) -> dict:
-    med = {k: statistics.median(p[k] for p in peaks) for k in ("total", "over_weights", "step")}
+    med = {k: statistics.median(p.get(k, p["total"]) for p in peaks)
+           for k in ("total", "over_weights", "step", "reserved")}
     return {"step_s": statistics.median(times), "step_s_min": min(times), "step_s_all": times,
             "step_cpu_s": statistics.median(cpu), "step_cpu_s_all": cpu,
             "peak_mb": med["total"], "peak_over_weights_mb": med["over_weights"],
-            "peak_step_mb": med["step"], "peak_mb_all": [p["total"] for p in peaks],
+            "peak_step_mb": med["step"], "peak_reserved_mb": med["reserved"],
+            "peak_mb_all": [p["total"] for p in peaks],
             "peak_over_weights_mb_all": [p["over_weights"] for p in peaks]}
 
 
@@ -236,9 +239,11 @@ def bench_step(cfg, repeats: int = 5, warmup: int = 1, device: str | None = None
 
     optimizer.zero_grad(set_to_none=True)
     result = _interleaved(run, probe, repeats, warmup, tuple(rows))
+    switch = time_adapter_switch(pipe.transformer, (batch["x_t"], batch["sigma"],
+                                                    batch["embeds"], batch["pooled"]), autocast)
     per_solve = cfg.balancer.amortize_every * grad_accumulation(cfg) * training_timesteps(cfg)
     return {
-        "balancers": result, **summarize(result, per_solve),
+        "balancers": result, **summarize(result, per_solve), "adapter_switch": switch,
         "rows": {m: ROWS[m][4] for m in rows}, "weights_mb": weights_mb,
         "preset": cfg.preset, "model_path": path,
         "device": str(dev), "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
@@ -267,6 +272,13 @@ def print_table(res: dict) -> None:
         print(f"{m:<22}{r['step_s']:>8.4f}{r['step_cpu_s']:>8.4f}{r['peak_mb']:>10.1f}"
               f"{r['peak_over_weights_mb']:>10.1f}{ratio['time']:>8.3f}{ratio['time_cpu']:>7.3f}"
               f"{ratio['memory']:>7.3f}{ratio['memory_over_weights']:>9.3f}")
+
+
+def _print_switch(res: dict) -> None:
+    sw = res.get("adapter_switch")
+    if sw:
+        print(f"adapter switches per micro-step: {1e3 * sw['switches_cpu_s']:.3f} ms CPU "
+              f"= {sw['ratio_to_forward']:.4f} x one no-grad forward (CPU time, noisy)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -382,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(threads)
     write_json(args.json, res)
     print_table(res)
+    _print_switch(res)
     return 0
 
 
