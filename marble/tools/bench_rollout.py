@@ -57,7 +57,7 @@ def bench_rollout(cfg, table: str, repeats: int = 3, device: str | None = None,
                 emb, pooled = encode_prompts(pipe, prompts, msl)
             with use_adapter(pipe.transformer, "old"), autocast():
                 x0 = sample_latents(pipe.transformer, noise, emb, pooled, sigmas, s.solver)
-            decode_latents(pipe, x0.float())
+                decode_latents(pipe, x0.float())  # under autocast, as the rollout decodes
         if dev.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - start
