@@ -19,6 +19,7 @@ these rows (`marble.tools.bench_cadence`), relative to a weighted-sum run.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -163,7 +164,9 @@ def count_row(cfg, transformer, params, batch, row: str) -> dict:
     start = memory.current
     pipe = type("Pipe", (), {"transformer": transformer})
     try:
-        with FlopCounterMode(display=False) as flops, memory:
+        with FlopCounterMode(display=False) as flops, memory, warnings.catch_warnings():
+            # PassCounter's hook on a frozen base: torch notes that no input needs a grad
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")
             one_micro_step(pipe, cfg, batch, bal, params, _Precision(cfg.model.mixed_precision),
                            micro_index=FLOP_ROWS[row][2])
     finally:
