@@ -10,7 +10,8 @@ row runs the trainer's own code (`run_micro_step`) under three counters: FLOPs
 passes (forward with / without grad, backward) and live tensor bytes at the step's peak
 (weights, adapters, .grad, activations; `marble.tools.counting.LiveTensorMemory`). Mixed
 precision is emulated on meta by casting the inputs of the ops CUDA autocast runs in fp16
-(matmul family, attention) and of its fp32 list (norms, softmax). Every figure is
+(matmul family, attention) and of its fp32 list (norms, softmax); attention runs through a
+fused kernel as on a GPU (no stored attention matrix). Every figure is
 deterministic; wall time is not measured here (see `marble bench step`).
 Whole runs: each preset's cadence (solves, diagnostics) over its max_steps, priced with
 these rows (`marble.tools.bench_cadence`), relative to a weighted-sum run.
@@ -48,21 +49,38 @@ GIB = 2**30
 
 _F = torch.nn.functional
 _LOW = (_F.linear, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm,
-        _F.conv2d, _F.scaled_dot_product_attention, torch.Tensor.matmul, torch.Tensor.__matmul__)
+        _F.conv2d, torch.Tensor.matmul, torch.Tensor.__matmul__)
 _FP32 = (_F.layer_norm, _F.group_norm, _F.softmax, torch.softmax, torch.Tensor.softmax,
          _F.log_softmax, _F.mse_loss)
 
 
+def _fused_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                     **_):
+    """SDPA as a GPU runs it: a fused kernel that keeps no attention matrix for backward
+    (on meta the dispatcher would pick the math path, which materialises B x H x S x S
+    probabilities and inflates the live peak by tens of GiB at 512 px)."""
+    return torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, attn_mask, True, dropout_p, is_causal, scale=scale)[0]
+
+
 class MetaAutocast(TorchFunctionMode):
     """Autocast's casts on meta tensors (torch.autocast has no meta backend): floating
-    inputs of the fp16-list ops cast to `dtype`, of the fp32-list ops to fp32."""
+    inputs of the fp16-list ops cast to `dtype` (None: no autocast), of the fp32-list ops
+    to fp32; attention through a fused kernel (`_fused_attention`)."""
 
-    def __init__(self, dtype: torch.dtype):
+    def __init__(self, dtype: torch.dtype | None):
         super().__init__()
         self.dtype = dtype
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is _F.scaled_dot_product_attention:
+            if self.dtype is not None:
+                args = tuple(a.to(self.dtype) if isinstance(a, torch.Tensor) else a
+                             for a in args)
+            return _fused_attention(*args, **kwargs)
+        if self.dtype is None:
+            return func(*args, **kwargs)
         target = self.dtype if func in _LOW else torch.float32 if func in _FP32 else None
         if target is not None:
             def cast(x):
@@ -143,9 +161,7 @@ class _Precision:
         self.dtype = None if mixed_precision == "no" else DTYPES[mixed_precision]
 
     def __call__(self):
-        import contextlib
-
-        return contextlib.nullcontext() if self.dtype is None else MetaAutocast(self.dtype)
+        return MetaAutocast(self.dtype)
 
 
 def count_row(cfg, transformer, params, batch, row: str) -> dict:
