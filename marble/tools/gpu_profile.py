@@ -63,8 +63,8 @@ def profile_micro_steps(cfg, device: str, model_path: str | None = None) -> dict
     bals = make_balancers(cfg, ("marble", "mgda"))
     out = {}
     for name, row in (("amortized", "marble"), ("full_solve", "mgda")):
-        def step():
-            one_micro_step(pipe, cfg, batch, bals[row], params, precision)
+        def step(bal=bals[row]):
+            one_micro_step(pipe, cfg, batch, bal, params, precision)
         step()  # warm-up (kernels, allocator, the shared adapter list)
         if dev.type == "cuda":
             out[name] = {"device_syncs": _cuda_syncs(step), "sync_kind": "cuda_sync_debug",
