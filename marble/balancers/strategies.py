@@ -1,7 +1,9 @@
 """The four balancers (docs/algorithm.md §7) as small strategies behind one contract.
 
 `Balancer.backward(step)` accumulates one micro-step's gradient into p.grad and returns
-its metrics. A strategy only says what differs: whether this micro-step is a full solve
+its metrics as device scalars or floats, without reading anything back to the host but
+the K x K Gram matrix of a full solve (the QP's input); the trainer reads them all once
+per optimizer step (`marble.training.metrics.read_metrics` / `StepAverager`). A strategy only says what differs: whether this micro-step is a full solve
 (`wants_full_solve`), which alpha the single-backward step applies (`applied_alpha`;
 None = the weighted sum) and what a solve updates (`solved`). `state_dict` has one
 format for all four, so checkpoints load across versions.
@@ -76,7 +78,7 @@ class Balancer:
 
     # -------------------------------------------------------------- the contract
 
-    def backward(self, step: MicroStep) -> dict[str, float]:
+    def backward(self, step: MicroStep) -> dict:
         self._check(step)
         full = self.wants_full_solve(step)
         metrics = self._full_solve(step) if full else self._single_backward(step)
