@@ -238,7 +238,7 @@ def markdown_table(res: dict) -> str:
     lines = [head, "", "| row | TFLOP | x weighted_sum | fwd grad | fwd no-grad | backward "
              "| live peak GiB | x weighted_sum |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row, r in res["rows"].items():
-        lines.append(f"| {row} | {r['flops'] / 1e12:.3f} | {r['flops_ratio']:.4f} | "
+        lines.append(f"| {row} | {r['flops'] / 1e12:.4g} | {r['flops_ratio']:.4f} | "
                      f"{r['forward_grad']} | {r['forward_no_grad']} | {r['backward']} | "
                      f"{r['peak_live_gib']:.2f} | {r['peak_ratio']:.4f} |")
     if res["runs"]:
