@@ -32,10 +32,15 @@ test: setup
 mutants: setup
 	$(BIN)/python -m marble.tools.mutants
 
-# One GPU, <= 8 minutes: bench step (fp16+GradScaler, bf16) and a 3-step rho_07-path run on a
-# random-init SD3.5 Medium plus its resume; prints (and writes) one JSON. CPU plumbing: --tiny.
-gpu-check: setup
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m marble.tools.gpu_check --out results/gpu_check.json
+# One bare GPU machine, <= 8 minutes (docs/gpu_check.md): no venv, no registry. The machine's
+# own python3 (torch, peft, transformers, ...) plus the wheels carried in .whl/ (pip download
+# them beforehand; installed here with --no-index into .whl/site). One JSON. CPU plumbing: --tiny.
+WHEELS ?= .whl
+gpu-check:
+	if ls $(WHEELS)/*.whl >/dev/null 2>&1; then \
+		$(PYTHON) -m pip install --no-index --no-deps --quiet --target $(WHEELS)/site $(WHEELS)/*.whl; fi
+	mkdir -p results
+	PYTHONPATH="$(abspath $(WHEELS)/site):$(CURDIR)" $(PYTHON) -m marble.tools.gpu_check --out results/gpu_check.json
 
 # The open_clip-based scorers (HPSv2.1) need torchvision, which must match torch exactly:
 # a second environment with the torch 2.14.1 / torchvision 0.29.1 pair runs their tests and

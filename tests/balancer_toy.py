@@ -5,6 +5,7 @@ import torch
 
 from marble.balancers import MicroStep
 from marble.maths.nft import kl_loss, nft_loss_from_terms, nft_terms
+from marble.training.metrics import read_metrics
 
 NAMES = ["r0", "r1", "r2"]
 BETA, CLIP, SCALE = 0.1, 5.0, 0.25
@@ -57,7 +58,8 @@ class Toy:
     def applied_grad(self, balancer, adv, avg=None, **kw):
         for p in self.params:
             p.grad = None
-        metrics = balancer.backward(self.step(adv, avg, **kw))
+        # Metrics are device scalars until the trainer's one read per optimizer step.
+        metrics = read_metrics(balancer.backward(self.step(adv, avg, **kw)))
         return torch.cat([p.grad.reshape(-1) for p in self.params]), metrics
 
 

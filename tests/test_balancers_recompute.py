@@ -193,3 +193,20 @@ def test_two_ranks_solve_on_the_mean_of_their_gradients(tmp_path):
             torch.testing.assert_close(got[rank][mode], expected, rtol=1e-6, atol=1e-9)
             # flat gradients are float32 (as the reference): alpha agrees to ~1e-7
             np.testing.assert_allclose(got[rank][f"{mode}_alpha"].numpy(), alpha, atol=1e-6)
+
+
+def test_full_solve_weighted_sum_diagnostic_only_on_the_cadence():
+    """mgda's extra weighted-sum pass runs on the first micro-step of every
+    `diagnostics_every`-th step only, like every other diagnostic (it used to run on
+    micro-step 0 of every step: one backward more per optimizer step)."""
+    toy, adv = Toy(48, kl_weight=0.3), _adv(49)
+    bal = build_balancer(BalancerConfig(method="mgda", diagnostics_every=10, full_solve="recompute"),
+                         NAMES)
+    seen = {}
+    for global_step in (3, 10):
+        before = toy.forwards
+        _, m = toy.applied_grad(bal, adv, global_step=global_step, micro_index=0)
+        seen[global_step] = ("cos_ws_min" in m, toy.forwards - before, "cos_min" in m)
+    # recompute: one forward per pass (K rewards + KL, + the weighted sum on the cadence)
+    assert seen[3] == (False, len(NAMES) + 1, True)  # cosines of the solve stay (free)
+    assert seen[10] == (True, len(NAMES) + 2, True)

@@ -34,6 +34,8 @@ def test_bench_step_writes_schema(tiny_model_dir, tmp_path, capsys):
         assert r["memory"] == pytest.approx(this["peak_mb"] / ws["peak_mb"])
     assert set(res["marble_run"]) == {"micro_steps_per_solve", "retain", "recompute"}
     assert set(res["rows"]) == set(ROWS) and "optimizer step" in res["notes"]
+    sw = res["adapter_switch"]
+    assert sw["forward_cpu_s"] > 0 and sw["ratio_to_forward"] >= 0
     assert res["memory_kind"].startswith(("cpu_rss", "cpu_ru_maxrss")) and res["threads"] == 1
     assert res["num_rewards"] == len(load_config("tiny").rewards) and res["lora_params"] > 0
     table = capsys.readouterr().out

@@ -5,18 +5,32 @@ from __future__ import annotations
 import json
 
 
+def test_part_timeouts_fit_the_budget():
+    from marble.tools.gpu_check import BUDGET_S, PHASE_TIMEOUTS
+
+    assert sum(PHASE_TIMEOUTS.values()) <= BUDGET_S == 480  # <= 8 minutes in all
+
+
 def test_gpu_check_tiny_plumbing(tmp_path, capsys):
-    from marble.tools.bench import ROWS
-    from marble.tools.gpu_check import main
+    from marble.tools.gpu_check import BENCH_ROWS, main
 
     out = tmp_path / "gpu_check.json"
     assert main(["--tiny", "--repeats", "1", "--work", str(tmp_path / "w"), "--out", str(out)]) == 0
     res = json.loads(capsys.readouterr().out)  # stdout is exactly the JSON
     assert json.loads(out.read_text()) == json.loads(json.dumps(res))
-    assert set(res["bench"]) == {"fp16", "bf16"}
-    for mp, bench in res["bench"].items():
-        assert set(bench["balancers"]) == set(ROWS), mp  # every bench row, recompute included
-        assert all(r["step_s"] > 0 for r in bench["balancers"].values()), mp
+    assert {n: p["status"] for n, p in res["phases"].items()} == {
+        n: "ok" for n in ("env", "bench_fp32_base", "bench_fp16_base", "rollout", "profile",
+                          "train_resume")}
+    assert res["env"]["missing"] == {} and res["env"]["torch"]
+    for base in ("fp32", "fp16"):
+        bench = res[f"bench_{base}_base"]
+        assert set(bench["balancers"]) == set(BENCH_ROWS.split(",")) and bench["base_dtype"] == base
+        assert all(r["step_s"] > 0 for r in bench["balancers"].values()), base
+        assert bench["adapter_switch"]["forward_cpu_s"] > 0
+    assert res["rollout"]["rollout"]["cache"]["batch_s"] > 0
+    # CPU plumbing: host reads counted instead of CUDA syncs (none in the amortized step)
+    assert res["profile"]["amortized"]["device_syncs"] == 0
+    assert res["profile"]["full_solve"]["device_syncs"] == 1
     steps = res["train"]["steps"]
     assert [s["step"] for s in steps] == [1, 2, 3]
     # rho_07's code path: a full solve at step 0, cached alpha after; fp16 GradScaler.
@@ -24,5 +38,26 @@ def test_gpu_check_tiny_plumbing(tmp_path, capsys):
     assert all(s["loss_scale"] == 65536.0 and s["skipped_step"] == 0.0 for s in steps)
     resume = res["resume"]
     assert resume["resumed_from"] == "checkpoint-000002" and resume["final_step"] == 3
-    assert resume["bitwise_equal"] and resume["adapters_max_abs_diff_vs_straight"] == 0.0
+    files = resume["files"]
+    assert {"adapters.safetensors", "optimizer.pt", "state.pt"} <= set(files)
+    assert any(f.startswith("lora/") for f in files)  # the EMA weights evaluation loads
+    assert resume["bitwise_equal"] and set(files.values()) == {0.0}
     assert res["paper_8xH200"]["mgda"]["time"] == 0.56
+
+
+def test_compare_checkpoints_names_the_differing_file(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from marble.tools.gpu_check import compare_checkpoints
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d, v in ((a, 1.0), (b, 1.5)):
+        (d / "lora").mkdir(parents=True)
+        save_file({"w": torch.ones(2)}, str(d / "adapters.safetensors"))
+        save_file({"w": torch.full((2,), v)}, str(d / "lora" / "weights.safetensors"))
+        torch.save({"step": 3, "rng": torch.arange(3)}, d / "state.pt")
+    out = compare_checkpoints(a, b)
+    assert out["files"] == {"adapters.safetensors": 0.0, "lora/weights.safetensors": 0.5,
+                            "state.pt": 0.0}
+    assert not out["bitwise_equal"]

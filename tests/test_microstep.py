@@ -17,7 +17,8 @@ from marble.config import SD3_LORA_TARGETS, BalancerConfig, TrainConfig
 from marble.models import load_pipeline
 from marble.models.lora import adapter_state, add_lora_adapters, load_adapter_state, trainable_lora_parameters
 from marble.runtime.precision import make_precision
-from marble.training.microstep import MicroBatch, build_micro_step, noised
+from marble.maths.flow import forward_process
+from marble.training.microstep import MicroBatch, build_micro_step
 
 B, K = 6, 3
 TCFG = TrainConfig(nft_beta=0.1, kl_beta=0.5, adv_clip=5.0)
@@ -49,7 +50,7 @@ def _batch(tr) -> MicroBatch:
     avg = torch.nanmean(adv, dim=1)
     avg[2] = float("nan")  # a row no reward applies to
     return MicroBatch(
-        x0=x0, x_t=noised(x0, torch.randn(x0.shape, generator=gen), sigma), sigma=sigma,
+        x0=x0, x_t=forward_process(x0, torch.randn(x0.shape, generator=gen), sigma), sigma=sigma,
         prompt_embeds=torch.randn(B, 12, cfg.joint_attention_dim, generator=gen),
         pooled=torch.randn(B, cfg.pooled_projection_dim, generator=gen),
         advantages=adv, avg_advantage=avg)

@@ -281,3 +281,23 @@ def test_recompute_full_solves_train_like_retain(tiny_model_dir, table_path, tmp
         assert [r["full_solve"] for r in read_metrics(run)] == [1.0, 0.0]
     for key, value in final["retain"].items():
         torch.testing.assert_close(final["recompute"][key], value, rtol=1e-5, atol=1e-6)
+
+
+def test_rollout_decodes_under_the_runs_autocast(monkeypatch, tiny_model_dir, table_path,
+                                                 tmp_path):
+    """As the reference's pipeline call: the rollout's VAE decode runs inside the run's
+    autocast (fp16 here), not in fp32 outside it."""
+    import marble.models.encode as encode
+
+    seen, decode = [], encode.decode_latents
+
+    def spy(pipe, latents):
+        seen.append(torch.is_autocast_enabled("cpu") and
+                    torch.get_autocast_dtype("cpu") == torch.float16)
+        return decode(pipe, latents)
+
+    monkeypatch.setattr(encode, "decode_latents", spy)
+    argv = small_args(tiny_model_dir, table_path, tmp_path / "run", "weighted_sum")
+    argv[argv.index("tiny")] = "tiny_fp16"
+    assert train_main(argv + ["--max-steps", "1"]) == 0
+    assert seen and all(seen)

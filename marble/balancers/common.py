@@ -11,7 +11,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-import numpy as np
 import torch
 
 from marble.maths.nft import amortized_coefficients, weighted_loss
@@ -41,6 +40,10 @@ class MicroStep:
     # (same x_t, sigma, embeddings; v_old and v_ref may be reused), returned as a MicroStep
     # whose `loss_per_sample` and `kl` carry a new graph (its other fields are not read).
     recompute: Optional[Callable[[], "MicroStep"]] = None
+    # Per reward, whether any sample of the batch has it (known on the host from the
+    # rollout's advantages): skips the pass of an absent reward without a device read.
+    # None: read from `advantages` (one host sync).
+    reward_present: Optional[tuple] = None
 
 
 # ------------------------------------------------------------------ losses
@@ -89,8 +92,12 @@ def scaled(step: MicroStep, loss: torch.Tensor) -> torch.Tensor:
     return loss if step.grad_scaler is None else step.grad_scaler.scale(loss)
 
 
-def loss_scale(step: MicroStep) -> float:
-    return 1.0 if step.grad_scaler is None else float(step.grad_scaler.get_scale())
+def loss_scale(step: MicroStep) -> torch.Tensor | float:
+    """The GradScaler's factor as a device tensor (no host read: `get_scale()` would sync);
+    1.0 without a scaler. `scaler.scale` of a one also initialises the scale as training does."""
+    if step.grad_scaler is None:
+        return 1.0
+    return step.grad_scaler.scale(torch.ones((), device=step.params[0].device))
 
 
 def flat_zeros(params: list) -> torch.Tensor:
@@ -113,17 +120,29 @@ def all_reduce_mean_(vec: torch.Tensor) -> torch.Tensor:
     return dist.all_reduce_mean_(vec)
 
 
-def zero_nonfinite(vec: torch.Tensor) -> tuple[torch.Tensor, int]:
+def zero_nonfinite(vec: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Non-finite entries set to 0 in place, and their count as a device tensor (no host
+    read: the trainer sums the counts and reads them once, at the optimizer step)."""
     bad = ~torch.isfinite(vec)
-    n_bad = int(bad.sum())
-    return (vec.masked_fill(bad, 0.0) if n_bad else vec), n_bad
+    return vec.masked_fill_(bad, 0.0), bad.sum()
 
 
-def dot64(a: torch.Tensor, b: torch.Tensor) -> float:
-    total = 0.0
-    for s in range(0, a.numel(), _CHUNK):
-        total += float(torch.dot(a[s:s + _CHUNK].double(), b[s:s + _CHUNK].double()))
-    return total
+def gram64(vectors: list[torch.Tensor]) -> torch.Tensor:
+    """<v_k, v_l> for all pairs, float64, as one [K, K] device tensor.
+
+    Why chunks: a float64 copy of K gradient-sized vectors at once would add K x 8 bytes
+    per LoRA parameter to the peak; per chunk of _CHUNK entries the K rows are stacked and
+    multiplied as one batched product, accumulated on the device (no host reads)."""
+    n = vectors[0].numel()
+    gram = torch.zeros(len(vectors), len(vectors), dtype=torch.float64, device=vectors[0].device)
+    for s in range(0, n, _CHUNK):
+        rows = torch.stack([v[s:s + _CHUNK] for v in vectors]).double()
+        gram.addmm_(rows, rows.T)
+    return gram
+
+
+def norms_from_gram(gram: torch.Tensor) -> torch.Tensor:
+    return gram.diagonal().clamp(min=0.0).sqrt()
 
 
 def add_into_grads(params: list, vec: torch.Tensor) -> None:
@@ -137,10 +156,10 @@ def add_into_grads(params: list, vec: torch.Tensor) -> None:
             p.grad.add_(chunk)
 
 
-def cosines(d: torch.Tensor, grads: list, norms: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    d_norm = np.sqrt(max(dot64(d, d), 0.0))
-    out = np.full(len(grads), np.nan)
-    for k, g in enumerate(grads):
-        if valid[k] and d_norm > 0:
-            out[k] = dot64(d, g) / (d_norm * norms[k])
-    return out
+def cosines(d: torch.Tensor, grads: list, valid: torch.Tensor) -> torch.Tensor:
+    """cos(d, g_k) per k as a float64 device tensor; NaN where g_k is invalid or d = 0."""
+    gram = gram64([d, *grads])
+    norms = norms_from_gram(gram)
+    cos = gram[0, 1:] / (norms[0] * norms[1:])
+    keep = valid.to(cos.device) & (norms[0] > 0)
+    return torch.where(keep, cos, torch.full_like(cos, float("nan")))

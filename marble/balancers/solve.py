@@ -18,77 +18,92 @@ from marble.balancers.common import (
     MicroStep,
     all_reduce_mean_,
     cosines,
-    dot64,
     flat_grad,
     flat_zeros,
+    gram64,
     loss_scale,
+    norms_from_gram,
     scaled,
     with_graph_of,
     zero_nonfinite,
 )
 from marble.maths.qp import min_norm_weights
 
-__all__ = ["gradient_passes", "reduce_reward_grads", "combine", "cosine_metrics"]
+__all__ = ["gradient_passes", "reduce_reward_grads", "host_gram", "combine", "cosine_metrics"]
 
 LossFn = Callable[[MicroStep], torch.Tensor]
 
 
 def gradient_passes(step: MicroStep, losses: Sequence[Optional[LossFn]],
-                    recompute: bool) -> tuple[list[torch.Tensor], list[float]]:
-    """Flat local gradient of step.scale * loss(step) and the value of loss(step), per loss;
-    a None entry is a zero gradient (no backward, no forward) and a NaN value. Under fp16
-    each backward runs on the GradScaler-scaled loss (no underflow) and is divided back:
-    the returned gradients are unscaled."""
+                    recompute: bool) -> tuple[list[torch.Tensor], list]:
+    """Flat local gradient of step.scale * loss(step) and the value of loss(step) (a
+    detached device scalar), per loss; a None entry is a zero gradient (no backward, no
+    forward) and a NaN value. Under fp16 each backward runs on the GradScaler-scaled loss
+    (no underflow) and is divided back: the returned gradients are unscaled."""
     live = [i for i, fn in enumerate(losses) if fn is not None]
     if recompute and len(live) > 1 and step.recompute is None:
         raise ValueError("balancer.full_solve = recompute needs MicroStep.recompute: a callable "
                          "that reruns this micro-step's forward")
     grads = [flat_zeros(step.params) if fn is None else None for fn in losses]
-    values = [float("nan")] * len(losses)
+    values: list = [float("nan")] * len(losses)
     for n, i in enumerate(live):
         on = step if (n == 0 or not recompute) else with_graph_of(step, step.recompute())
         loss = losses[i](on)
         grads[i] = flat_grad(scaled(step, step.scale * loss), step.params, retain=not recompute)
         if step.grad_scaler is not None:
             grads[i].div_(loss_scale(step))
-        values[i] = float(loss.detach())
+        values[i] = loss.detach()
         del loss, on
     return grads, values
 
 
 def reduce_reward_grads(local: list[torch.Tensor], grad_eps: float):
     """All-reduced per-reward gradients (non-finite entries zeroed before and after the
-    reduction), their float64 norms, validity (finite, norm > eps) and the zeroed count."""
+    reduction), their float64 Gram matrix, norms and validity (finite, norm > eps) and the
+    zeroed count, all on the device."""
     grads, nonfinite = [], 0
     for g in local:  # in place: the local vectors are not used afterwards
         g, bad = zero_nonfinite(g)
         g, bad_after = zero_nonfinite(all_reduce_mean_(g))
         grads.append(g)
-        nonfinite += bad + bad_after
-    norms = np.array([np.sqrt(max(dot64(g, g), 0.0)) for g in grads])
-    valid = np.isfinite(norms) & (norms > grad_eps)
-    return grads, norms, valid, nonfinite
+        nonfinite = nonfinite + bad + bad_after
+    gram = gram64(grads)
+    norms = norms_from_gram(gram)
+    valid = torch.isfinite(norms) & (norms > grad_eps)
+    return grads, gram, norms, valid, nonfinite
 
 
-def combine(grads, norms, valid) -> tuple[torch.Tensor, np.ndarray, bool]:
+def host_gram(gram: torch.Tensor) -> np.ndarray:
+    """The one host read of a full solve: the K x K Gram matrix, for the QP.
+
+    Meta tensors (`marble bench flops` counts a step's cost on them) have no values; a
+    solve's cost does not depend on them, so they read as K orthonormal gradients."""
+    if gram.is_meta:
+        return np.eye(gram.shape[0])
+    return np.array(gram.tolist(), dtype=np.float64)
+
+
+def combine(grads, gram: torch.Tensor, grad_eps: float):
     """MGDA on unit gradients, rescaled by the mean norm (docs/algorithm.md §7.2).
 
     Returns (direction, alpha over all K rewards, whether the solver failed and the
-    reference's uniform-alpha fallback was used)."""
+    reference's uniform-alpha fallback was used, the norms and validity on the host)."""
+    g = host_gram(gram)
+    norms = np.sqrt(np.maximum(np.diag(g), 0.0))
+    valid = np.isfinite(norms) & (norms > grad_eps)
     alpha = np.zeros(len(grads))
     idx = [k for k in range(len(grads)) if valid[k]]
     if not idx:
-        return torch.zeros_like(grads[0]), alpha, False
+        return torch.zeros_like(grads[0]), alpha, False, norms, valid
     if len(idx) == 1:
         alpha[idx[0]] = 1.0
-        return grads[idx[0]].clone(), alpha, False
+        return grads[idx[0]].clone(), alpha, False, norms, valid
     # Gram of the unit gradients from the raw ones (<g_k, g_l> / (|g_k| |g_l|)) and the
     # direction accumulated in place: no K unit-vector copies of gradient size in memory.
-    gram = np.array([[dot64(grads[k], grads[l]) / (norms[k] * norms[l]) for l in idx]
-                     for k in idx])
+    unit_gram = g[np.ix_(idx, idx)] / np.outer(norms[idx], norms[idx])
     failed = False
     try:
-        a = min_norm_weights(gram)
+        a = min_norm_weights(unit_gram)
     except (ValueError, RuntimeError, np.linalg.LinAlgError):
         failed, a = True, np.full(len(idx), 1.0 / len(idx))
     direction = torch.zeros_like(grads[idx[0]])
@@ -96,22 +111,36 @@ def combine(grads, norms, valid) -> tuple[torch.Tensor, np.ndarray, bool]:
     for w, k in zip(a, idx):
         direction.add_(grads[k], alpha=float(w) * mean_norm / float(norms[k]))
     alpha[idx] = a
-    return direction, alpha, failed
+    return direction, alpha, failed, norms, valid
 
 
-def cosine_metrics(names, directions: list[tuple[str, torch.Tensor]], grads, norms,
-                   valid) -> dict[str, float]:
+def _nan_stats(cos: torch.Tensor) -> tuple:
+    """min, mean, population variance of the finite entries (NaN when there are none),
+    and min < 0; device tensors, as numpy's min/mean/var of the kept entries."""
+    kept = torch.isfinite(cos)
+    n = kept.sum()
+    nan = torch.full((), float("nan"), dtype=cos.dtype, device=cos.device)
+    zeroed = torch.where(kept, cos, torch.zeros_like(cos))
+    mean = zeroed.sum() / n
+    var = torch.where(kept, (cos - mean) ** 2, torch.zeros_like(cos)).sum() / n
+    low = torch.where(kept, cos, torch.full_like(cos, float("inf"))).min()
+    some = n > 0
+    return (torch.where(some, low, nan), torch.where(some, mean, nan),
+            torch.where(some, var, nan), torch.where(some, (low < 0).to(cos.dtype), nan))
+
+
+def cosine_metrics(names, directions: list[tuple[str, torch.Tensor]], grads,
+                   valid: torch.Tensor) -> dict:
     """cos(d, g_k) per reward and min/mean/var over the rewards that have a gradient
-    (float64; population variance); `anti_aligned*` = 1 when the minimum is < 0."""
-    out: dict[str, float] = {}
+    (float64; population variance); `anti_aligned*` = 1 when the minimum is < 0. Values
+    are device scalars (read once per optimizer step by the trainer)."""
+    out: dict = {}
+    valid = torch.as_tensor(valid, device=grads[0].device)
     for tag, d in directions:
-        cos = cosines(d, grads, norms, valid)
-        kept = cos[np.isfinite(cos)]
-        for name, c in zip(names, cos):
-            out[f"{tag}/{name}"] = float(c)
-        nan = float("nan")
-        out[f"{tag}_min"] = float(kept.min()) if kept.size else nan
-        out[f"{tag}_mean"] = float(kept.mean()) if kept.size else nan
-        out[f"{tag}_var"] = float(kept.var()) if kept.size else nan
-        out["anti_aligned" + tag[3:]] = float(kept.min() < 0) if kept.size else nan
+        cos = cosines(d, grads, valid)
+        for k, name in enumerate(names):
+            out[f"{tag}/{name}"] = cos[k]
+        low, mean, var, anti = _nan_stats(cos)
+        out[f"{tag}_min"], out[f"{tag}_mean"], out[f"{tag}_var"] = low, mean, var
+        out["anti_aligned" + tag[3:]] = anti
     return out

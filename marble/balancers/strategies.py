@@ -1,7 +1,9 @@
 """The four balancers (docs/algorithm.md §7) as small strategies behind one contract.
 
 `Balancer.backward(step)` accumulates one micro-step's gradient into p.grad and returns
-its metrics. A strategy only says what differs: whether this micro-step is a full solve
+its metrics as device scalars or floats, without reading anything back to the host but
+the K x K Gram matrix of a full solve (the QP's input); the trainer reads them all once
+per optimizer step (`marble.training.metrics.read_metrics` / `StepAverager`). A strategy only says what differs: whether this micro-step is a full solve
 (`wants_full_solve`), which alpha the single-backward step applies (`applied_alpha`;
 None = the weighted sum) and what a solve updates (`solved`). `state_dict` has one
 format for all four, so checkpoints load across versions.
@@ -56,6 +58,8 @@ class Balancer:
         self.last_full: int | None = None
         self.last_alpha: np.ndarray | None = None
         self.solver_fallbacks = 0
+        self._alpha_src: np.ndarray | None = None  # the array _alpha_dev was copied from
+        self._alpha_dev: torch.Tensor | None = None
 
     # -------------------------------------------------------------- strategy hooks
 
@@ -74,7 +78,7 @@ class Balancer:
 
     # -------------------------------------------------------------- the contract
 
-    def backward(self, step: MicroStep) -> dict[str, float]:
+    def backward(self, step: MicroStep) -> dict:
         self._check(step)
         full = self.wants_full_solve(step)
         metrics = self._full_solve(step) if full else self._single_backward(step)
@@ -87,7 +91,16 @@ class Balancer:
         alpha = self.applied_alpha()
         if alpha is None:
             return weighted_sum_loss(step)
-        return amortized_loss(step, alpha, self.cfg.exact_masking)
+        return amortized_loss(step, self._on_device(alpha, step.advantages.device),
+                              self.cfg.exact_masking)
+
+    def _on_device(self, alpha: np.ndarray, device) -> torch.Tensor:
+        """alpha as a float64 device tensor, copied once per new alpha (a solve or a load
+        replaces the array, never mutates it), not once per micro-step."""
+        if self._alpha_src is not alpha or self._alpha_dev.device != torch.device(device):
+            self._alpha_src = alpha
+            self._alpha_dev = torch.as_tensor(alpha, dtype=torch.float64, device=device)
+        return self._alpha_dev
 
     def wants_diagnostics(self, step: MicroStep) -> bool:
         every = int(self.cfg.diagnostics_every)  # 0: never
@@ -108,17 +121,22 @@ class Balancer:
             raise ValueError("MicroStep.params is empty: no trainable parameters")
 
     def _reward_fns(self, step: MicroStep) -> list:
-        """One loss per reward; None (no pass at all) for a reward absent from the batch."""
-        counts = torch.isfinite(step.advantages).sum(0).tolist()
-        return [(lambda s, k=k: reward_loss(s, k)) if c > 0 else None
-                for k, c in enumerate(counts)]
+        """One loss per reward; None (no pass at all) for a reward absent from the batch.
+        Presence comes from the host (`MicroStep.reward_present`, no device read) when the
+        caller has it; otherwise it is read from the advantages (one host sync)."""
+        present = step.reward_present
+        if present is None:
+            present = (torch.isfinite(step.advantages).sum(0) > 0).tolist()
+        return [(lambda s, k=k: reward_loss(s, k)) if p else None
+                for k, p in enumerate(present)]
 
     # -------------------------------------------------------------- single backward
 
     def _single_backward(self, step: MicroStep) -> dict[str, float]:
         alpha = self.applied_alpha()
         policy, kl = self.policy_loss(step), _kl(step)
-        metrics = {"loss/policy": float(policy.detach()), "loss/kl": float(kl.detach())}
+        # Device scalars: the trainer reads every metric once, at the optimizer step.
+        metrics = {"loss/policy": policy.detach(), "loss/kl": kl.detach()}
         if alpha is not None:
             metrics.update({f"alpha/{n}": float(a) for n, a in zip(self.reward_names, alpha)})
         if not self.wants_diagnostics(step):
@@ -141,16 +159,17 @@ class Balancer:
         add_into_grads(step.params, local[0] * loss_scale(step))
         add_into_grads(step.params, local[-1] * loss_scale(step))
         applied = all_reduce_mean_(local[0])  # in place from here: p.grad has its own copy
-        grads, norms, valid, _ = reduce_reward_grads(local[1:1 + k], self.cfg.grad_eps)
+        grads, _, norms, valid, _ = reduce_reward_grads(local[1:1 + k], self.cfg.grad_eps)
         ws = applied if ws_applied else all_reduce_mean_(local[1 + k])
         out = cosine_metrics(self.reward_names, [("cos", applied), ("cos_ws", ws)],
-                             grads, norms, valid)
+                             grads, valid)
         out.update(self._reward_metrics(norms, values[1:1 + k]))
         return out
 
-    def _reward_metrics(self, norms, losses) -> dict[str, float]:
-        out = {f"grad_norm/{n}": float(v) for n, v in zip(self.reward_names, norms)}
-        out.update({f"loss/policy_{n}": float(v) for n, v in zip(self.reward_names, losses)})
+    def _reward_metrics(self, norms, losses) -> dict:
+        """grad_norm/* and loss/policy_* (device scalars or floats, read at the step)."""
+        out = {f"grad_norm/{n}": v for n, v in zip(self.reward_names, norms)}
+        out.update({f"loss/policy_{n}": v for n, v in zip(self.reward_names, losses)})
         return out
 
     # -------------------------------------------------------------- full solve
@@ -161,28 +180,29 @@ class Balancer:
         k = len(self.reward_names)
         diagnostics = int(self.cfg.diagnostics_every) > 0
         # cos(d, g_k) is free here; the weighted-sum direction costs one more pass, so it is
-        # measured on the first micro-step of an optimizer step only.
-        with_ws = diagnostics and step.micro_index == 0
+        # measured on the diagnostics cadence only (first micro-step of every n-th step).
+        with_ws = self.wants_diagnostics(step)
         fns = [*self._reward_fns(step), _kl] + ([weighted_sum_loss] if with_ws else [])
         local, values = gradient_passes(step, fns, self.recompute)
-        grads, norms, valid, nonfinite = reduce_reward_grads(local[:k], self.cfg.grad_eps)
+        grads, gram, _, valid_dev, nonfinite = reduce_reward_grads(local[:k], self.cfg.grad_eps)
         kl_grad, bad = zero_nonfinite(all_reduce_mean_(local[k]))
-        combined, alpha, failed = combine(grads, norms, valid)
+        # The solve's one host read: the K x K Gram matrix for the QP (solve.host_gram).
+        combined, alpha, failed, norms, valid = combine(grads, gram, self.cfg.grad_eps)
         self.solver_fallbacks += int(failed)  # reference: uniform alpha on solver failure
-        metrics = self._reward_metrics(norms, values[:k])
-        used = [a * v for a, v in zip(alpha, values[:k]) if a > 0]
-        metrics["loss/policy"] = float(sum(used)) if used else float("nan")
+        metrics = self._reward_metrics([float(x) for x in norms], values[:k])
+        used = [float(a) * v.double() for a, v in zip(alpha, values[:k]) if a > 0]  # float64 as before
+        metrics["loss/policy"] = sum(used) if used else float("nan")
         metrics["loss/kl"] = values[k]
         metrics.update({f"alpha/{n}": float(a) for n, a in zip(self.reward_names, alpha)})
         metrics["valid_rewards"] = float(valid.sum())
         # Entries zeroed above never reach .grad: the trainer reads this count so an
         # overflow still skips the optimizer step (and backs off the GradScaler).
-        metrics["nonfinite_grad_entries"] = float(nonfinite + bad)
+        metrics["nonfinite_grad_entries"] = nonfinite + bad
         if diagnostics:
             dirs = [("cos", combined)]
             if with_ws:
                 dirs.append(("cos_ws", all_reduce_mean_(local[k + 1])))
-            metrics.update(cosine_metrics(self.reward_names, dirs, grads, norms, valid))
+            metrics.update(cosine_metrics(self.reward_names, dirs, grads, valid_dev))
         del local, grads
         add_into_grads(step.params, combined.add_(kl_grad).mul_(loss_scale(step)))
         self.solved(step, alpha, valid, metrics)

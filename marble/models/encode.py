@@ -56,7 +56,8 @@ def velocity(transformer, x_t: Tensor, sigma: Tensor | float, prompt_embeds: Ten
 
 @torch.no_grad()
 def decode_latents(pipe, latents: Tensor) -> Tensor:
-    """Images [N, 3, H, W] float32 in [0, 1] on the CPU from x0 latents (VAE in fp32, docs/algorithm.md §10).
+    """Images [N, 3, H, W] float32 in [0, 1] on the CPU from x0 latents (VAE weights in fp32,
+    docs/algorithm.md §10; training rollouts call it under the run's autocast, as the reference).
 
     The one decode of training, rollouts and evaluation; evaluation then quantises to
     8 bits as a separate step (`marble.evaluation.images.quantize_8bit`).

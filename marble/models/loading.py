@@ -1,9 +1,9 @@
 """Load a StableDiffusion3Pipeline from a hub id, a local folder, or build one in memory.
 
 `random:tiny` is the tiny pipeline of `marble.models.tiny`; `random:sd35m` swaps in a
-randomly initialised transformer with SD3.5 Medium's real config (for benchmarks at
-paper scale; its text encoders and VAE stay tiny, since benchmarks feed random
-embeddings of the right width).
+randomly initialised transformer and VAE with SD3.5 Medium's real configs (for benchmarks
+at paper scale; its text encoders stay tiny, since benchmarks feed random embeddings of
+the right width).
 """
 
 from __future__ import annotations
@@ -39,11 +39,12 @@ def _missing_model_message(path: str) -> str:
 def build_random_pipeline(name: str, dtype: torch.dtype = torch.float32, device="cpu",
                           transformer_dtype: torch.dtype | None = None, text_encoders: bool = True):
     """`random:tiny` or `random:sd35m`, built in memory from configs."""
-    from diffusers import SD3Transformer2DModel
+    from diffusers import AutoencoderKL, SD3Transformer2DModel
 
     from marble.models.tiny import (
         SD35M_TEXT_WIDTHS,
         SD35M_TRANSFORMER_CONFIG,
+        SD35M_VAE_CONFIG,
         TINY_TEXT_WIDTHS,
         build_tiny_pipeline,
     )
@@ -57,7 +58,8 @@ def build_random_pipeline(name: str, dtype: torch.dtype = torch.float32, device=
         with torch.random.fork_rng(devices=[]), torch.device(device):
             torch.manual_seed(0)
             transformer = SD3Transformer2DModel(**SD35M_TRANSFORMER_CONFIG)
-        pipe.register_modules(transformer=transformer)
+            vae = AutoencoderKL(**SD35M_VAE_CONFIG)  # the real-size decode
+        pipe.register_modules(transformer=transformer, vae=vae)
     if not text_encoders:
         pipe.register_modules(text_encoder=None, text_encoder_2=None, text_encoder_3=None)
     return _place(pipe, dtype, device, transformer_dtype)

@@ -131,6 +131,7 @@ def normalise_latents(vae, images: torch.Tensor) -> torch.Tensor:
 
 def train_flow(transformer, latents, embeds, pooled, index, s: PretrainSettings) -> list[float]:
     """Flow matching x_t = (1 - sigma) x0 + sigma eps, target eps - x0, SD3's shift-3 sigmas."""
+    from marble.maths.flow import forward_process
     from marble.models.encode import velocity
 
     gen = torch.Generator().manual_seed(s.seed + 2)
@@ -143,8 +144,7 @@ def train_flow(transformer, latents, embeds, pooled, index, s: PretrainSettings)
         eps = torch.randn(x0.shape, generator=gen)
         u = torch.rand((s.batch_size,), generator=gen)
         sigma = 3 * u / (1 + 2 * u)  # the scheduler's shift 3: more time at high noise
-        sb = sigma.view(-1, 1, 1, 1)
-        v = velocity(transformer, (1 - sb) * x0 + sb * eps, sigma, embeds[rec], pooled[rec])
+        v = velocity(transformer, forward_process(x0, eps, sigma), sigma, embeds[rec], pooled[rec])
         loss = torch.nn.functional.mse_loss(v, eps - x0)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -49,6 +49,16 @@ SD35M_TRANSFORMER_CONFIG = dict(
     qk_norm="rms_norm",
 )
 
+# SD3 / SD3.5's real VAE config (transformer's 16 latent channels, x8): `random:sd35m` decodes
+# with it, so rollout benchmarks pay the real decode.
+SD35M_VAE_CONFIG = dict(
+    in_channels=3, out_channels=3, latent_channels=16,
+    down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+    block_out_channels=(128, 256, 512, 512), layers_per_block=2, act_fn="silu",
+    norm_num_groups=32, sample_size=1024, scaling_factor=SD3_VAE_SCALING,
+    shift_factor=SD3_VAE_SHIFT, use_quant_conv=False, use_post_quant_conv=False,
+)
+
 TINY_TRANSFORMER_CONFIG = dict(
     sample_size=16,  # default 128 px images
     patch_size=2,

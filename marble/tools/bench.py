@@ -2,6 +2,7 @@
 
     marble bench step --preset tiny --json OUT.json [--repeats 5] [--warmup 1]
     marble bench step --preset bench_sd35m --json OUT.json      # on a GPU, paper scale
+    marble bench flops --preset bench_sd35m --json OUT.json     # counted, any machine
 
 In one process: build the preset's model (adapters "default" + "old"), one fixed
 synthetic micro-batch (random x0, embeddings, K rewards with a mask pattern) and one AdamW,
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from marble.tools.bench_memory import MemoryProbe, fix_malloc
 from marble.tools.bench_rollout import bench_rollout
+from marble.tools.bench_switch import time_adapter_switch
 
 # Row -> (method, balancer overrides, micro_index, prime the alpha cache, what it is).
 ROWS = {
@@ -61,6 +63,7 @@ def synthetic_batch(pipe, cfg, device, seed: int = 0):
     """Random x0, x_t, sigma, embeddings and a [B, K] advantage matrix with NaN masks."""
     import torch
 
+    from marble.maths.flow import forward_process
     from marble.models.encode import latent_shape
 
     gen = torch.Generator().manual_seed(seed)
@@ -71,19 +74,21 @@ def synthetic_batch(pipe, cfg, device, seed: int = 0):
     x0 = torch.randn(shape, generator=gen)
     eps = torch.randn(shape, generator=gen)
     sigma = torch.rand(b, generator=gen) * 0.9 + 0.05
-    sb = sigma.view(-1, 1, 1, 1)
     adv = torch.randn(b, k, generator=gen).clamp(-3, 3)
     # Mask pattern like the paper's mix: the first two rewards always apply, reward k>=2
     # applies to every third sample offset by k (specialists such as OCR / GenEval).
     for j in range(2, k):
         adv[[i for i in range(b) if (i + j) % 3 != 0], j] = float("nan")
     batch = {
-        "x0": x0, "x_t": (1 - sb) * x0 + sb * eps, "sigma": sigma,
+        "x0": x0, "x_t": forward_process(x0, eps, sigma), "sigma": sigma,
         "embeds": torch.randn(b, seq, tcfg.joint_attention_dim, generator=gen),
         "pooled": torch.randn(b, tcfg.pooled_projection_dim, generator=gen),
         "adv": adv, "avg_adv": torch.nanmean(adv, dim=1),
     }
-    return {key: v.to(device) for key, v in batch.items()}
+    out = {key: v.to(device) for key, v in batch.items()}
+    # Known on the host, as the trainer knows it from the rollout: no device read.
+    out["present"] = tuple(bool(x) for x in torch.isfinite(adv).any(0).tolist())
+    return out
 
 
 def make_balancers(cfg, rows=tuple(ROWS)):
@@ -108,18 +113,18 @@ def make_balancers(cfg, rows=tuple(ROWS)):
 
 
 def one_micro_step(pipe, cfg, batch, balancer, params, autocast, micro_index: int = 1) -> dict:
-    """The trainer's micro-step (marble.training.microstep) on the synthetic batch, then the
-    balancer's backward; the balancer's metrics. `autocast` is a `marble.runtime.precision.Precision`:
+    """The trainer's micro-step (`marble.training.microstep.run_micro_step`) on the
+    synthetic batch; its metrics (device scalars). `autocast` is a `marble.runtime.precision.Precision`:
     under fp16 its GradScaler scales the backward passes as in training."""
-    from marble.training.microstep import MicroBatch, build_micro_step
+    from marble.training.microstep import MicroBatch, run_micro_step
 
     micro = MicroBatch(x0=batch["x0"], x_t=batch["x_t"], sigma=batch["sigma"],
                        prompt_embeds=batch["embeds"], pooled=batch["pooled"],
-                       advantages=batch["adv"], avg_advantage=batch["avg_adv"])
-    step = build_micro_step(pipe.transformer, micro, cfg.train, params, autocast, scale=1.0,
-                            global_step=1, micro_index=micro_index,
-                            grad_scaler=getattr(autocast, "scaler", None))
-    return balancer.backward(step)
+                       advantages=batch["adv"], avg_advantage=batch["avg_adv"],
+                       reward_present=batch.get("present"))
+    return run_micro_step(pipe.transformer, micro, cfg.train, params, autocast, balancer,
+                          scale=1.0, global_step=1, micro_index=micro_index,
+                          grad_scaler=getattr(autocast, "scaler", None))
 
 
 def _interleaved(run, probe: MemoryProbe, repeats: int, warmup: int, rows: tuple) -> dict:
@@ -140,11 +145,13 @@ def _interleaved(run, probe: MemoryProbe, repeats: int, warmup: int, rows: tuple
 
 
 def _median_row(times, cpu, peaks) -> dict:
-    med = {k: statistics.median(p[k] for p in peaks) for k in ("total", "over_weights", "step")}
+    med = {k: statistics.median(p.get(k, p["total"]) for p in peaks)
+           for k in ("total", "over_weights", "step", "reserved")}
     return {"step_s": statistics.median(times), "step_s_min": min(times), "step_s_all": times,
             "step_cpu_s": statistics.median(cpu), "step_cpu_s_all": cpu,
             "peak_mb": med["total"], "peak_over_weights_mb": med["over_weights"],
-            "peak_step_mb": med["step"], "peak_mb_all": [p["total"] for p in peaks],
+            "peak_step_mb": med["step"], "peak_reserved_mb": med["reserved"],
+            "peak_mb_all": [p["total"] for p in peaks],
             "peak_over_weights_mb_all": [p["over_weights"] for p in peaks]}
 
 
@@ -202,29 +209,23 @@ def bench_step(cfg, repeats: int = 5, warmup: int = 1, device: str | None = None
     import torch
 
     from marble.config import grad_accumulation, training_timesteps
-    from marble.models import load_pipeline
-    from marble.models.lora import add_lora_adapters, trainable_lora_parameters
-    from marble.runtime.precision import base_weight_dtype, optimizer_update
-    from marble.training.trainer import _DTYPES, autocast_factory, upcast_lora_
+    from marble.models.policy import load_policy
+    from marble.runtime.precision import make_precision, optimizer_update
 
     fix_malloc()
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     mp = cfg.model.mixed_precision if dev.type == "cuda" else "no"
     path = model_path or cfg.model.path
     probe = MemoryProbe(dev)
-    # Base weights as in training (model.base_dtype, fp32 by default like the reference).
-    base = base_weight_dtype(cfg.model.base_dtype) if dev.type == "cuda" else torch.float32
-    pipe = load_pipeline(path, dtype=_DTYPES[mp], device=dev, transformer_dtype=base)
-    torch.manual_seed(cfg.train.seed)
-    add_lora_adapters(pipe.transformer, rank=cfg.model.lora_rank, alpha=cfg.model.lora_alpha,
-                      targets=cfg.model.lora_targets, seed=cfg.train.seed)
-    upcast_lora_(pipe.transformer)
-    params = trainable_lora_parameters(pipe.transformer)
+    # The model as training loads it (base in model.base_dtype, fp32 by default like the
+    # reference); autocast off on the CPU.
+    pipe, params = load_policy(dataclasses.replace(cfg.model, mixed_precision=mp),
+                               cfg.train.seed, dev, path=path)
     weights_mb = probe.loaded()
     t = cfg.train
     optimizer = torch.optim.AdamW(params, lr=0.0, betas=tuple(t.adam_betas),
                                   weight_decay=t.weight_decay, eps=t.adam_eps)
-    autocast = autocast_factory(mp, dev)
+    autocast = make_precision(mp, dev)
     batch = synthetic_batch(pipe, cfg, dev, seed=t.seed)
     balancers = make_balancers(cfg, rows)
 
@@ -238,9 +239,11 @@ def bench_step(cfg, repeats: int = 5, warmup: int = 1, device: str | None = None
 
     optimizer.zero_grad(set_to_none=True)
     result = _interleaved(run, probe, repeats, warmup, tuple(rows))
+    switch = time_adapter_switch(pipe.transformer, (batch["x_t"], batch["sigma"],
+                                                    batch["embeds"], batch["pooled"]), autocast)
     per_solve = cfg.balancer.amortize_every * grad_accumulation(cfg) * training_timesteps(cfg)
     return {
-        "balancers": result, **summarize(result, per_solve),
+        "balancers": result, **summarize(result, per_solve), "adapter_switch": switch,
         "rows": {m: ROWS[m][4] for m in rows}, "weights_mb": weights_mb,
         "preset": cfg.preset, "model_path": path,
         "device": str(dev), "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
@@ -271,6 +274,13 @@ def print_table(res: dict) -> None:
               f"{ratio['memory']:>7.3f}{ratio['memory_over_weights']:>9.3f}")
 
 
+def _print_switch(res: dict) -> None:
+    sw = res.get("adapter_switch")
+    if sw:
+        print(f"adapter switches per micro-step: {1e3 * sw['switches_cpu_s']:.3f} ms CPU "
+              f"= {sw['ratio_to_forward']:.4f} x one no-grad forward (CPU time, noisy)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="marble bench", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -289,6 +299,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", default=None,
                    help="model path override (default: the preset's; `random:tiny` when the "
                         "preset's local folder is missing)")
+    f = sub.add_parser("flops", help="counted FLOPs, passes and live-tensor peak per row "
+                       "(meta tensors, deterministic) and each preset's whole-run overhead")
+    f.add_argument("--preset", required=True)
+    f.add_argument("--json", required=True, type=Path, help="output JSON file")
+    f.add_argument("--md", type=Path, default=None, help="also write the markdown tables here")
+    f.add_argument("--layers", type=int, default=None,
+                   help="transformer depth override (same widths; quick checks)")
+    f.add_argument("--rows", default=None, help="comma-separated subset of the rows "
+                   "(default: all; weighted_sum included)")
+    f.add_argument("--runs", default=None, help="comma-separated presets whose whole-run "
+                   "overhead to price (default: the paper presets, or tiny_* for tiny)")
     r = sub.add_parser("rollout", help="rollout batch time with vs without the embedding cache")
     r.add_argument("--preset", required=True)
     r.add_argument("--json", required=True, type=Path, help="output JSON file")
@@ -296,12 +317,36 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--table", default=None, help="prompt table (default: the preset's data.train)")
     r.add_argument("--cache", default=None, help="embedding cache folder (default: a temp one)")
     r.add_argument("--warmup", type=int, default=1, help=argparse.SUPPRESS)
+    for q in (f,):
+        q.add_argument("--config", action="append", default=[], metavar="FILE")
+        q.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     for q in (r,):
         q.add_argument("--config", action="append", default=[], metavar="FILE")
         q.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
         q.add_argument("--device", choices=["cpu", "cuda"], default=None)
         q.add_argument("--model", default=None, help="model path override")
     return p
+
+
+def _flops_main(cfg, args) -> int:
+    from marble.runtime.io import write_json, write_text
+    from marble.tools.bench_flops import FLOP_ROWS, bench_flops, markdown_table
+
+    def names(text):
+        return None if text is None else tuple(x.strip() for x in text.split(",") if x.strip())
+
+    rows = names(args.rows) or tuple(FLOP_ROWS)
+    if "weighted_sum" not in rows or set(rows) - set(FLOP_ROWS):
+        print(f"marble bench: error: --rows {args.rows!r}: pick from {', '.join(FLOP_ROWS)}, "
+              "weighted_sum included", file=sys.stderr)
+        raise SystemExit(2)
+    res = bench_flops(cfg, rows=rows, runs=names(args.runs), num_layers=args.layers)
+    write_json(args.json, res)
+    table = markdown_table(res)
+    if args.md is not None:
+        write_text(args.md, table)
+    print(table, end="")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -314,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"marble bench: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    if args.what == "flops":
+        return _flops_main(cfg, args)
     if args.repeats < 1 or args.warmup < 0:
         print("marble bench: error: --repeats must be >= 1 and --warmup >= 0", file=sys.stderr)
         raise SystemExit(2)
@@ -347,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(threads)
     write_json(args.json, res)
     print_table(res)
+    _print_switch(res)
     return 0
 
 

@@ -73,20 +73,25 @@ class MemoryProbe:
     def start(self) -> None:
         if self.device.type == "cuda":
             self.torch.cuda.synchronize()
-            self.torch.cuda.reset_peak_memory_stats()
+            self.torch.cuda.reset_peak_memory_stats()  # allocated and reserved peaks
         elif self.kind.startswith("cpu_rss"):
             _reset_hwm()
         self.base = self._now()
 
     def peak(self) -> dict[str, float]:
         """MB: total, over_weights and step (see the module docstring)."""
+        reserved = None
         if self.device.type == "cuda":
             self.torch.cuda.synchronize()
             top = self.torch.cuda.max_memory_allocated()
+            # what the caching allocator held at its peak (fragmentation and cache
+            # included): the figure nvidia-smi and an out-of-memory error see
+            reserved = self.torch.cuda.max_memory_reserved()
         elif self.kind.startswith("cpu_rss"):
             top = _status_kb("VmHWM") * 1024
         else:
             top = self._now()
         mb = 2**20
         return {"total": top / mb, "over_weights": max(top - self.weights, 0) / mb,
-                "step": max(top - self.base, 0) / mb}
+                "step": max(top - self.base, 0) / mb,
+                "reserved": (reserved if reserved is not None else top) / mb}

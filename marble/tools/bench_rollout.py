@@ -16,20 +16,22 @@ def bench_rollout(cfg, table: str, repeats: int = 3, device: str | None = None,
 
     import torch
 
+    import dataclasses
+
     from marble.data import load_table
     from marble.data.embed_cache import EmbeddingCache, build_cache
-    from marble.models import load_pipeline
     from marble.models.encode import decode_latents, encode_prompts, latent_shape
-    from marble.models.lora import add_lora_adapters, use_adapter
+    from marble.models.lora import use_adapter
+    from marble.models.policy import load_policy
     from marble.models.sampling import sample_latents, sigma_schedule
-    from marble.training.trainer import _DTYPES, autocast_factory
+    from marble.runtime.precision import DTYPES, make_precision
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     mp = cfg.model.mixed_precision if dev.type == "cuda" else "no"
     path = model_path or cfg.model.path
-    pipe = load_pipeline(path, dtype=_DTYPES[mp], device=dev)
-    add_lora_adapters(pipe.transformer, rank=cfg.model.lora_rank, alpha=cfg.model.lora_alpha,
-                      targets=cfg.model.lora_targets, seed=cfg.train.seed)
+    # Loaded as training loads it (base transformer in model.base_dtype: fp32 by default).
+    pipe, _ = load_policy(dataclasses.replace(cfg.model, mixed_precision=mp), cfg.train.seed,
+                          dev, path=path)
     s, msl = cfg.sampling, cfg.model.max_sequence_length
     k = s.images_per_prompt
     uniq = load_table(table)["prompt"].tolist()[: max(1, s.batch_size // k)]
@@ -38,13 +40,13 @@ def bench_rollout(cfg, table: str, repeats: int = 3, device: str | None = None,
     cache_dir = cache_dir or tmp.name
     build_start = time.perf_counter()
     build_cache([table], path, cache_dir, max_sequence_length=msl, pipe=pipe,
-                dtype=str(_DTYPES[mp]).replace("torch.", ""), device=str(dev))
+                dtype=str(DTYPES[mp]).replace("torch.", ""), device=str(dev))
     build_s = time.perf_counter() - build_start
     cache = EmbeddingCache(cache_dir)
     sigmas = sigma_schedule(pipe.scheduler, s.num_steps).to(dev, torch.float32)
     noise = torch.randn((len(prompts), *latent_shape(pipe, s.resolution)),
                         generator=torch.Generator().manual_seed(0)).to(dev)
-    autocast = autocast_factory(mp, dev)
+    autocast = make_precision(mp, dev)
 
     def one(source: str) -> float:
         start = time.perf_counter()
@@ -55,7 +57,7 @@ def bench_rollout(cfg, table: str, repeats: int = 3, device: str | None = None,
                 emb, pooled = encode_prompts(pipe, prompts, msl)
             with use_adapter(pipe.transformer, "old"), autocast():
                 x0 = sample_latents(pipe.transformer, noise, emb, pooled, sigmas, s.solver)
-            decode_latents(pipe, x0.float())
+                decode_latents(pipe, x0.float())  # under autocast, as the rollout decodes
         if dev.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - start

@@ -1,18 +1,30 @@
-"""`make gpu-check`: the paper path on one GPU in a few minutes; prints one JSON.
+"""`make gpu-check`: the paper path on one bare GPU machine in <= 8 minutes; one JSON.
 
     python -m marble.tools.gpu_check [--out FILE] [--work DIR]      # one GPU (<= 8 min on an H200)
     python -m marble.tools.gpu_check --tiny                         # CPU plumbing check (CI)
 
-1. `marble bench step --preset bench_sd35m` in fp16 (+GradScaler) and in bf16: step time
-   and peak memory of weighted_sum / marble / mgda, as the bench reports them.
-2. A 3-step run of the `rho_07` preset's code path (marble balancer, full solve at step
-   0, amortized steps after; fp16 autocast + GradScaler over fp32 base weights) on a
-   random-init SD3.5 Medium with the toy rewards standing in for the scorers, on
-   cuda:LOCAL_RANK; then its resume: the run folder cut back to step 2 and run to 3
-   again, compared with the straight run.
+No venv and no registry: it runs on the machine's own `python3` (torch 2.11 CUDA, peft,
+transformers, ...) with the pure-Python packages it lacks carried as wheels in `.whl/`
+(see docs/gpu_check.md: `pip download` them here, `pip install --no-index --no-deps
+--target .whl/site` there; `make gpu-check` does the install and sets PYTHONPATH).
 
-Each part runs in its own process (clean peak-memory counters); `--tiny` swaps in the
-tiny model, 32 px and the CPU, in this process, so a test proves the plumbing without a GPU.
+Phases, each with its own timeout (PHASE_TIMEOUTS, 480 s in all), each in a fresh process
+on the GPU (clean peak-memory counters); a failed or timed-out phase is recorded with its
+error and the others still run:
+- env: torch / CUDA / package versions, and which needed modules do not import.
+- bench_fp32_base / bench_fp16_base: `marble bench step --preset bench_sd35m` under fp16
+  autocast (+GradScaler) over fp32 base weights (the reference) and fp16 ones
+  (`model.base_dtype: fp16`): weighted_sum / marble / mgda step time, allocated AND
+  reserved peak memory, the optimizer step included.
+- rollout: one rollout batch (25 dpm2 steps, batch 9, 512 px, decode with the real-size
+  SD3 VAE) with the embedding cache vs encoding.
+- profile: device syncs (`torch.cuda.set_sync_debug_mode`) of an amortized micro-step and
+  a full solve, and the GPU-busy fraction from the profiler (`marble.tools.gpu_profile`).
+- train_resume: a 3-step run of the `rho_07` code path (full solve at step 0, amortized
+  after; fp16 + GradScaler over fp32 base weights) on a random-init SD3.5 Medium with toy
+  rewards, then its resume from step 2, compared with the straight run on EVERY file of
+  the final checkpoint (adapters, optimizer, state, the EMA `lora/` evaluation loads).
+`--tiny` swaps in the tiny model, 32 px and the CPU, in this process (plumbing only).
 """
 
 from __future__ import annotations
@@ -29,6 +41,14 @@ import time
 from pathlib import Path
 
 TOY_REWARDS = ["toy_brightness", "toy_saturation", "toy_text_contrast", "toy_color_match"]
+# Seconds per phase; they add up to the 8-minute budget (a test checks the sum).
+PHASE_TIMEOUTS = {"env": 15, "bench_fp32_base": 95, "bench_fp16_base": 80, "rollout": 60,
+                  "profile": 50, "train": 120, "resume": 60}
+BUDGET_S = 480
+BENCH_ROWS = "weighted_sum,marble,mgda"
+# Modules the phases import beyond torch: missing ones are named in the env phase.
+NEEDED = ("diffusers", "transformers", "peft", "accelerate", "safetensors", "pandas",
+          "pyarrow", "scipy", "yaml", "jsonschema", "tqdm", "numpy", "PIL")
 
 
 def _run(module: str, argv: list[str], tiny: bool, timeout: float) -> None:
@@ -50,31 +70,79 @@ def _run(module: str, argv: list[str], tiny: bool, timeout: float) -> None:
                            f"{proc.stderr[-4000:]}")
 
 
-def bench(work: Path, tiny: bool, repeats: int) -> dict:
-    out = {}
-    for mp in ("fp16", "bf16"):
-        path = work / f"bench_{mp}.json"
-        cmd = ["step", "--json", str(path),
-               "--repeats", str(repeats), "--warmup", "0" if tiny else "1",
-               "--set", f"model.mixed_precision={mp}"]
-        if tiny:
-            cmd += ["--preset", "tiny", "--model", "random:tiny", "--device", "cpu",
-                    "--set", "sampling.resolution=32", "--set", "train.batch_size=3"]
-        else:
-            cmd += ["--preset", "bench_sd35m"]
-        _run("marble.tools.bench", cmd, tiny, timeout=240)
-        res = json.loads(path.read_text())
-        out[mp] = {"balancers": {m: {k: v for k, v in r.items() if not k.endswith("_all")}
-                                 for m, r in res["balancers"].items()},
-                   "ratios": res["ratios"], "mixed_precision_run": res["mixed_precision"],
-                   "memory_kind": res["memory_kind"], "gpu": res.get("gpu")}
-    return out
+def env_info() -> dict:
+    import importlib
+
+    import torch
+
+    versions, missing = {}, {}
+    for name in NEEDED:
+        try:
+            versions[name] = getattr(importlib.import_module(name), "__version__", "?")
+        except Exception as exc:  # any import failure is what the operator needs to see
+            missing[name] = f"{type(exc).__name__}: {exc}"
+    cuda = torch.cuda.is_available()
+    return {"python": sys.version.split()[0], "torch": torch.__version__,
+            "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(0) if cuda else None,
+            "versions": versions, "missing": missing}
+
+
+def bench(work: Path, tiny: bool, repeats: int, base_dtype: str, timeout: float) -> dict:
+    path = work / f"bench_{base_dtype}.json"
+    cmd = ["step", "--json", str(path), "--rows", BENCH_ROWS,
+           "--repeats", str(repeats), "--warmup", "0" if tiny else "1",
+           "--set", "model.mixed_precision=fp16", "--set", f"model.base_dtype={base_dtype}"]
+    if tiny:
+        cmd += ["--preset", "tiny", "--model", "random:tiny", "--device", "cpu",
+                "--set", "sampling.resolution=32", "--set", "train.batch_size=3"]
+    else:
+        cmd += ["--preset", "bench_sd35m"]
+    _run("marble.tools.bench", cmd, tiny, timeout=timeout)
+    res = json.loads(path.read_text())
+    return {"balancers": {m: {k: v for k, v in r.items() if not k.endswith("_all")}
+                          for m, r in res["balancers"].items()},
+            "ratios": res["ratios"], "mixed_precision_run": res["mixed_precision"],
+            "base_dtype": base_dtype, "memory_kind": res["memory_kind"], "gpu": res.get("gpu"),
+            "adapter_switch": res.get("adapter_switch")}
+
+
+def rollout(work: Path, tiny: bool, timeout: float) -> dict:
+    path = work / "rollout.json"
+    table = prompt_table(work)
+    cmd = ["rollout", "--json", str(path), "--repeats", "1", "--table", str(table)]
+    if tiny:
+        cmd += ["--preset", "tiny", "--model", "random:tiny", "--device", "cpu",
+                "--set", "sampling.resolution=32", "--set", "sampling.num_steps=3"]
+    else:
+        cmd += ["--preset", "bench_sd35m", "--set", "model.mixed_precision=fp16"]
+    _run("marble.tools.bench", cmd, tiny, timeout=timeout)
+    return json.loads(path.read_text())
+
+
+def profile(work: Path, tiny: bool, timeout: float) -> dict:
+    path = work / "profile.json"
+    _run("marble.tools.gpu_check", ["--phase", "profile", "--out", str(path)]
+         + (["--tiny"] if tiny else []), tiny, timeout=timeout)
+    return json.loads(path.read_text())
+
+
+def _profile_phase(tiny: bool) -> dict:
+    from marble.config import load_config
+    from marble.tools.gpu_profile import profile_micro_steps
+
+    if tiny:
+        cfg = load_config("tiny", overrides=["sampling.resolution=32", "train.batch_size=3"])
+        return profile_micro_steps(cfg, "cpu", model_path="random:tiny")
+    cfg = load_config("bench_sd35m", overrides=["model.mixed_precision=fp16"])
+    return profile_micro_steps(cfg, "cuda")
 
 
 def prompt_table(work: Path) -> Path:
     from marble.data.cli import main as data_main
 
     raw, ds = work / "raw", work / "ds"
+    if (ds / "train.parquet").is_file():  # one table for the rollout and training phases
+        return ds / "train.parquet"
     with contextlib.redirect_stdout(sys.stderr):
         ok = data_main(["tiny", "--out", str(raw), "--n-train", "12", "--n-test", "3"]) == 0
         ok = ok and data_main(["assemble", "--raw-dir", str(raw), "--out-dir", str(ds),
@@ -109,39 +177,94 @@ def _metrics(run: Path) -> list[dict]:
     return [{k: r[k] for k in keep if k in r} for r in map(json.loads, filter(None, lines))]
 
 
-def _max_abs_diff(a: Path, b: Path) -> float:
-    from safetensors.torch import load_file
+def _file_diff(a: Path, b: Path):
+    """0.0 when equal: tensor files by max |a - b| over every tensor (inf on other keys),
+    other files byte for byte (0.0 or 1.0)."""
+    if a.suffix == ".safetensors":
+        from safetensors.torch import load_file
 
-    x, y = load_file(str(a)), load_file(str(b))
-    if x.keys() != y.keys():
-        return float("inf")
-    return max(float((x[k].double() - y[k].double()).abs().max()) for k in x)
+        x, y = load_file(str(a)), load_file(str(b))
+        if x.keys() != y.keys():
+            return float("inf")
+        return max((float((x[k].double() - y[k].double()).abs().max()) for k in x), default=0.0)
+    if a.suffix == ".pt":
+        import torch
+
+        x = torch.load(a, map_location="cpu", weights_only=True)
+        y = torch.load(b, map_location="cpu", weights_only=True)
+        return _tree_diff(x, y)
+    return 0.0 if a.read_bytes() == b.read_bytes() else 1.0
+
+
+def _tree_diff(x, y) -> float:
+    import torch
+
+    if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return float("inf")
+        return 0.0 if torch.equal(x, y) else float((x.double() - y.double()).abs().max())
+    if isinstance(x, dict) and isinstance(y, dict):
+        if x.keys() != y.keys():
+            return float("inf")
+        return max((_tree_diff(x[k], y[k]) for k in x), default=0.0)
+    if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
+        if len(x) != len(y):
+            return float("inf")
+        return max((_tree_diff(u, v) for u, v in zip(x, y)), default=0.0)
+    return 0.0 if x == y else float("inf")
+
+
+def compare_checkpoints(a: Path, b: Path) -> dict:
+    """Every file of checkpoint `a` (EMA `lora/` included) against the same path in `b`."""
+    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    extra = sorted(str(p.relative_to(b)) for p in b.rglob("*")
+                   if p.is_file() and p.relative_to(b) not in files)
+    diffs = {str(f): (_file_diff(a / f, b / f) if (b / f).is_file() else float("inf"))
+             for f in files}
+    return {"files": diffs, "extra_files": extra,
+            "bitwise_equal": bool(files) and not extra and all(d == 0.0 for d in diffs.values())}
 
 
 def train_and_resume(work: Path, tiny: bool) -> dict:
     table = prompt_table(work)
     straight, resumed = work / "run", work / "run_resumed"
     start = time.perf_counter()
-    _run("marble.train", train_args(straight, table, tiny, 3), tiny, timeout=300)
+    _run("marble.train", train_args(straight, table, tiny, 3), tiny,
+         timeout=PHASE_TIMEOUTS["train"])
     train_s = time.perf_counter() - start
     shutil.copytree(straight, resumed)  # what a stop after step 2 leaves behind
     shutil.rmtree(resumed / "checkpoints" / "checkpoint-000003")
     start = time.perf_counter()
-    _run("marble.train", train_args(resumed, table, tiny, 3), tiny, timeout=240)
+    _run("marble.train", train_args(resumed, table, tiny, 3), tiny,
+         timeout=PHASE_TIMEOUTS["resume"])
     resume_s = time.perf_counter() - start
     summary = json.loads((resumed / "train_summary.json").read_text())
-    ckpt = "checkpoints/checkpoint-000003/adapters.safetensors"
-    diff = _max_abs_diff(straight / ckpt, resumed / ckpt)
+    ckpt = Path("checkpoints/checkpoint-000003")
+    compared = compare_checkpoints(straight / ckpt, resumed / ckpt)
     return {
         "train": {"steps": _metrics(straight), "wall_s": train_s},
         "resume": {"resumed_from": Path(summary["resumed_from"] or "").name,
                    "final_step": summary["final_step"], "wall_s": resume_s,
-                   "steps": _metrics(resumed)[-1:],
-                   "adapters_max_abs_diff_vs_straight": diff, "bitwise_equal": diff == 0.0},
+                   "steps": _metrics(resumed)[-1:], **compared},
     }
 
 
-def gpu_check(tiny: bool = False, work: str | None = None, repeats: int = 3) -> dict:
+def _phase(result: dict, name: str, fn) -> None:
+    """Run one phase; its error (or timeout) is recorded and the check goes on."""
+    start = time.perf_counter()
+    try:
+        out = fn()
+        if name == "train_resume":  # its "train" and "resume" parts at the top level
+            result.update(out)
+        else:
+            result[name] = out
+        status = "ok"
+    except Exception as exc:  # a failed phase must not hide the others' figures
+        status = f"{type(exc).__name__}: {str(exc)[-2000:]}"
+    result["phases"][name] = {"status": status, "wall_s": time.perf_counter() - start}
+
+
+def gpu_check(tiny: bool = False, work: str | None = None, repeats: int = 2) -> dict:
     tmp = None
     if work is None:
         tmp = tempfile.TemporaryDirectory(prefix="marble-gpu-check-")
@@ -149,9 +272,17 @@ def gpu_check(tiny: bool = False, work: str | None = None, repeats: int = 3) -> 
     root = Path(work)
     root.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
+    result: dict = {"tiny": tiny, "phases": {}, "phase_timeouts_s": PHASE_TIMEOUTS,
+                    "budget_s": BUDGET_S}
+    t = PHASE_TIMEOUTS
     try:
-        result = {"tiny": tiny, "bench": bench(root, tiny, repeats)}
-        result.update(train_and_resume(root, tiny))
+        _phase(result, "env", env_info)
+        for base in ("fp32", "fp16"):
+            name = f"bench_{base}_base"
+            _phase(result, name, lambda b=base, n=name: bench(root, tiny, repeats, b, t[n]))
+        _phase(result, "rollout", lambda: rollout(root, tiny, t["rollout"]))
+        _phase(result, "profile", lambda: profile(root, tiny, t["profile"]))
+        _phase(result, "train_resume", lambda: train_and_resume(root, tiny))
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -169,15 +300,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true", help="tiny model on the CPU (plumbing only)")
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     p.add_argument("--work", default=None, help="keep runs here (default: a temp folder)")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--phase", choices=["profile"], default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    result = gpu_check(args.tiny, args.work, args.repeats)
+    if args.phase == "profile":  # the profile phase's own process
+        result = _profile_phase(args.tiny)
+    else:
+        result = gpu_check(args.tiny, args.work, args.repeats)
     text = json.dumps(result, indent=2, default=float)
     if args.out is not None:
         from marble.runtime.io import write_text
 
         write_text(args.out, text + "\n")
-    print(text)
+    if args.phase is None:
+        print(text)
     return 0
 
 

@@ -42,34 +42,61 @@ def advantage_std(advantages: torch.Tensor) -> float:
     return float(adv.std()) if adv.numel() > 1 else float("nan")
 
 
+def host_floats(values: list) -> list[float]:
+    """`values` (device scalars, Python or numpy numbers) as floats, with one host read
+    per device for all the tensors among them instead of one per value."""
+    values = list(values)
+    by_device: dict = defaultdict(list)
+    for i, v in enumerate(values):
+        if isinstance(v, torch.Tensor):
+            by_device[v.device].append(i)
+    for idx in by_device.values():
+        read = torch.stack([values[i].detach().reshape(()).to(torch.float64)
+                            for i in idx]).tolist()
+        for i, x in zip(idx, read):
+            values[i] = x
+    return [float(v) for v in values]
+
+
+def read_metrics(metrics: dict) -> dict[str, float]:
+    """A balancer's metrics (device scalars) as floats, in one read (`host_floats`)."""
+    return dict(zip(metrics, host_floats(list(metrics.values()))))
+
+
 class StepAverager:
     """Means of scalar metrics over the micro-steps of one optimizer step.
 
     Non-finite values (e.g. a cosine of a reward absent from a micro-batch) are
     skipped per key; keys in `last_keys` keep the last value instead (flags such as
-    `full_solve`, alpha of the cache after the step).
+    `full_solve`, alpha of the cache after the step). Values may be device scalars:
+    `add` only keeps them, `result` reads them all to the host in one transfer per
+    device (no sync per micro-step), then averages exactly as for Python floats.
     """
 
     def __init__(self, last_keys: tuple[str, ...] = ()):
         self.last_keys = set(last_keys)
-        self._sum: dict[str, float] = defaultdict(float)
-        self._n: dict[str, int] = defaultdict(int)
-        self._last: dict[str, float] = {}
+        self._items: list[tuple[str, object]] = []
 
-    def add(self, metrics: dict[str, float]) -> None:
+    def add(self, metrics: dict) -> None:
         for key, value in metrics.items():
-            value = float(value)
-            if key in self.last_keys or key.startswith("alpha/"):
-                self._last[key] = value
-            elif math.isfinite(value):
-                self._sum[key] += value
-                self._n[key] += 1
-            else:
-                self._n.setdefault(key, 0)
+            if isinstance(value, torch.Tensor):
+                value = value.detach()
+            self._items.append((key, value))
 
     def result(self) -> dict[str, float]:
-        out = {k: (self._sum[k] / n if n else float("nan")) for k, n in self._n.items()}
-        out.update(self._last)
+        total: dict[str, float] = defaultdict(float)
+        count: dict[str, int] = defaultdict(int)
+        last: dict[str, float] = {}
+        for (key, _), value in zip(self._items, host_floats([v for _, v in self._items])):
+            if key in self.last_keys or key.startswith("alpha/"):
+                last[key] = value
+            elif math.isfinite(value):
+                total[key] += value
+                count[key] += 1
+            else:
+                count.setdefault(key, 0)
+        out = {k: (total[k] / n if n else float("nan")) for k, n in count.items()}
+        out.update(last)
         return out
 
 

@@ -22,8 +22,8 @@ import torch
 
 from marble.maths.nft import kl_loss, nft_loss_from_terms, nft_terms, optimality_prob
 
-__all__ = ["MicroBatch", "noised", "predict", "reference_velocities", "theta_velocity",
-           "build_micro_step", "logged_losses"]
+__all__ = ["MicroBatch", "predict", "reference_velocities", "theta_velocity",
+           "build_micro_step", "logged_losses", "run_micro_step"]
 
 
 @dataclass
@@ -37,12 +37,8 @@ class MicroBatch:
     pooled: torch.Tensor  # [B, P]
     advantages: torch.Tensor  # [B, K], NaN = reward not applicable
     avg_advantage: torch.Tensor  # [B]
-
-
-def noised(x0: torch.Tensor, eps: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-    """x_t = (1 - sigma) x0 + sigma eps, sigma per sample."""
-    sb = sigma.view(-1, *([1] * (x0.dim() - 1))).to(x0.dtype)
-    return (1.0 - sb) * x0 + sb * eps
+    # Per reward, whether any sample here has it, known on the host (see MicroStep).
+    reward_present: tuple | None = None
 
 
 def reference_velocities(transformer, batch: MicroBatch, autocast) -> tuple:
@@ -102,15 +98,32 @@ def build_micro_step(transformer, batch: MicroBatch, train_cfg, params: list, au
             loss_per_sample=loss_per_sample, kl=kl_term, advantages=batch.advantages,
             avg_advantage=batch.avg_advantage, scale=scale, params=params,
             global_step=global_step, micro_index=micro_index, adv_clip=clip,
-            grad_scaler=grad_scaler, recompute=forward)
+            grad_scaler=grad_scaler, recompute=forward, reward_present=batch.reward_present)
 
     return forward()
 
 
 @torch.no_grad()
-def logged_losses(step) -> dict[str, float]:
+def logged_losses(step) -> dict[str, torch.Tensor]:
     """The weighted-sum objective and KL of a micro-step, logged for every balancer so
-    runs compare (the reference's `policy_loss` with NaN advantages read as 0)."""
+    runs compare (the reference's `policy_loss` with NaN advantages read as 0). Device
+    scalars: read once per optimizer step (`StepAverager.result`)."""
     r_avg = optimality_prob(torch.nan_to_num(step.avg_advantage, nan=0.0), step.adv_clip)
-    return {"loss/policy": float(step.loss_per_sample(r_avg).mean()),
-            "loss/kl": float(torch.as_tensor(step.kl).detach())}
+    return {"loss/policy": step.loss_per_sample(r_avg).mean(),
+            "loss/kl": torch.as_tensor(step.kl).detach()}
+
+
+def run_micro_step(transformer, batch: MicroBatch, train_cfg, params: list, autocast,
+                   balancer, *, scale: float, global_step: int, micro_index: int,
+                   grad_scaler=None) -> dict:
+    """What the trainer runs per micro-step: `build_micro_step`, the balancer's backward
+    (gradients into p.grad) and the logged weighted-sum losses. The metrics stay device
+    scalars: no host read here (StepAverager reads them once per optimizer step)."""
+    step = build_micro_step(transformer, batch, train_cfg, params, autocast, scale=scale,
+                            global_step=global_step, micro_index=micro_index,
+                            grad_scaler=grad_scaler)
+    metrics = dict(balancer.backward(step))
+    # The weighted-sum objective is logged for every balancer, so runs compare.
+    for key, value in logged_losses(step).items():
+        metrics.setdefault(key, value)
+    return metrics

@@ -187,7 +187,10 @@ class RolloutEngine:
             x0 = sample_latents(transformer, noise.to(self.info.device, torch.float32), embeds,
                                 pooled, self.sigmas, s.solver, guidance_scale=s.guidance_scale)
         x0 = x0.float()
-        images = decode_latents(self.pipe, x0).float().cpu()
+        # Decoded under the run's autocast, as the reference's pipeline call is (fp16 VAE
+        # convolutions on a GPU: half the activation memory of an fp32 decode).
+        with self.autocast():
+            images = decode_latents(self.pipe, x0).float().cpu()
         futures = self.scorer.submit(images, prompts, metadata, rows)
         return rows, x0, embeds, pooled, gidx, futures
 

@@ -9,7 +9,6 @@ state, so N steps straight equal k steps + resume + N-k steps bitwise on the CPU
 from __future__ import annotations
 
 import logging
-import random
 import time
 from pathlib import Path
 
@@ -22,14 +21,10 @@ from marble.maths.ema import WeightEMA, old_policy_decay
 from marble.runtime import distributed as dist
 from marble.runtime.io import write_json, write_text
 from marble.runtime.precision import (
-    DTYPES,
     Precision,
-    base_weight_dtype,
     enable_tf32,
     make_precision,
     optimizer_update,
-    text_encoder_dtype,
-    upcast_lora_,
 )
 from marble.training.checkpoint import (
     CheckpointError,
@@ -46,19 +41,12 @@ from marble.training.metrics import MetricsLog, StepAverager
 from marble.training.rollout import STREAM_SHUFFLE, STREAM_TIMESTEPS, RolloutEngine, Rollouts, keyed_generator
 from marble.training.stopping import StopRequest
 
-_DTYPES = DTYPES  # kept for importers (bench)
 log = logging.getLogger(__name__)
 
 
 def autocast_factory(mixed_precision: str, device: torch.device) -> Precision:
     """A zero-arg autocast context factory; fp16 also carries its GradScaler (`.scaler`)."""
     return make_precision(mixed_precision, device)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % (1 << 32))
-    torch.manual_seed(seed)
 
 
 def reward_device(setting: str, local_rank: int, cuda: bool | None = None) -> str:
@@ -100,8 +88,7 @@ class Trainer:
         from marble.balancers import build_balancer
         from marble.data import load_table
         from marble.data.sampler import StratifiedKRepeatSampler
-        from marble.models import load_pipeline
-        from marble.models.lora import add_lora_adapters, trainable_lora_parameters
+        from marble.models.policy import load_policy
         from marble.models.sampling import sigma_schedule
 
         self.cfg, self.out_dir, self.progress = cfg, Path(out_dir), progress
@@ -116,16 +103,8 @@ class Trainer:
         enable_tf32(dev, m.allow_tf32)
         # Base transformer in model.base_dtype (fp32 by default, as the reference), text
         # encoders in the autocast dtype, not loaded at all when the embedding cache
-        # serves the prompts; LoRA in fp32 (upcast below).
-        self.pipe = load_pipeline(
-            m.path, revision=m.revision, dtype=text_encoder_dtype(m.mixed_precision, dev),
-            device=dev, transformer_dtype=base_weight_dtype(m.base_dtype),
-            text_encoders=not cfg.data.embed_cache)
-        seed_everything(t.seed)  # same LoRA init on every rank
-        add_lora_adapters(self.pipe.transformer, rank=m.lora_rank, alpha=m.lora_alpha,
-                          targets=m.lora_targets, seed=t.seed)
-        upcast_lora_(self.pipe.transformer)
-        self.params = trainable_lora_parameters(self.pipe.transformer)
+        # serves the prompts; LoRA in fp32 (marble.models.policy, shared with the bench).
+        self.pipe, self.params = load_policy(m, t.seed, dev, text_encoders=not cfg.data.embed_cache)
         self.optimizer = torch.optim.AdamW(self.params, lr=t.lr, betas=tuple(t.adam_betas),
                                            weight_decay=t.weight_decay, eps=t.adam_eps)
         self.ema = WeightEMA(self.params, max_decay=t.ema_decay)
@@ -263,36 +242,40 @@ class Trainer:
             self.metrics.log(record)
         return record
 
-    def _per_sample_draws(self, global_index: torch.Tensor, n_t: int, shape) -> tuple:
+    def _per_sample_draws(self, global_index: list[int], n_t: int, shape) -> tuple:
         """Per sample: a T_train subset of the sigma grid (docs/algorithm.md §4) and fresh noise.
 
         Keyed by the sample's global position, so a sample gets the same draws on any
-        number of ranks and whichever micro-batch it lands in.
+        number of ranks and whichever micro-batch it lands in. On the CPU the noise
+        continues the timestep generator (as it always has); on a GPU it is drawn on the
+        device from a device generator with the same key (no pageable host copy per
+        micro-batch; deterministic, so a resume stays bitwise).
         """
-        seed, num_steps = self.cfg.train.seed, self.cfg.sampling.num_steps
+        seed, num_steps, dev = self.cfg.train.seed, self.cfg.sampling.num_steps, self.info.device
         tsel, noise = [], []
-        for gidx in global_index.tolist():
+        for gidx in global_index:
             gen = keyed_generator(seed, STREAM_TIMESTEPS, self.epoch, gidx)
             tsel.append(torch.randperm(num_steps, generator=gen)[:n_t])
-            noise.append(torch.randn((n_t, *shape), generator=gen))
-        dev = self.info.device
+            if dev.type != "cpu":
+                gen = keyed_generator(seed, STREAM_TIMESTEPS, self.epoch, gidx, device=dev)
+            noise.append(torch.randn((n_t, *shape), generator=gen, device=gen.device))
         return torch.stack(tsel).to(dev), torch.stack(noise).to(dev)
 
-    def _micro_step(self, ro: Rollouts, idx, t_index, eps, scale: float, micro: int) -> dict:
-        from marble.training.microstep import MicroBatch, build_micro_step, logged_losses, noised
+    def _micro_step(self, ro: Rollouts, idx, present, t_index, eps, scale: float,
+                    micro: int) -> dict:
+        """One micro-step: metrics stay device scalars (read once, at the step's end)."""
+        from marble.maths.flow import forward_process
+        from marble.training.microstep import MicroBatch, run_micro_step
 
         x0, sig = ro.x0[idx], self.sigmas[t_index]
-        batch = MicroBatch(x0=x0, x_t=noised(x0, eps, sig), sigma=sig,
+        batch = MicroBatch(x0=x0, x_t=forward_process(x0, eps, sig), sigma=sig,
                            prompt_embeds=ro.prompt_embeds[idx], pooled=ro.pooled[idx],
-                           advantages=ro.advantages[idx], avg_advantage=ro.avg_advantage[idx])
-        step = build_micro_step(self.pipe.transformer, batch, self.cfg.train, self.params,
-                                self.autocast, scale=scale, global_step=self.step,
-                                micro_index=micro, grad_scaler=self.scaler)
-        metrics = dict(self.balancer.backward(step))
-        # The weighted-sum objective is logged for every balancer, so runs compare.
-        for key, value in logged_losses(step).items():
-            metrics.setdefault(key, value)
-        return metrics
+                           advantages=ro.advantages[idx], avg_advantage=ro.avg_advantage[idx],
+                           reward_present=present)
+        return run_micro_step(self.pipe.transformer, batch, self.cfg.train, self.params,
+                              self.autocast, self.balancer, scale=scale,
+                              global_step=self.step, micro_index=micro,
+                              grad_scaler=self.scaler)
 
     def _optimize(self, ro: Rollouts, averager: StepAverager) -> None:
         t = self.cfg.train
@@ -304,16 +287,23 @@ class Trainer:
         scale = 1.0 / (n_micro * n_t)
         perm = torch.randperm(n, generator=keyed_generator(t.seed, STREAM_SHUFFLE, self.epoch,
                                                            self.info.rank))
+        # Host copies read once per optimizer step, not per micro-step: which rewards each
+        # sample has (a full solve skips absent ones) and the samples' global positions.
+        finite = np.isfinite(ro.advantages.detach().cpu().numpy())
+        global_index = ro.global_index.cpu().numpy()
         bar = tqdm(total=n_micro * n_t, desc=f"step {self.step}", leave=False,
                    disable=not (self.progress and self.info.is_main))
         hidden = 0.0  # gradient entries a balancer zeroed (full solves): still an overflow
         for g in range(n_micro):
-            idx = perm[g * bsz:(g + 1) * bsz].to(self.info.device)
-            t_sel, noise = self._per_sample_draws(ro.global_index[idx.cpu()], n_t,
+            rows = perm[g * bsz:(g + 1) * bsz].numpy()
+            idx = torch.from_numpy(rows).to(self.info.device)
+            present = tuple(bool(x) for x in finite[rows].any(0))
+            t_sel, noise = self._per_sample_draws([int(i) for i in global_index[rows]], n_t,
                                                   tuple(ro.x0.shape[1:]))
             for j in range(n_t):
-                metrics = self._micro_step(ro, idx, t_sel[:, j], noise[:, j], scale, g * n_t + j)
-                hidden += metrics.get("nonfinite_grad_entries", 0.0)
+                metrics = self._micro_step(ro, idx, present, t_sel[:, j], noise[:, j], scale,
+                                           g * n_t + j)
+                hidden = hidden + metrics.get("nonfinite_grad_entries", 0.0)
                 averager.add(metrics)
                 bar.update(1)
         bar.close()

@@ -1,0 +1,63 @@
+"""Which kind of micro-step every micro-step of a run is, from the balancer's own schedule.
+
+A run of `max_steps` optimizer steps has M = grad_accumulation x T_train micro-steps per
+step. The real strategy objects decide, as in training, whether each one is a full solve
+and whether it runs diagnostics; `micro_step_kinds` counts the kinds, which `marble bench
+flops` prices with the counted FLOPs of one micro-step of each kind.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from types import SimpleNamespace
+
+import numpy as np
+
+__all__ = ["micro_step_kinds", "kind_row", "run_overhead"]
+
+
+def micro_step_kinds(cfg) -> Counter:
+    """Counter of (full_solve, diagnostics) over every micro-step of the run `cfg`."""
+    from marble.balancers import build_balancer
+    from marble.config import grad_accumulation, training_timesteps
+
+    bal = build_balancer(cfg.balancer, cfg.reward_names)
+    k = len(cfg.reward_names)
+    per_step = grad_accumulation(cfg) * training_timesteps(cfg)
+    kinds: Counter = Counter()
+    for global_step in range(cfg.train.max_steps):
+        for micro in range(per_step):
+            step = SimpleNamespace(global_step=global_step, micro_index=micro)
+            full = bal.wants_full_solve(step)
+            if full:  # the solve's bookkeeping: the cache and `last_full` move on
+                bal.solved(step, np.full(k, 1.0 / k), np.ones(k, bool), {})
+            kinds[(full, bal.wants_diagnostics(step))] += 1
+    return kinds
+
+
+def kind_row(method: str, full_solve_mode: str, full: bool, diagnostics: bool) -> str:
+    """The `marble bench flops` row that prices a micro-step of this kind."""
+    if full:
+        base = "mgda" if full_solve_mode == "retain" else "marble_recompute"
+    else:
+        base = "weighted_sum" if method == "weighted_sum" else "marble"
+    return base + ("_diag" if diagnostics else "")
+
+
+def run_overhead(cfg, row_flops: dict[str, float]) -> dict:
+    """Whole-run FLOPs of `cfg`'s cadence over its max_steps, relative to a weighted-sum
+    run of the same length without diagnostics (`overhead` = ratio - 1)."""
+    kinds = micro_step_kinds(cfg)
+    method, mode = cfg.balancer.method, cfg.balancer.full_solve
+    missing = {kind_row(method, mode, *kind) for kind in kinds} - set(row_flops)
+    if missing:
+        raise KeyError(f"pricing run {cfg.preset!r} needs rows {sorted(missing)}")
+    total = sum(n * row_flops[kind_row(method, mode, full, diag)]
+                for (full, diag), n in kinds.items())
+    micro_steps = sum(kinds.values())
+    base = micro_steps * row_flops["weighted_sum"]
+    return {"preset": cfg.preset, "method": method, "full_solve": mode,
+            "max_steps": cfg.train.max_steps, "micro_steps": micro_steps,
+            "full_solves": sum(n for (full, _), n in kinds.items() if full),
+            "diagnostic_micro_steps": sum(n for (_, diag), n in kinds.items() if diag),
+            "flops": total, "ratio": total / base, "overhead": total / base - 1.0}
