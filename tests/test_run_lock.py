@@ -103,3 +103,25 @@ def test_take_over_loses_to_a_newer_owner(tmp_path):
     _write(run, **newer)
     assert run_lock._take_over(run / LOCK_NAME, {"pid": 1, "host": "x"}) is False
     assert json.loads((run / LOCK_NAME).read_text()) == newer
+
+
+def _stub_squeue(tmp_path, monkeypatch, script: str) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\n{script}\n")
+    (bin_dir / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+
+
+def test_an_owner_job_on_another_host_is_checked_with_squeue(tmp_path, monkeypatch):
+    """A restarted Snakemake resubmits a run whose first job still runs on another node:
+    refused while squeue shows that job RUNNING; taken over once SLURM forgot it."""
+    monkeypatch.setenv("SLURM_JOB_ID", "2000")
+    run = tmp_path / "run"
+    run.mkdir()
+    _write(run, pid=1, host="node-a", job_id="1999")
+    _stub_squeue(tmp_path, monkeypatch, 'echo RUNNING')
+    with pytest.raises(RunLockError, match="SLURM job 1999"):
+        acquire(run)
+    (tmp_path / "bin/squeue").write_text("#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1\n")
+    assert json.loads(acquire(run).read_text())["job_id"] == "2000"

@@ -25,6 +25,14 @@ def test_train_resources_two_nodes():
     assert res["slurm_extra"] == "--signal=USR1@600 --ntasks-per-node=1"
 
 
+def test_one_node_training_asks_for_the_requeue_signal_too():
+    res = slurm.train_resources({**TRAIN, "nodes": 1}, CLUSTER)
+    assert (res["nodes"], res["tasks"], res["mpi"]) == (1, 1, "")
+    assert res["slurm_extra"] == "--signal=USR1@600 --ntasks-per-node=1"
+    res = slurm.train_resources({**TRAIN, "nodes": 1, "requeue_signal_s": 0}, CLUSTER)
+    assert "--signal" not in res["slurm_extra"]
+
+
 def test_cpu_job_takes_the_cpu_partition_and_no_gres():
     res = slurm.job_resources(dict(gpus=0, cpus_per_task=2, mem_mb=4000, runtime=10), CLUSTER)
     assert res == dict(cpus_per_task=2, mem_mb=4000, runtime=10, slurm_partition="cpu",

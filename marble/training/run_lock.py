@@ -11,18 +11,20 @@ hard-linked to TRAINING.lock; link() fails when the name exists (also on NFS, un
 O_EXCL on old clients), so two trainers can never both succeed and a reader never sees a
 half-written lock. An existing lock is
   - ours to take over when its SLURM job id is this job's (a requeued job restarts as
-    the same id, possibly on another host), or when its pid is dead on this host (a
-    killed trainer or a crashed launcher);
+    the same id, possibly on another host), when its pid is dead on this host (a killed
+    trainer or a crashed launcher), or when its SLURM job is no longer running
+    (`squeue`; a job lost with its node);
   - refused with RunLockError (one line naming the owner and what to do) otherwise,
-    including an owner on another host that we cannot check: only its owner, squeue or
-    the user can tell whether it still runs.
+    including an owner on another host that nothing here can check.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -50,6 +52,26 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+# squeue states of a job that still holds its nodes (or will again: a requeued job).
+_LIVE_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED",
+                "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "STOPPED", "SIGNALING", "STAGE_OUT"}
+
+
+def _slurm_job_live(job_id: str) -> bool | None:
+    """Whether SLURM still runs `job_id`; None when squeue cannot tell (absent, error)."""
+    if not shutil.which("squeue"):
+        return None
+    try:
+        proc = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"],
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        # squeue exits 1 with "Invalid job id" for a job it no longer knows.
+        return False if "Invalid job id" in proc.stderr else None
+    return any(state.strip() in _LIVE_STATES for state in proc.stdout.split())
+
+
 def read_owner(lock: Path) -> dict | None:
     """The lock's owner record; None when there is no lock."""
     try:
@@ -70,8 +92,12 @@ def stale_reason(owner: dict) -> str | None:
     job = os.environ.get("SLURM_JOB_ID")
     if job and owner.get("job_id") == job:
         return f"an earlier attempt of this SLURM job {job} (requeued)"
-    if owner["host"] == socket.gethostname() and not _pid_alive(int(owner["pid"])):
+    if owner["host"] == socket.gethostname():
+        if _pid_alive(int(owner["pid"])):
+            return None  # a live process here is a live trainer, whatever squeue says
         return f"pid {owner['pid']} is dead on {owner['host']}"
+    if owner.get("job_id") and _slurm_job_live(owner["job_id"]) is False:
+        return f"SLURM job {owner['job_id']} is no longer running"
     return None
 
 

@@ -30,7 +30,7 @@ if not EVAL_ONLY:
             run_dir=lambda wc, output: os.path.dirname(output[0]),
             args=train_args,
             gpus=TRAIN["gpus_per_node"],
-            port=TRAIN["port"],
+            port=TRAIN["port"] or "",  # "": torchrun_slurm.sh derives it from the job id
             ckpts=f"MARBLE_REWARD_CKPTS={config['reward_ckpt_dir']}",
         shell:
             "{params.ckpts} MARBLE_GPUS_PER_NODE={params.gpus} MARBLE_RDZV_PORT={params.port}"
