@@ -109,3 +109,23 @@ def test_merge_catalogue_refuses_one_name_for_two_folders(tmp_path):
     assert same == {("r", "c"): str(a)}
     with pytest.raises(ValueError, match="names two folders"):
         checkpoints.merge_catalogue({("r", "c"): str(a)}, {("r", "c"): str(b)})
+
+
+def test_dvc_sync_touches_upstream_and_the_current_prefix_only():
+    from marble.workflow import dvc_sync
+
+    spec = {"stages": {name: {"cmd": f"python -m marble.workflow.dvc_sync stage {name} -- "
+                                     f"snakemake {name} --profile p -c2"}
+                       for name in ["prepare", "train", "evaluate", "report"]}}
+    targets = dvc_sync.stage_targets(spec)
+    assert list(targets.values()) == ["prepare", "train", "evaluate", "report"]
+    assert dvc_sync.upstream_targets(targets, "evaluate") == ["prepare", "train"]
+    assert dvc_sync.upstream_targets(targets, "prepare") == []
+    with pytest.raises(ValueError, match="no stage 'bench'"):
+        dvc_sync.upstream_targets(targets, "bench")
+    # After a pull: evaluate changed -> only prepare and train are touched, not report
+    # (its target would touch evaluate's jobs too).
+    changed = dvc_sync.changed_stages('{"dvc.yaml:evaluate": [{"changed deps": {}}]}')
+    assert changed == {"evaluate"}
+    assert dvc_sync.current_prefix(targets, changed) == ["prepare", "train"]
+    assert dvc_sync.current_prefix(targets, dvc_sync.changed_stages("{}")) == list(targets.values())
