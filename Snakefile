@@ -16,6 +16,7 @@ include: "workflow/rules/report.smk"
 
 localrules:
     all,
+    preflight,
     dvc_views,
     prepare,
     train,
@@ -40,9 +41,24 @@ rule all:
         "results/dvc",
 
 
+# Before anything is downloaded or queued, the submit host checks that this config can
+# run (marble doctor: rewards, checkpoints, torch pairing, GPU arch, HF_TOKEN, disk,
+# cluster:). A failure stops the run with a table naming each missing piece and its fix.
+rule preflight:
+    output:
+        "results/preflight.txt",
+    params:
+        configfiles=wf_runs.doctor_args(workflow.config_settings.configfiles),
+    priority: 1000
+    shell:
+        "marble doctor {params.configfiles} > {output:q} || {{ cat {output:q}; exit 1; }};"
+        " cat {output:q}"
+
+
 # The stages of dvc.yaml, one target each.
 rule prepare:
     input:
+        "results/preflight.txt",
         MODEL_DIR,
         RAW_DIR,
         config["reward_ckpt_dir"],

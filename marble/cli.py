@@ -19,6 +19,7 @@ COMMANDS = {
     "models": ("marble.models.cli", "build the tiny SD3 model from configs"),
     "rewards": ("marble.rewards.cli", "list rewards, score images"),
     "report": ("marble.tools.report", "tables and figures from runs and evaluations"),
+    "doctor": ("marble.doctor", "check that a workflow config can run here (rewards, weights, GPU, disk, SLURM)"),
 }
 
 

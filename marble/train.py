@@ -170,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _train(args: argparse.Namespace, cfg: RunConfig, stop) -> dict:
     from marble.training.checkpoint import CheckpointError
-    from marble.training.trainer import run_training  # heavy imports only once the config is sound
+    from marble.training.trainer import (
+        run_training,  # heavy imports only once the config is sound
+    )
 
     try:
         return run_training(cfg, args.output_dir, device=args.device,

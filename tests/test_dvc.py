@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from marble.workflow import dvc_sync
 from test_workflow_lib import (  # noqa: F401  (tiny_pipeline is a fixture)
     copy_workflow,
     dry_run_outputs,
     dvc,
-    run,
     snakemake,
     tiny_pipeline,
 )
+from test_workflow_lib import run as run_cmd
+
+from marble.workflow import dvc_sync
 
 
 def _render(value, variables: dict):
@@ -253,7 +253,7 @@ def test_restore_on_a_clean_clone_plans_nothing_and_eval_exp_only_evaluates(tiny
     repro = dvc(["repro"], clone)
     assert "Running stage" not in repro.stdout + repro.stderr
     print("plan after dvc pull, before dvc_sync:", _snakemake_plan(clone, "all"))
-    run([sys.executable, "-m", "marble.workflow.dvc_sync", "restored"], clone)
+    run_cmd([sys.executable, "-m", "marble.workflow.dvc_sync", "restored"], clone)
     plan = _snakemake_plan(clone, "all")
     print("plan after dvc_sync restored:", plan)
     assert plan == [], plan

@@ -129,3 +129,9 @@ def test_dvc_sync_touches_upstream_and_the_current_prefix_only():
     assert changed == {"evaluate"}
     assert dvc_sync.current_prefix(targets, changed) == ["prepare", "train"]
     assert dvc_sync.current_prefix(targets, dvc_sync.changed_stages("{}")) == list(targets.values())
+
+
+def test_doctor_args_follow_the_configfiles():
+    assert runs.doctor_args([]) == ""
+    assert shlex.split(runs.doctor_args(["config/paper.yaml", "my site.yaml"])) == [
+        "--configfile", "config/paper.yaml", "my site.yaml"]
