@@ -36,6 +36,7 @@ if MODE == "paper" and config["cluster"]["local_downloads"]:
 
 rule all:
     input:
+        "results/preflight.txt",
         "results/report/report.md",
         "results/eval/summary.csv",
         "results/dvc",
