@@ -241,7 +241,7 @@ def test_requeued_training_resumes(tiny_pipeline, tmp_path):
     while not marker.exists() and main.poll() is None and time.time() < deadline:
         time.sleep(0.5)
     assert marker.exists(), "no checkpoint-000002 before the deadline"
-    job_id = (run_dir / "TRAINING.lock").read_text().split()[1]
+    job_id = json.loads((run_dir / "TRAINING.lock").read_text())["job_id"]
     subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=60)
     out, _ = main.communicate(timeout=1200)
     assert main.returncode == 0, out[-4000:]
@@ -254,3 +254,73 @@ def test_requeued_training_resumes(tiny_pipeline, tmp_path):
     starts = re.findall(r"train_launch: \S+ start \(job \d+\)[^\n]*", log)
     assert len(starts) == 2 and all(f"(job {job_id})" in line for line in starts), starts
     assert not (run_dir / "TRAINING.lock").exists()
+
+
+def _wait(predicate, proc: subprocess.Popen, what: str, timeout: float = 900) -> None:
+    deadline = time.time() + timeout  # readiness polling only; nothing is timed
+    while not predicate() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert predicate(), f"never saw {what}"
+
+
+def _steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    text = path.read_text() if path.is_file() else ""
+    return [json.loads(line)["step"] for line in text.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_usr1_on_a_one_node_job_exits_75_requeues_and_resumes_bitwise(tiny_pipeline, tmp_path):
+    """A one-node training job gets USR1 as SLURM sends it before the time limit (to the
+    job's steps: `scancel --signal=USR1`, no --batch), first while the model loads, then
+    after a step. Each time the trainer exits 75, the job requeues itself (same id), and
+    the run ends with the weights of an uninterrupted run, bit for bit."""
+    reason = _slurm_ready()
+    if reason:
+        pytest.skip(reason)
+    work = copy_workflow(tmp_path / "repo")
+    copy_inputs(tiny_pipeline["dir"], work, ["data/models", "data/raw-tiny", "data/datasets"])
+    cfg = yaml.safe_load((work / "config.yaml").read_text())
+    # save_every 100: only the signal's checkpoint and the final one.
+    cfg["runs"] = {"marble": {"preset": "tiny", "max_steps": 4, "set": ["train.save_every=100"]}}
+    cfg["train"].update(nodes=1, cpus_per_task=1, mem_mb=2000, runtime=20, requeue_signal_s=60)
+    (work / "config.yaml").write_text(yaml.safe_dump(cfg))
+    environ = {**env(), "OMP_NUM_THREADS": "1"}  # the reference below runs with the same
+    main = subprocess.Popen([str(BIN / "snakemake"), "--profile", "slurm",
+                             "results/runs/marble/train_summary.json", "--latency-wait", "5"],
+                            cwd=work, env=environ, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    run_dir = work / "results/runs/marble"
+    lock = run_dir / "TRAINING.lock"
+    # 1. The lock is taken before torch and the model load: signal the loading trainer.
+    _wait(lock.is_file, main, "the run lock")
+    job_id = json.loads(lock.read_text())["job_id"]
+    subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=60)
+    log = run_dir / "train.log"
+    _wait(lambda: log.read_text().count("start (job") >= 2, main, "the requeued attempt")
+    # 2. After a step of the second attempt.
+    _wait(lambda: len(_steps(run_dir)) >= 1, main, "a training step")
+    subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=60)
+    out, _ = main.communicate(timeout=1200)
+    assert main.returncode == 0, out[-4000:]
+    text = log.read_text()
+    print(text[-3000:])
+    assert text.count(f"start (job {job_id})") == 3, text[-3000:]
+    assert text.count("exit 75 (requeue)") == 2 and text.count(f"requeue job {job_id}") == 2
+    summary = json.loads((run_dir / "train_summary.json").read_text())
+    assert summary["final_step"] == 4 and summary["resumed_from"]
+    assert _steps(run_dir) == [1, 2, 3, 4]  # no step twice, none lost
+    # The uninterrupted reference: the same resolved config, the same thread count.
+    ref = tmp_path / "ref"
+    subprocess.run([str(BIN / "marble"), "train", "--preset", "tiny", "--config",
+                    str(run_dir / "config.yaml"), "--output-dir", str(ref), "--no-progress"],
+                   cwd=work, env=environ, check=True, timeout=900, capture_output=True)
+    from safetensors.torch import load_file
+
+    def final(folder):
+        return load_file(str(folder / "checkpoints/checkpoint-000004/adapters.safetensors"))
+
+    got, want = final(run_dir), final(ref)
+    assert got.keys() == want.keys()
+    assert all(bool((got[k] == want[k]).all()) for k in got), "resumed weights differ"
