@@ -48,12 +48,16 @@ rule all:
 rule preflight:
     output:
         "results/preflight.txt",
+    log:
+        "logs/preflight.log",
+    priority: 1000
+    conda:
+        "workflow/envs/marble.yaml"  # relative to this file (MARBLE_ENV is to common.smk)
     params:
         configfiles=wf_runs.doctor_args(workflow.config_settings.configfiles),
-    priority: 1000
     shell:
-        "marble doctor {params.configfiles} > {output:q} || {{ cat {output:q}; exit 1; }};"
-        " cat {output:q}"
+        "marble doctor {params.configfiles} > {output:q} 2> {log:q}"
+        " || {{ cat {output:q} {log:q}; exit 1; }}; cat {output:q}"
 
 
 # The stages of dvc.yaml, one target each.
