@@ -197,7 +197,11 @@ def _gpu_row(config: dict, torch) -> Check:
 # ------------------------------------------------------------------ assets, disk, SLURM
 
 
-def asset_rows(config: dict, root: Path) -> list[Check]:
+def asset_rows(config: dict, root: Path, downloads_pending: bool = False) -> list[Check]:
+    """Model and reward files against the manifest. downloads_pending (the preflight rule,
+    which runs before the workflow's own downloads): a missing file is a warning, unless
+    the config is `offline`; HF_TOKEN for the gated model stays a failure."""
+    pending = downloads_pending and not config.get("offline")
     if config.get("mode") != "paper":
         return [Check("model", OK if (root / config["model_dir"]).is_dir() else SKIP,
                       f"tiny: {config['model_dir']} is built by the workflow")]
@@ -207,7 +211,8 @@ def asset_rows(config: dict, root: Path) -> list[Check]:
         if bad:
             gated = group == "model" and not os.environ.get("HF_TOKEN")
             fix = f"snakemake prepare (downloads {group} into {folder})"
-            rows.append(Check(f"{group} files", FAIL, f"{len(bad)} missing or wrong in {folder}: "
+            rows.append(Check(f"{group} files", WARN if pending else FAIL,
+                              f"{len(bad)} missing or wrong in {folder}: "
                               f"{', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}", fix))
             if gated:
                 rows.append(Check("HF_TOKEN", FAIL, "SD3.5 Medium is gated and must be downloaded",
@@ -269,10 +274,10 @@ def _account_row(account: str | None) -> Check:
 # ------------------------------------------------------------------ the table
 
 
-def run_checks(config: dict, root: Path) -> list[Check]:
+def run_checks(config: dict, root: Path, downloads_pending: bool = False) -> list[Check]:
     rows: list[Check] = []
     for group in (lambda: torch_rows(config), lambda: reward_rows(config),
-                  lambda: asset_rows(config, root), lambda: [disk_row(config, root)],
+                  lambda: asset_rows(config, root, downloads_pending), lambda: [disk_row(config, root)],
                   lambda: slurm_rows(config)):
         rows.extend(group())
     return rows
@@ -295,9 +300,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--configfile", nargs="+", default=[], metavar="FILE",
                    help="workflow config file(s), merged in order (default: config.yaml)")
     p.add_argument("--root", type=Path, default=Path.cwd(), help="the workflow folder")
+    p.add_argument("--downloads-pending", action="store_true",
+                   help="missing model/reward files are still to be downloaded (a warning)")
     args = p.parse_args(argv)
     config = load_workflow_config(args.configfile, args.root)
-    rows = run_checks(config, args.root)
+    rows = run_checks(config, args.root, args.downloads_pending)
     print(render(rows))
     return 1 if any(r.status == FAIL for r in rows) else 0
 

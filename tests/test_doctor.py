@@ -39,7 +39,7 @@ def test_paper_config_fails_naming_each_missing_piece(tmp_path, capsys, monkeypa
     root = _root(tmp_path, "config/paper.yaml")
     seen: list = []
     real = doctor.run_checks
-    monkeypatch.setattr(doctor, "run_checks", lambda config, where: seen.extend(real(config, where)) or seen)
+    monkeypatch.setattr(doctor, "run_checks", lambda *a: seen.extend(real(*a)) or seen)
     assert doctor.main(["--root", str(root)]) == 1
     out = capsys.readouterr().out
     print(out)
@@ -55,6 +55,10 @@ def test_paper_config_fails_naming_each_missing_piece(tmp_path, capsys, monkeypa
         assert rows["mmcv-full"].status == "FAIL" and "workflow/envs/geneval.txt" in rows["mmcv-full"].fix
     if not __import__("torch").cuda.is_available():
         assert rows["gpu"].status == "warn" and "no GPU visible" in rows["gpu"].detail
+    # The preflight rule runs before the downloads: missing files warn, HF_TOKEN still fails.
+    pending = {r.name: r for r in doctor.asset_rows(doctor.load_workflow_config([], root), root,
+                                                    downloads_pending=True)}
+    assert pending["model files"].status == "warn" and pending["HF_TOKEN"].status == "FAIL"
     # The table names every failure, each with its fix on the next line.
     lines = out.splitlines()
     failed = [r.name for r in rows.values() if r.status == "FAIL"]
