@@ -39,7 +39,12 @@ def test_paper_config_fails_naming_each_missing_piece(tmp_path, capsys, monkeypa
     root = _root(tmp_path, "config/paper.yaml")
     seen: list = []
     real = doctor.run_checks
-    monkeypatch.setattr(doctor, "run_checks", lambda *a: seen.extend(real(*a)) or seen)
+
+    def spy(config: dict, root: Path, downloads_pending: bool = False) -> list:
+        seen.extend(real(config, root, downloads_pending))  # the real checks, recorded
+        return seen
+
+    monkeypatch.setattr(doctor, "run_checks", spy)
     assert doctor.main(["--root", str(root)]) == 1
     out = capsys.readouterr().out
     print(out)
