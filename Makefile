@@ -5,16 +5,19 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # torch is pinned here only to the CPU wheel a laptop wants; the package itself needs torch>=2.1.
+# The install is docs/cluster.md's recipe with the CPU torch (workflow/envs/constraints-cpu.txt)
+# standing in for the site's build: torch first, then everything under the project's constraints.
 TORCH ?= torch==2.13.0
 EXTRAS ?= dev,workflow,ocr
+CONSTRAINTS ?= -c workflow/envs/constraints.txt
 
 .PHONY: setup demo test test-clip test-paper test-geneval-mmdet gpu-check mutants clean
 
-$(BIN)/marble: pyproject.toml
+$(BIN)/marble: pyproject.toml workflow/envs/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install "$(TORCH)"
-	$(BIN)/pip install -e ".[$(EXTRAS)]" "$(TORCH)"
+	$(BIN)/pip install $(CONSTRAINTS) -e ".[$(EXTRAS)]" "$(TORCH)"
 	touch $@
 
 setup: $(BIN)/marble
@@ -51,7 +54,7 @@ CLIP_TORCH ?= torch==2.14.1 torchvision==0.29.1
 $(CLIP_VENV)/bin/marble: pyproject.toml
 	$(PYTHON) -m venv $(CLIP_VENV)
 	$(CLIP_VENV)/bin/pip install $(CLIP_TORCH)
-	$(CLIP_VENV)/bin/pip install -e ".[dev,clip,workflow,ocr]" $(CLIP_TORCH)
+	$(CLIP_VENV)/bin/pip install $(CONSTRAINTS) -e ".[dev,clip,workflow,ocr]" $(CLIP_TORCH)
 	touch $@
 
 test-clip: $(CLIP_VENV)/bin/marble

@@ -18,6 +18,7 @@ include: "workflow/rules/paper_tables.smk"
 
 localrules:
     all,
+    preflight,
     dvc_views,
     prepare,
     train,
@@ -41,15 +42,36 @@ if MODE == "paper" and config["cluster"]["local_downloads"]:
 
 rule all:
     input:
+        "results/preflight.txt",
         "results/report/report.md",
         "results/eval/summary.csv",
         "results/dvc",
         TABLE1_TARGETS,
 
 
+# Before anything is downloaded or queued, the submit host checks that this config can
+# run (marble doctor: rewards, checkpoints, torch pairing, GPU arch, HF_TOKEN, disk,
+# cluster:). A failure stops the run with a table naming each missing piece and its fix;
+# files the workflow downloads itself are only warned about (--downloads-pending).
+rule preflight:
+    output:
+        "results/preflight.txt",
+    log:
+        "logs/preflight.log",
+    priority: 1000
+    conda:
+        "workflow/envs/marble.yaml"  # relative to this file (MARBLE_ENV is to common.smk)
+    params:
+        configfiles=wf_runs.doctor_args(workflow.config_settings.configfiles),
+    shell:
+        "marble doctor --downloads-pending {params.configfiles} > {output:q} 2> {log:q}"
+        " || {{ cat {output:q} {log:q}; exit 1; }}; cat {output:q}"
+
+
 # The stages of dvc.yaml, one target each.
 rule prepare:
     input:
+        "results/preflight.txt",
         MODEL_DIR,
         RAW_DIR,
         config["reward_ckpt_dir"],

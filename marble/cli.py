@@ -21,6 +21,7 @@ COMMANDS = {
     "report": ("marble.tools.report", "tables and figures from runs and evaluations"),
     "tables": ("marble.tools.report.tables_cli", "the paper's tables (rho, harmony, cost), ours beside"),
     "plan": ("marble.workflow.plan_cli", "the runs a config trains per paper table, and their GPU cost"),
+    "doctor": ("marble.doctor", "check that a workflow config can run here (rewards, weights, GPU, disk, SLURM)"),
 }
 
 

@@ -9,12 +9,16 @@ the requested config on every key that changes the result (see RESULT_NEUTRAL_KE
 otherwise the run refuses to start rather than silently mixing two experiments.
 Errors are one line on stderr and exit status 2. SIGUSR1 or SIGTERM stop the run after
 the current optimizer step with a checkpoint and exit status 75 (marble.training.stopping:
-EXIT_REQUEUE), which the SLURM wrapper turns into a requeue.
+EXIT_REQUEUE), which the SLURM wrapper turns into a requeue; the handlers are installed
+first thing, so a signal during model loading also ends with 75 (and no new checkpoint).
+Global rank 0 holds DIR/TRAINING.lock while it trains (marble.training.run_lock): a
+second trainer on the same folder is refused (exit 2) while the first lives.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from pathlib import Path
@@ -22,6 +26,7 @@ from pathlib import Path
 import yaml
 
 from marble.config import ConfigError, RunConfig, dump_yaml, load_config, to_dict
+from marble.training import run_lock
 
 # Keys that may differ between a run folder's config.yaml and a resumed invocation:
 # they change how long / how often, not what is computed.
@@ -143,36 +148,35 @@ def check_data_path(cfg: RunConfig) -> None:
         )
 
 
+def _is_global_rank0() -> bool:
+    # Before the process group exists: torchrun's RANK (absent for a plain run).
+    return os.environ.get("RANK", "0") == "0"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        cfg = resolve_config(args)
-        check_model_path(cfg)
-        check_data_path(cfg)
-        check_run_dir(args.output_dir, cfg)
-    except (ConfigError, TrainError) as exc:
-        print(f"marble train: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    from marble.training.checkpoint import CheckpointError
-    from marble.training.stopping import EXIT_REQUEUE, write_requeue_file
-    from marble.training.trainer import run_training  # heavy imports only once the config is sound
+    from marble.training.stopping import EXIT_REQUEUE, StopRequest, write_requeue_file
 
-    from marble.runtime.oserrors import describe_write_failure
-
-    try:
-        summary = run_training(cfg, args.output_dir, device=args.device,
-                               progress=not args.no_progress)
-    except (TrainError, CheckpointError) as exc:
-        print(f"marble train: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except Exception as exc:  # noqa: BLE001 - re-raised unless it is a write failure
-        # Disk full, read-only or forbidden run folder: the reason and the path, one line
-        # (safetensors' errors are plain Exceptions, torch's RuntimeErrors).
-        message = describe_write_failure(exc, args.output_dir)
-        if message is None:
-            raise
-        print(f"marble train: error: {message}", file=sys.stderr)
-        raise SystemExit(2) from None
+    # Stop signals are flagged from here on: a SIGUSR1 (time limit) or SIGTERM that
+    # arrives while torch, the model and the rewards load ends with a requeue (exit 75),
+    # not a kill.
+    with StopRequest() as stop:
+        lock = None
+        try:
+            cfg = resolve_config(args)
+            check_model_path(cfg)
+            check_data_path(cfg)
+            check_run_dir(args.output_dir, cfg)
+            if _is_global_rank0():
+                lock = run_lock.acquire(args.output_dir)
+        except (ConfigError, TrainError, run_lock.RunLockError) as exc:
+            print(f"marble train: error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+        try:
+            summary = _train(args, cfg, stop)
+        finally:
+            if lock is not None:
+                run_lock.release(lock)
     if summary.get("requeue"):
         write_requeue_file(summary["final_step"], summary.get("stop_signal"))
         if summary.get("rank", 0) == 0:
@@ -184,6 +188,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"marble train: done at step {summary['final_step']} -> "
               f"{args.output_dir / 'train_summary.json'}")
     return 0
+
+
+def _train(args: argparse.Namespace, cfg: RunConfig, stop) -> dict:
+    from marble.training.checkpoint import CheckpointError
+    from marble.training.trainer import (
+        run_training,  # heavy imports only once the config is sound
+    )
+
+    from marble.runtime.oserrors import describe_write_failure
+
+    try:
+        return run_training(cfg, args.output_dir, device=args.device,
+                            progress=not args.no_progress, stop=stop)
+    except (TrainError, CheckpointError) as exc:
+        print(f"marble train: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except Exception as exc:  # noqa: BLE001 - re-raised unless it is a write failure
+        # Disk full, read-only or forbidden run folder: the reason and the path, one line
+        # (safetensors' errors are plain Exceptions, torch's RuntimeErrors).
+        message = describe_write_failure(exc, args.output_dir)
+        if message is None:
+            raise
+        print(f"marble train: error: {message}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 __all__ = ["RESULT_NEUTRAL_KEYS", "TrainError", "build_parser", "check_run_dir",

@@ -8,6 +8,7 @@ import hashlib
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,9 @@ from test_workflow_lib import (  # noqa: F401  (tiny_pipeline is a fixture)
     snakemake,
     tiny_pipeline,
 )
+from test_workflow_lib import run as run_cmd
+
+from marble.workflow import dvc_sync
 
 
 def _render(value, variables: dict):
@@ -69,7 +73,7 @@ def test_dvc_stages_match_snakefile(tmp_path):
     spec = yaml.safe_load((work / "dvc.yaml").read_text())
     assert spec["vars"] == ["config.yaml", "params.yaml"]
     stages = _render(spec["stages"], {**config, **params})
-    targets = [stage["cmd"].split()[1] for stage in stages.values()]
+    targets = list(dvc_sync.stage_targets({"stages": stages}).values())
     graph = _rule_graph(work, targets + ["all"])
     rule_outputs = dry_run_outputs(work, "all", extra=targets)  # one dry run, every target
     schema = yaml.safe_load((work / "workflow/schemas/config.schema.yaml").read_text())
@@ -78,7 +82,10 @@ def test_dvc_stages_match_snakefile(tmp_path):
     produced: set[str] = set()
     upstream_outs: list[str] = []
     for name, stage in stages.items():
-        cmd = stage["cmd"].split()
+        words = stage["cmd"].split()
+        # The wrapper that touches the upstream stages' targets first (dvc_sync).
+        assert words[:6] == ["python", "-m", "marble.workflow.dvc_sync", "stage", name, "--"]
+        cmd = words[6:]
         assert cmd[0] == "snakemake" and "-c2" in cmd, stage["cmd"]
         assert cmd[cmd.index("--profile") + 1] == "workflow/profiles/local", stage["cmd"]
         target = cmd[1]  # first: --rerun-triggers takes several values
@@ -222,3 +229,50 @@ def test_dvc_exp_with_another_balancer_runs_only_affected_stages(tiny_pipeline, 
     assert "runs.mgda" in diff and "tiny_mgda" in diff
     metrics = json.loads((work / "results/dvc/eval_metrics.json").read_text())
     assert any(key.startswith("mgda/") for key in metrics)
+
+
+def _snakemake_plan(work: Path, target: str) -> list[str]:
+    """The jobs `snakemake -n <target>` (the stages' triggers) would run."""
+    out = snakemake(["-n", target, *dvc_sync.TRIGGERS], work).stdout
+    return [line.strip() for line in out.splitlines()
+            if line.strip().startswith(("rule ", "localrule ")) and line.strip().endswith(":")]
+
+
+@pytest.mark.slow
+def test_restore_on_a_clean_clone_plans_nothing_and_eval_exp_only_evaluates(tiny_pipeline, tmp_path):
+    """Push the tiny pipeline to a local remote; a clean clone (no outputs, no Snakemake
+    metadata) pulls it. `dvc repro` and, after `dvc_sync restored`, `snakemake -n all` plan
+    nothing; `dvc exp run -S eval.limit=2` runs only evaluation (and the report after it),
+    no pretraining or training, whatever order the pull wrote the files in."""
+    origin = tmp_path / "origin"
+    shutil.copytree(tiny_pipeline["dir"], origin, symlinks=True)
+    remote = tmp_path / "remote"
+    dvc(["remote", "add", "-d", "local", str(remote)], origin)
+    dvc(["push"], origin)
+    clone = tmp_path / "clone"
+    dropped = {origin / name for name in ["data", "results", "logs", "benchmarks", ".snakemake",
+                                          ".dvc/cache", ".dvc/tmp"]}
+    shutil.copytree(origin, clone, symlinks=True,  # what a git clone has: no outputs, no metadata
+                    ignore=lambda folder, names: [n for n in names if Path(folder) / n in dropped])
+    dvc(["pull"], clone)
+    runs = sorted((clone / "results/runs").glob("*/train_summary.json"))
+    before = {p: p.read_bytes() for p in runs + sorted((clone / "results/runs").glob("*/metrics.jsonl"))}
+    assert runs
+    repro = dvc(["repro"], clone)
+    assert "Running stage" not in repro.stdout + repro.stderr
+    print("plan after dvc pull, before dvc_sync:", _snakemake_plan(clone, "all"))
+    run_cmd([sys.executable, "-m", "marble.workflow.dvc_sync", "restored"], clone)
+    plan = _snakemake_plan(clone, "all")
+    print("plan after dvc_sync restored:", plan)
+    assert plan == [], plan
+    assert "up to date" in dvc(["status"], clone).stdout  # touching changed no content
+    proc = dvc(["exp", "run", "-S", "config.yaml:eval.limit=2"], clone, timeout=1500)
+    text = proc.stdout + proc.stderr
+    assert "Running stage 'evaluate'" in text, text[-3000:]
+    assert "Running stage 'prepare'" not in text and "Running stage 'train'" not in text
+    jobs = re.findall(r"^\s*(?:local)?rule (\w+):", text, re.M)
+    print("jobs run by the exp:", sorted(set(jobs)))
+    upstream = {"make_tiny_prompts", "pretrain_tiny_model", "tiny_reward_ckpts", "assemble_split",
+                "embed_prompts", "train_run"}  # the prepare and train stages' rules
+    assert jobs and not upstream & set(jobs), jobs
+    assert {p: p.read_bytes() for p in before} == before

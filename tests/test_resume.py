@@ -132,3 +132,35 @@ def test_usr1_checkpoints_the_current_step_and_the_rerun_resumes(
     summary = json.loads((run / "train_summary.json").read_text())
     assert summary["resumed_from"].endswith(f"checkpoint-{stopped:06d}")
     assert_same_checkpoint(checkpoint_dir(straight, stopped + 1), checkpoint_dir(run, stopped + 1))
+
+
+def test_second_trainer_is_refused_and_usr1_during_loading_exits_75(
+        tiny_model_dir, table_path, tmp_path, capsys):
+    """Two `marble train` on one folder: the second is refused while the first lives (the
+    orphaned-trainer case: its lock names a live pid). A SIGUSR1 that reaches the first
+    while it loads (after config.yaml, before any step) ends it with 75, not a kill."""
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env.pop("SLURM_JOB_ID", None)
+    cmd = [sys.executable, "-m", "marble", "train", *args(tiny_model_dir, table_path, run, 4)]
+    first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    lock = run / "TRAINING.lock"
+    for _ in range(6000):  # readiness polling only
+        if first.poll() is not None or lock.is_file():
+            break
+        time.sleep(0.01)
+    assert json.loads(lock.read_text())["pid"] == first.pid
+    with pytest.raises(SystemExit) as exc:
+        train_main(args(tiny_model_dir, table_path, run, 4))
+    assert exc.value.code == 2
+    assert f"being trained by pid {first.pid}" in capsys.readouterr().err
+    for _ in range(6000):  # config.yaml is written just before the model loads
+        if first.poll() is not None or (run / "config.yaml").is_file():
+            break
+        time.sleep(0.01)
+    first.send_signal(signal.SIGUSR1)
+    _, err = first.communicate(timeout=600)
+    assert first.returncode == EXIT_REQUEUE, err[-3000:]
+    assert not (run / "metrics.jsonl").is_file() or not (run / "metrics.jsonl").read_text().strip()
+    assert not (run / "train_summary.json").exists() and not lock.exists()

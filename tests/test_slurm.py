@@ -55,10 +55,11 @@ def test_sbatch_call_for_paper_training(tmp_path):
     configured type on the GPU partition and account, one task per node, no
     --ntasks-per-gpu, requeue (the plugin's own flag) + signal, the job left to our srun."""
     work = copy_workflow(tmp_path / "repo", config="config/paper.yaml")
-    cfg = yaml.safe_load((work / "config.yaml").read_text())
-    cfg["cluster"].update(partition="cpu", gpu_partition="gpu", account="proj42",
-                          gpu_type="h100", constraint="h100|h200")
-    (work / "config.yaml").write_text(yaml.safe_dump(cfg))
+    # The site's settings in a file of their own, layered over the paper config
+    # (docs/cluster.md: `--configfile config/paper.yaml site.yaml`).
+    (work / "site.yaml").write_text(yaml.safe_dump({"cluster": dict(
+        partition="cpu", gpu_partition="gpu", account="proj42", gpu_type="h100",
+        constraint="h100|h200")}))
     _paper_inputs(work)
     stubs = tmp_path / "stubs"
     stubs.mkdir()
@@ -68,7 +69,8 @@ def test_sbatch_call_for_paper_training(tmp_path):
     environ = env()
     environ.update(PATH=f"{stubs}:{environ['PATH']}", STUB_DIR=str(stubs))
     proc = subprocess.Popen(
-        [str(BIN / "snakemake"), "--profile", "slurm", "results/runs/rho_07/train_summary.json"],
+        [str(BIN / "snakemake"), "--profile", "slurm", "results/runs/rho_07/train_summary.json",
+         "--configfile", "config/paper.yaml", "site.yaml"],
         cwd=work, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
     while not (stubs / "sbatch.stdin").exists() and proc.poll() is None and time.time() < deadline:
@@ -84,59 +86,86 @@ def test_sbatch_call_for_paper_training(tmp_path):
                      "-A proj42", "-p gpu"]:
         assert expected in call, f"{expected} missing from: sbatch {call}"
     assert "--ntasks-per-gpu" not in call and call.count("--requeue") == 1
+    assert "--exclude" not in call  # no node excluded up front (see slurm/README.md)
     assert argv[argv.index("-C") + 1] == "h100|h200"  # one argument: quoted for the shell
     # The job runs Snakemake's own jobstep for exactly this rule.
     assert "--target-jobs" in call and "train_run:run=rho_07" in call
     print("sbatch", shlex.join(argv))
-    shell = snakemake(["-n", "-p", "--nolock", "results/runs/rho_07/train_summary.json",
-                       "--configfile", "config/paper.yaml"], work).stdout
-    assert "train_launch.sh srun --" in shell
-    assert ">> logs/train/rho_07.log" in shell  # a requeued job appends to its log
 
 
-def _launch(tmp_path: Path, lock: str | None, squeue_state: str, job_id: str | None):
-    """train_launch.sh with stub squeue and marble; returns (exit status, output)."""
-    stubs = tmp_path / "bin"
-    stubs.mkdir(exist_ok=True)
-    (stubs / "squeue").write_text(f"#!/bin/sh\necho '{squeue_state}'\n")
-    (stubs / "marble").write_text("#!/bin/sh\necho \"stub marble $*\"\n")
-    for name in ["squeue", "marble"]:
+STEP_STUBS = {
+    # srun: records its options, then runs the task as task 0 of a 2-node step.
+    "srun": """#!/usr/bin/env bash
+printf '%s\\n' "$@" > "$STUB_DIR/srun.argv"
+while [ "${1#--}" != "$1" ]; do shift; done
+SLURM_PROCID=0 SLURM_STEP_NUM_TASKS="${STEP_TASKS:-1}" SLURM_JOB_NODELIST="$STEP_NODES" exec "$@"
+""",
+    "scontrol": """#!/usr/bin/env bash
+[ "$1" = show ] && { tr ',' '\\n' <<<"$STEP_NODES"; exit 0; }
+echo "scontrol $*" >> "$STUB_DIR/scontrol.log"
+""",
+    "torchrun": "#!/usr/bin/env bash\nprintf '%s\\n' \"$@\" > \"$STUB_DIR/torchrun.argv\"\n",
+}
+
+
+def _step_stubs(tmp_path: Path, nodes: str, tasks: int) -> dict:
+    """Stub srun/scontrol/torchrun on PATH; the environment of a job with id 4242."""
+    stubs = tmp_path / "step-stubs"
+    stubs.mkdir()
+    for name, text in STEP_STUBS.items():
+        (stubs / name).write_text(text)
         (stubs / name).chmod(0o755)
-    run_dir = tmp_path / "runs/marble"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if lock is not None:
-        (run_dir / "TRAINING.lock").write_text(lock)
     environ = {k: v for k, v in env().items() if not k.startswith("SLURM_")}
-    environ["PATH"] = f"{stubs}:{environ['PATH']}"
-    if job_id:
-        environ["SLURM_JOB_ID"] = job_id
-    # No launcher: as the plugin runs a one-node job (SLURM) or a local run.
-    args = ["bash", str(ROOT / "workflow/scripts/train_launch.sh"), "", "--", "--preset", "tiny",
-            "--output-dir", str(run_dir)]
-    if job_id:  # inside SLURM the launcher runs torchrun_slurm.sh: stub it via marble
-        args[1:2] = [str(ROOT / "workflow/scripts/train_launch.sh")]
-    proc = subprocess.run(args, env=environ, capture_output=True, text=True, timeout=60,
-                          cwd=tmp_path)
-    return proc.returncode, proc.stdout + proc.stderr, run_dir / "TRAINING.lock"
+    environ.update(PATH=f"{stubs}:{environ['PATH']}", STUB_DIR=str(stubs), STEP_NODES=nodes,
+                   STEP_TASKS=str(tasks), SLURM_JOB_ID="4242")
+    return environ
 
 
-def test_restart_never_starts_a_second_trainer(tmp_path):
-    host = subprocess.run(["hostname"], capture_output=True, text=True).stdout.strip()
-    # A live SLURM owner (another job id, RUNNING in squeue): refuse.
-    status, out, lock = _launch(tmp_path, f"slurm 1234 {host}\n", "RUNNING", None)
-    assert status == 75 and "being trained by slurm 1234" in out
-    assert lock.read_text().startswith("slurm 1234")
-    # The owner is gone from squeue: take over, train, drop the lock.
-    status, out, lock = _launch(tmp_path, f"slurm 1234 {host}\n", "", None)
-    assert status == 0 and "stub marble train" in out and not lock.exists()
-    # A live local trainer (this test's own pid stands in for it): refuse.
-    status, out, _ = _launch(tmp_path, f"pid {os.getpid()} {host}\n", "", None)
-    assert status == 75
-    # A dead local pid: take over.
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    status, out, _ = _launch(tmp_path, f"pid {dead.pid} {host}\n", "", None)
-    assert status == 0 and "stub marble train" in out
+def _rule_shell(work: Path, target: str) -> str:
+    """The training rule's shell command as Snakemake would run it (`-n -p`)."""
+    out = snakemake(["-n", "-p", "--nolock", target], work).stdout
+    lines = [line.strip() for line in out.splitlines() if "train_launch.sh" in line]
+    assert len(lines) == 1, out[-3000:]
+    return lines[0].removeprefix("Shell command:").strip()
+
+
+def test_paper_training_step_launches_torchrun_on_a_per_job_port(tmp_path):
+    """The paper rule's command inside job 4242 (stub srun, scontrol, torchrun): one task
+    per node via srun, torchrun with 2 nodes x 8 procs, c10d on the first host, and a
+    rendezvous port derived from the job id (20000 + id % 10000), not a fixed 29500."""
+    work = copy_workflow(tmp_path / "repo", config="config/paper.yaml")
+    _paper_inputs(work)
+    shell = _rule_shell(work, "results/runs/rho_07/train_summary.json")
+    assert "train_launch.sh srun --" in shell and "MARBLE_RDZV_PORT= " in shell
+    environ = _step_stubs(tmp_path, "gpu01,gpu02", tasks=2)
+    (work / "logs/train").mkdir(parents=True)  # Snakemake makes the log's folder
+    subprocess.run(["bash", "-c", shell], cwd=work, env=environ, check=True, timeout=60)
+    stubs = Path(environ["STUB_DIR"])
+    srun = (stubs / "srun.argv").read_text().split()
+    assert {"--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"} <= set(srun)
+    torchrun = " ".join((stubs / "torchrun.argv").read_text().split())
+    print("torchrun", torchrun)
+    assert "--nnodes 2 --nproc_per_node 8 --rdzv_backend c10d" in torchrun
+    assert "--rdzv_endpoint gpu01:24242 --rdzv_id 4242" in torchrun
+    assert "-m marble.train --preset rho_07" in torchrun
+    log = (work / "results/runs/rho_07/train.log").read_text()
+    assert "train_launch: " in log and "start (job 4242)" in log  # every attempt kept here
+
+
+def test_one_node_job_runs_the_trainer_in_a_job_step(tmp_path):
+    """`mpi=""` (one task): the launcher still starts the trainer with srun, so the
+    time-limit USR1 (sent to job steps) reaches it; a set train.port is used as is."""
+    environ = _step_stubs(tmp_path, "gpu07", tasks=1)
+    environ.update(MARBLE_NODES="1", MARBLE_TASKS="1", MARBLE_GPUS_PER_NODE="4",
+                   MARBLE_RDZV_PORT="31000")
+    run_dir = tmp_path / "runs/one"
+    subprocess.run(["bash", str(ROOT / "workflow/scripts/train_launch.sh"), "", "--",
+                    "--preset", "tiny", "--output-dir", str(run_dir)],
+                   cwd=tmp_path, env=environ, check=True, timeout=60)
+    stubs = Path(environ["STUB_DIR"])
+    assert {"--nodes=1", "--ntasks=1"} <= set((stubs / "srun.argv").read_text().split())
+    torchrun = " ".join((stubs / "torchrun.argv").read_text().split())
+    assert "--nnodes 1 --nproc_per_node 4" in torchrun and "gpu07:31000" in torchrun
 
 
 def _slurm_ready() -> str | None:
@@ -212,7 +241,7 @@ def test_requeued_training_resumes(tiny_pipeline, tmp_path):
     while not marker.exists() and main.poll() is None and time.time() < deadline:
         time.sleep(0.5)
     assert marker.exists(), "no checkpoint-000002 before the deadline"
-    job_id = (run_dir / "TRAINING.lock").read_text().split()[1]
+    job_id = json.loads((run_dir / "TRAINING.lock").read_text())["job_id"]
     subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=60)
     out, _ = main.communicate(timeout=1200)
     assert main.returncode == 0, out[-4000:]
@@ -225,3 +254,73 @@ def test_requeued_training_resumes(tiny_pipeline, tmp_path):
     starts = re.findall(r"train_launch: \S+ start \(job \d+\)[^\n]*", log)
     assert len(starts) == 2 and all(f"(job {job_id})" in line for line in starts), starts
     assert not (run_dir / "TRAINING.lock").exists()
+
+
+def _wait(predicate, proc: subprocess.Popen, what: str, timeout: float = 900) -> None:
+    deadline = time.time() + timeout  # readiness polling only; nothing is timed
+    while not predicate() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert predicate(), f"never saw {what}"
+
+
+def _steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    text = path.read_text() if path.is_file() else ""
+    return [json.loads(line)["step"] for line in text.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_usr1_on_a_one_node_job_exits_75_requeues_and_resumes_bitwise(tiny_pipeline, tmp_path):
+    """A one-node training job gets USR1 as SLURM sends it before the time limit (to the
+    job's steps: `scancel --signal=USR1`, no --batch), first while the model loads, then
+    after a step. Each time the trainer exits 75, the job requeues itself (same id), and
+    the run ends with the weights of an uninterrupted run, bit for bit."""
+    reason = _slurm_ready()
+    if reason:
+        pytest.skip(reason)
+    work = copy_workflow(tmp_path / "repo")
+    copy_inputs(tiny_pipeline["dir"], work, ["data/models", "data/raw-tiny", "data/datasets"])
+    cfg = yaml.safe_load((work / "config.yaml").read_text())
+    # save_every 100: only the signal's checkpoint and the final one.
+    cfg["runs"] = {"marble": {"preset": "tiny", "max_steps": 4, "set": ["train.save_every=100"]}}
+    cfg["train"].update(nodes=1, cpus_per_task=1, mem_mb=2000, runtime=20, requeue_signal_s=60)
+    (work / "config.yaml").write_text(yaml.safe_dump(cfg))
+    environ = {**env(), "OMP_NUM_THREADS": "1"}  # the reference below runs with the same
+    main = subprocess.Popen([str(BIN / "snakemake"), "--profile", "slurm",
+                             "results/runs/marble/train_summary.json", "--latency-wait", "5"],
+                            cwd=work, env=environ, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    run_dir = work / "results/runs/marble"
+    lock = run_dir / "TRAINING.lock"
+    # 1. The lock is taken before torch and the model load: signal the loading trainer.
+    _wait(lock.is_file, main, "the run lock")
+    job_id = json.loads(lock.read_text())["job_id"]
+    subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=60)
+    log = run_dir / "train.log"
+    _wait(lambda: log.read_text().count("start (job") >= 2, main, "the requeued attempt")
+    # 2. After a step of the second attempt.
+    _wait(lambda: len(_steps(run_dir)) >= 1, main, "a training step")
+    subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=60)
+    out, _ = main.communicate(timeout=1200)
+    assert main.returncode == 0, out[-4000:]
+    text = log.read_text()
+    print(text[-3000:])
+    assert text.count(f"start (job {job_id})") == 3, text[-3000:]
+    assert text.count("exit 75 (requeue)") == 2 and text.count(f"requeue job {job_id}") == 2
+    summary = json.loads((run_dir / "train_summary.json").read_text())
+    assert summary["final_step"] == 4 and summary["resumed_from"]
+    assert _steps(run_dir) == [1, 2, 3, 4]  # no step twice, none lost
+    # The uninterrupted reference: the same resolved config, the same thread count.
+    ref = tmp_path / "ref"
+    subprocess.run([str(BIN / "marble"), "train", "--preset", "tiny", "--config",
+                    str(run_dir / "config.yaml"), "--output-dir", str(ref), "--no-progress"],
+                   cwd=work, env=environ, check=True, timeout=900, capture_output=True)
+    from safetensors.torch import load_file
+
+    def final(folder):
+        return load_file(str(folder / "checkpoints/checkpoint-000004/adapters.safetensors"))
+
+    got, want = final(run_dir), final(ref)
+    assert got.keys() == want.keys()
+    assert all(bool((got[k] == want[k]).all()) for k in got), "resumed weights differ"

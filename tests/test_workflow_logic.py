@@ -26,6 +26,14 @@ def test_train_resources_two_nodes():
     assert res["slurm_extra"] == "--signal=USR1@600 --ntasks-per-node=1"
 
 
+def test_one_node_training_asks_for_the_requeue_signal_too():
+    res = slurm.train_resources({**TRAIN, "nodes": 1}, CLUSTER)
+    assert (res["nodes"], res["tasks"], res["mpi"]) == (1, 1, "")
+    assert res["slurm_extra"] == "--signal=USR1@600 --ntasks-per-node=1"
+    res = slurm.train_resources({**TRAIN, "nodes": 1, "requeue_signal_s": 0}, CLUSTER)
+    assert "--signal" not in res["slurm_extra"]
+
+
 def test_cpu_job_takes_the_cpu_partition_and_no_gres():
     res = slurm.job_resources(dict(gpus=0, cpus_per_task=2, mem_mb=4000, runtime=10), CLUSTER)
     assert res == dict(cpus_per_task=2, mem_mb=4000, runtime=10, slurm_partition="cpu",
@@ -201,3 +209,29 @@ def test_scan_skips_a_damaged_checkpoint_and_eval_input_names_it(tmp_path):
     lora = tmp_path / "bare"  # a bare LoRA (no marker): the folder itself
     lora.mkdir()
     assert checkpoints.checkpoint_input(str(lora)) == str(lora)
+
+
+def test_dvc_sync_touches_upstream_and_the_current_prefix_only():
+    from marble.workflow import dvc_sync
+
+    spec = {"stages": {name: {"cmd": f"python -m marble.workflow.dvc_sync stage {name} -- "
+                                     f"snakemake {name} --profile p -c2"}
+                       for name in ["prepare", "train", "evaluate", "report"]}}
+    targets = dvc_sync.stage_targets(spec)
+    assert list(targets.values()) == ["prepare", "train", "evaluate", "report"]
+    assert dvc_sync.upstream_targets(targets, "evaluate") == ["prepare", "train"]
+    assert dvc_sync.upstream_targets(targets, "prepare") == []
+    with pytest.raises(ValueError, match="no stage 'bench'"):
+        dvc_sync.upstream_targets(targets, "bench")
+    # After a pull: evaluate changed -> only prepare and train are touched, not report
+    # (its target would touch evaluate's jobs too).
+    changed = dvc_sync.changed_stages('{"dvc.yaml:evaluate": [{"changed deps": {}}]}')
+    assert changed == {"evaluate"}
+    assert dvc_sync.current_prefix(targets, changed) == ["prepare", "train"]
+    assert dvc_sync.current_prefix(targets, dvc_sync.changed_stages("{}")) == list(targets.values())
+
+
+def test_doctor_args_follow_the_configfiles():
+    assert runs.doctor_args([]) == ""
+    assert shlex.split(runs.doctor_args(["config/paper.yaml", "my site.yaml"])) == [
+        "--configfile", "config/paper.yaml", "my site.yaml"]

@@ -20,10 +20,8 @@ import signal
 import threading
 from pathlib import Path
 
-import torch
-
-from marble.runtime import distributed as dist
-from marble.runtime.io import write_text
+# No torch here: `marble train` installs the handlers before its heavy imports, so a stop
+# signal that arrives while torch, the model and the rewards load is flagged too.
 
 # EX_TEMPFAIL of sysexits.h ("temporary failure; the user is invited to retry"): not a
 # status that python, torch or torchrun use for anything else.
@@ -70,6 +68,10 @@ class StopRequest:
     def agreed(self) -> bool:
         """True on every rank when any rank was signalled. A collective: every rank
         must call it at the same point (after each optimizer step)."""
+        import torch
+
+        from marble.runtime import distributed as dist
+
         flag = torch.tensor([1.0 if self.requested else 0.0], dtype=torch.float32)
         return bool(dist.all_reduce_sum_(flag).item() > 0)
 
@@ -79,6 +81,8 @@ def write_requeue_file(step: int, reason: str | None) -> Path | None:
     target = os.environ.get(REQUEUE_FILE_ENV)
     if not target:
         return None
+    from marble.runtime.io import write_text
+
     path = Path(target)
     write_text(path, f"step {step} {reason or 'stop'}\n")
     return path

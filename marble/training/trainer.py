@@ -8,7 +8,9 @@ state, so N steps straight equal k steps + resume + N-k steps bitwise on the CPU
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import random
 import time
 from pathlib import Path
 
@@ -338,6 +340,10 @@ def _train_loop(trainer: Trainer, cfg: RunConfig, progress: bool,
     """Resume, then step and checkpoint to max_steps; (resumed from, stopped to requeue)."""
     resumed = trainer.resume()
     max_steps, every = cfg.train.max_steps, max(1, cfg.train.save_every)
+    # A stop signal that came while the model loaded: nothing new to save (the newest
+    # checkpoint is where the requeued job resumes), so stop before the first step.
+    if trainer.step < max_steps and stop.agreed():
+        return resumed, True
     bar = tqdm(total=max_steps, initial=trainer.step, desc="train", disable=not progress)
     requeue = False
     while trainer.step < max_steps:
@@ -356,11 +362,13 @@ def _train_loop(trainer: Trainer, cfg: RunConfig, progress: bool,
 
 
 def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
-                 progress: bool = True) -> dict:
+                 progress: bool = True, stop: StopRequest | None = None) -> dict:
     """Train (or resume) to cfg.train.max_steps; write DIR/train_summary.json; return it.
 
     SIGUSR1/SIGTERM stop the run early (marble.training.stopping): the step in flight finishes, a
     checkpoint is written, no train_summary.json, and the summary has `requeue: True`.
+    `stop`: an already active StopRequest (`marble train` installs it before loading);
+    without one the handlers are installed here, before the model loads.
     """
     from marble.train import check_run_dir
 
@@ -371,13 +379,14 @@ def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
         out_dir.mkdir(parents=True, exist_ok=True)
         write_text(out_dir / "config.yaml", dump_yaml(cfg))
     start = time.perf_counter()
-    trainer = Trainer(cfg, out_dir, device=device, progress=progress)
-    stop = StopRequest()
-    try:
-        with stop:
+    with contextlib.ExitStack() as scope:
+        if stop is None:
+            stop = scope.enter_context(StopRequest())
+        trainer = Trainer(cfg, out_dir, device=device, progress=progress)
+        try:
             resumed, requeue = _train_loop(trainer, cfg, progress and info.is_main, stop)
-    finally:
-        trainer.close()
+        finally:
+            trainer.close()
     last = latest_checkpoint(out_dir)
     summary = {
         "final_step": trainer.step, "epoch": trainer.epoch,

@@ -37,15 +37,18 @@ def train_resources(train: dict, cluster: dict) -> dict:
     """One SLURM job for the whole run: a task per node, torchrun inside each task.
 
     `mpi` makes the plugin hand the job shell to us instead of `srun -n1` (we call srun
-    ourselves); the plugin refuses `mpi` with a single task, so a one-node run keeps the plain
-    path. `tasks_per_gpu=0` stops GPU jobs turning `tasks` into `--ntasks-per-gpu`. GPUs go
+    ourselves); the plugin refuses `mpi` with a single task, so a one-node run gets `mpi=""`,
+    which also keeps the jobstep from wrapping us (train_launch.sh then calls srun). `tasks_per_gpu=0` stops GPU jobs turning `tasks` into `--ntasks-per-gpu`. GPUs go
     through `gres`, which SLURM counts per node.
     """
     nodes, gpus = train["nodes"], train["gpus_per_node"]
     tasks = train["tasks"] or nodes
     per_node = " --ntasks-per-node=1" if tasks == nodes else ""
-    # USR1 reaches job steps (our srun tasks), not a single-task job's batch shell.
-    signal = f" --signal=USR1@{train['requeue_signal_s']}" if tasks > 1 else ""
+    # Every training job asks for the time-limit signal, one node too: USR1 reaches job
+    # steps, and train_launch.sh always starts the trainer in one (srun) inside SLURM.
+    # 0 turns it off (the job then ends in TIMEOUT; the next submission resumes).
+    signal_s = train["requeue_signal_s"]
+    signal = f" --signal=USR1@{signal_s}" if signal_s > 0 else ""
     res = dict(nodes=nodes, tasks=tasks, cpus_per_task=train["cpus_per_task"],
                mem_mb=train["mem_mb"], runtime=train["runtime"], tasks_per_gpu=0,
                **cluster_resources(cluster, gpus))

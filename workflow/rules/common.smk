@@ -244,7 +244,9 @@ def table_summaries(table):
 
 def table1_files():
     """Table 1 composes by its target's name: its files when a `table1` rule exists."""
-    if not workflow.is_rule("table1") or not TABLE1_TARGETS:  # no published rows: no Table 1
+    if (
+        not workflow.is_rule("table1") or not TABLE1_TARGETS
+    ):  # no published rows: no Table 1
         return []
     return list(rules.table1.output or rules.table1.input)
 

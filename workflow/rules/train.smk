@@ -30,7 +30,7 @@ if not EVAL_ONLY:
             run_dir=lambda wc, output: os.path.dirname(output[0]),
             args=train_args,
             gpus=TRAIN["gpus_per_node"],
-            port=TRAIN["port"],
+            port=TRAIN["port"] or "",  # "": torchrun_slurm.sh derives it from the job id
             reward_ckpts=config["reward_ckpt_dir"],
         shell:
             "MARBLE_REWARD_CKPTS={params.reward_ckpts:q} MARBLE_GPUS_PER_NODE={params.gpus:q} MARBLE_RDZV_PORT={params.port:q}"

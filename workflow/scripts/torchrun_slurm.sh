@@ -23,7 +23,14 @@ if [ -n "$nodelist" ]; then
 else
     head_host="$(hostname)"  # one node, started by the jobstep itself (no srun step)
 fi
-port="${MARBLE_RDZV_PORT:-29500}"
+# The rendezvous port: train.port when set, else derived from the job id, so two runs
+# whose first node is the same host do not meet in one c10d store (a fixed 29500 did).
+# 20000-29999 stays below Linux's ephemeral range (32768+), where outgoing connections
+# take their ports; two jobs share a port only when their ids agree modulo 10000.
+port="${MARBLE_RDZV_PORT:-}"
+if [ -z "$port" ]; then
+    port=$(( 20000 + ${SLURM_JOB_ID%%_*} % 10000 ))
+fi
 echo "torchrun_slurm: task ${SLURM_PROCID:-0} of $nnodes on $(hostname -s)," \
     "$nproc proc(s), rendezvous $head_host:$port id $SLURM_JOB_ID"
 

@@ -1,0 +1,313 @@
+"""`marble doctor`: will this workflow config run here? One table, a fix per failure.
+
+    marble doctor                                  # config.yaml (the tiny default)
+    marble doctor --configfile config/paper.yaml site.yaml
+
+Run it on the login node before queueing anything (the `preflight` rule of `all` does).
+For the given workflow config it checks: every configured reward (training presets and
+evaluation) imports and, for the cheap ones, builds; the files its checkpoints come from
+are present and match the manifest (size, and sha256 where pinned); the OCR engine the
+preset names; the UnifiedReward server answers; torch / torchvision / mmcv import as a
+pair and, with a GPU visible, run a kernel on it (the CUDA arch they were built for);
+HF_TOKEN when a gated model still has to be downloaded; free disk for the model,
+checkpoints and the embedding cache (estimate printed); the SLURM partition, GPU type and
+account of `cluster:` (sinfo / sacctmgr, when present). Exit 1 on any FAIL; WARN rows
+(e.g. no GPU on a login node) do not fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from marble.workflow import doctor_checks as checks
+
+OK, FAIL, WARN, SKIP = "ok", "FAIL", "warn", "skip"
+
+
+@dataclass
+class Check:
+    """One row of the table."""
+
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+def load_workflow_config(files: list[str], root: Path) -> dict:
+    """Like the Snakefile: config.yaml unless --configfile files are given (merged in
+    order, later keys win), then the schema's defaults."""
+    paths = [root / f for f in files] if files else [root / "config.yaml"]
+    config: dict = {}
+    for path in paths:
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except FileNotFoundError:
+            raise SystemExit(f"marble doctor: error: config file {path} does not exist") from None
+        checks.merge(config, data)
+    schema = root / "workflow/schemas/config.schema.yaml"
+    try:
+        from snakemake.utils import validate
+    except ImportError:  # no workflow extra: raw values (the doctor says so below)
+        return config
+    try:
+        validate(config, str(schema))
+    except Exception as exc:  # snakemake's WorkflowError names the key
+        raise SystemExit(f"marble doctor: error: {paths[-1]}: {exc}") from None
+    return config
+
+
+# ------------------------------------------------------------------ rewards
+
+
+def reward_rows(config: dict) -> list[Check]:
+    rows = []
+    for name, options in checks.configured_rewards(config).items():
+        rows.append(_reward_row(name, options))
+        if name == "ocr":
+            rows.append(_ocr_engine_row(options))
+        if name == "unifiedreward":
+            rows.append(_unifiedreward_row(options))
+        if name == "geneval":
+            rows.append(_mmcv_row())
+    return rows
+
+
+def _reward_row(name: str, options: dict) -> Check:
+    from marble import rewards
+
+    missing = [m for m in checks.REWARD_MODULES.get(name, ()) if not importlib.util.find_spec(m)]
+    extra = checks.REWARD_EXTRAS.get(name, "")
+    if missing:
+        return Check(f"reward {name}", FAIL, f"missing module(s) {', '.join(missing)}",
+                     f"install the {extra!r} environment (docs/cluster.md, workflow/envs/)")
+    try:
+        cls = rewards._reward_class(name)
+        if name.startswith("toy_"):
+            rewards.build(name, **options)  # cheap: proves the whole build path
+    except Exception as exc:  # any import or build error is this row's failure
+        return Check(f"reward {name}", FAIL, f"{type(exc).__name__}: {exc}"[:200],
+                     f"install the {extra!r} environment (docs/cluster.md)")
+    built = "built" if name.startswith("toy_") else "imports"
+    return Check(f"reward {name}", OK, f"{cls.__module__}.{cls.__name__} {built}")
+
+
+def _ocr_engine_row(options: dict) -> Check:
+    from marble.rewards.ocr import resolve_backend
+
+    try:
+        backend = resolve_backend(options.get("backend", "auto"))
+    except (ImportError, ValueError) as exc:
+        return Check("ocr engine", FAIL, str(exc), "install the OCR environment (docs/cluster.md)")
+    module = {"paddle": "paddleocr"}.get(backend, backend)
+    if not importlib.util.find_spec(module):
+        return Check("ocr engine", FAIL, f"backend {backend!r}: {module} not installed",
+                     f"pip install -c workflow/envs/constraints.txt {module}")
+    detail = f"backend {backend}"
+    if backend == "paddle" and options.get("use_gpu"):
+        import paddle
+
+        if not paddle.device.is_compiled_with_cuda():
+            return Check("ocr engine", FAIL, "use_gpu but paddlepaddle is the CPU build",
+                         "install paddlepaddle-gpu (workflow/envs/paddleocr-gpu.txt)")
+        detail += ", paddle GPU build"
+    return Check("ocr engine", OK, detail)
+
+
+def _unifiedreward_row(options: dict) -> Check:
+    from marble.rewards.unifiedreward import BASE_URL_ENV, DEFAULT_BASE_URL
+
+    base = options.get("base_url") or os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL
+    answer = checks.http_get(base.rstrip("/") + "/models")
+    if answer is None:
+        return Check("unifiedreward server", OK, f"{base} answers")
+    return Check("unifiedreward server", FAIL, f"{base}: {answer}",
+                 f"start the sglang server (workflow/envs/sglang.txt, docs/rewards.md) or set "
+                 f"{BASE_URL_ENV} to where it runs")
+
+
+def _mmcv_row() -> Check:
+    try:
+        import mmcv
+        from mmcv import ops  # noqa: F401  (the compiled extension)
+    except Exception as exc:  # ImportError, or the ops' undefined-symbol OSError
+        return Check("mmcv-full", FAIL, f"{type(exc).__name__}: {exc}"[:200],
+                     "build mmcv-full 1.7.2 against this torch (workflow/envs/geneval.txt)")
+    if not mmcv.__version__.startswith("1.7"):
+        return Check("mmcv-full", FAIL, f"mmcv {mmcv.__version__}; GenEval's mmdet 2.x needs 1.7.x",
+                     "pip install mmcv-full==1.7.2 (workflow/envs/geneval.txt)")
+    return Check("mmcv-full", OK, f"mmcv {mmcv.__version__}, ops load")
+
+
+# ------------------------------------------------------------------ torch, GPU
+
+
+def torch_rows(config: dict) -> list[Check]:
+    import torch
+
+    rows = [Check("torch", OK, f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none'})")]
+    if checks.needs_torchvision(config):
+        rows.append(_torchvision_row())
+    rows.append(_gpu_row(config, torch))
+    return rows
+
+
+def _torchvision_row() -> Check:
+    try:
+        import torch
+        import torchvision
+
+        boxes = torch.tensor([[0.0, 0.0, 1.0, 1.0]])
+        torchvision.ops.nms(boxes, torch.tensor([1.0]), 0.5)  # fails on a mismatched pair
+    except Exception as exc:
+        return Check("torchvision", FAIL, f"{type(exc).__name__}: {exc}"[:200],
+                     "install the torchvision built for this torch (workflow/envs/constraints.txt)")
+    return Check("torchvision", OK, f"torchvision {torchvision.__version__} pairs with torch")
+
+
+def _gpu_row(config: dict, torch) -> Check:
+    wants_gpu = checks.wants_gpu(config)
+    if not torch.cuda.is_available():
+        status = WARN if wants_gpu else SKIP
+        return Check("gpu", status, "no GPU visible here: CUDA arch not checked",
+                     "run `marble doctor` once inside a GPU job (srun --gres=gpu:1 ...)" if wants_gpu else "")
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"sm_{major}{minor}"
+    if arch not in torch.cuda.get_arch_list() and f"compute_{major}{minor}" not in torch.cuda.get_arch_list():
+        return Check("gpu", FAIL, f"{torch.cuda.get_device_name()} is {arch}; torch built for "
+                     f"{torch.cuda.get_arch_list()}", "install the site's CUDA build of torch")
+    detail = f"{torch.cuda.get_device_name()} ({arch})"
+    if "geneval" in checks.configured_rewards(config):
+        err = checks.mmcv_cuda_kernel()
+        if err:
+            return Check("gpu", FAIL, f"{detail}; mmcv CUDA op: {err}"[:200],
+                         f"rebuild mmcv-full with TORCH_CUDA_ARCH_LIST={major}.{minor} (workflow/envs/geneval.txt)")
+        detail += ", mmcv CUDA ops run"
+    return Check("gpu", OK, detail)
+
+
+# ------------------------------------------------------------------ assets, disk, SLURM
+
+
+def asset_rows(config: dict, root: Path, downloads_pending: bool = False) -> list[Check]:
+    """Model and reward files against the manifest. downloads_pending (the preflight rule,
+    which runs before the workflow's own downloads): a missing file is a warning, unless
+    the config is `offline`; HF_TOKEN for the gated model stays a failure."""
+    pending = downloads_pending and not config.get("offline")
+    if config.get("mode") != "paper":
+        return [Check("model", OK if (root / config["model_dir"]).is_dir() else SKIP,
+                      f"tiny: {config['model_dir']} is built by the workflow")]
+    rows = []
+    for group, folder in (("model", config["model_dir"]), ("rewards", config["reward_ckpt_dir"])):
+        bad, unpinned = checks.verify_group(group, root / folder)
+        if bad:
+            gated = group == "model" and not os.environ.get("HF_TOKEN")
+            fix = f"snakemake prepare (downloads {group} into {folder})"
+            rows.append(Check(f"{group} files", WARN if pending else FAIL,
+                              f"{len(bad)} missing or wrong in {folder}: "
+                              f"{', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}", fix))
+            if gated:
+                rows.append(Check("HF_TOKEN", FAIL, "SD3.5 Medium is gated and must be downloaded",
+                                  "accept the licence on its model page, then export HF_TOKEN=hf_..."))
+        else:
+            rows.append(Check(f"{group} files", OK, f"{folder} complete"
+                              f"{f' ({unpinned} without a pinned sha256: size only)' if unpinned else ''}"))
+    return rows
+
+
+def disk_row(config: dict, root: Path) -> Check:
+    need_gb, parts = checks.disk_estimate(config, root)
+    target = root / "data"
+    probe = target if target.exists() else root
+    free_gb = shutil.disk_usage(probe).free / 2**30
+    detail = f"{free_gb:.0f} GB free at {probe}; needs ~{need_gb:.1f} GB ({parts})"
+    if free_gb < need_gb:
+        return Check("disk", FAIL, detail, "free space, or put data/ and results/ on a larger filesystem")
+    return Check("disk", OK, detail)
+
+
+def slurm_rows(config: dict) -> list[Check]:
+    cluster = config.get("cluster") or {}
+    if not shutil.which("sinfo"):
+        return [Check("slurm", SKIP, "no sinfo here: cluster: not checked")]
+    rows = []
+    for key in ("partition", "gpu_partition"):
+        part = cluster.get(key)
+        if part:
+            found = checks.run_out(["sinfo", "-h", "-p", part, "-o", "%P %G"])
+            rows.append(Check(f"slurm {key}", OK if found else FAIL, f"{part}: {found or 'unknown'}",
+                              "" if found else f"`sinfo -s` lists the partitions; set cluster.{key}"))
+    gpu_type, gpu_part = cluster.get("gpu_type"), cluster.get("gpu_partition") or cluster.get("partition")
+    if gpu_type and checks.wants_gpu(config):
+        gres = checks.run_out(["sinfo", "-h", *(["-p", gpu_part] if gpu_part else []), "-o", "%G"])
+        ok = f"gpu:{gpu_type}" in gres
+        rows.append(Check("slurm gres", OK if ok else FAIL, f"gpu:{gpu_type} in {gres.split() or 'nothing'}",
+                          "" if ok else "set cluster.gpu_type to a type `sinfo -o %G` shows"))
+    rows.append(_account_row(cluster.get("account")))
+    return rows
+
+
+def _account_row(account: str | None) -> Check:
+    user = os.environ.get("USER", "")
+    known = checks.run_out(["sacctmgr", "-nP", "show", "assoc", f"user={user}", "format=account"]).split()
+    if account is None and known:
+        # The plugin would guess one from sacct, and 2.8's guess is broken (it passes the
+        # pipe of its command line as an argument): name it.
+        return Check("slurm account", FAIL, "cluster.account is null (the plugin's guess is broken)",
+                     f"set cluster.account to one of {', '.join(sorted(set(known)))}")
+    if account is None:
+        return Check("slurm account", OK, "none needed (sacctmgr lists no account for you)")
+    if known and account not in known:
+        return Check("slurm account", FAIL, f"{account} not among your accounts {sorted(set(known))}",
+                     "set cluster.account to one of them")
+    return Check("slurm account", OK, account + ("" if known else " (sacctmgr cannot tell)"))
+
+
+# ------------------------------------------------------------------ the table
+
+
+def run_checks(config: dict, root: Path, downloads_pending: bool = False) -> list[Check]:
+    rows: list[Check] = []
+    for group in (lambda: torch_rows(config), lambda: reward_rows(config),
+                  lambda: asset_rows(config, root, downloads_pending), lambda: [disk_row(config, root)],
+                  lambda: slurm_rows(config)):
+        rows.extend(group())
+    return rows
+
+
+def render(rows: list[Check]) -> str:
+    width = max(len(r.name) for r in rows)
+    lines = [f"{'check':<{width}}  status  detail", f"{'-' * width}  ------  ------"]
+    for r in rows:
+        lines.append(f"{r.name:<{width}}  {r.status:<6}  {r.detail}")
+        if r.fix and r.status in (FAIL, WARN):
+            lines.append(f"{'':<{width}}          fix: {r.fix}")
+    failed = [r.name for r in rows if r.status == FAIL]
+    lines.append(f"\n{len(failed)} failure(s){': ' + ', '.join(failed) if failed else ''}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="marble doctor", description=__doc__.split("\n\n")[0])
+    p.add_argument("--configfile", nargs="+", default=[], metavar="FILE",
+                   help="workflow config file(s), merged in order (default: config.yaml)")
+    p.add_argument("--root", type=Path, default=Path.cwd(), help="the workflow folder")
+    p.add_argument("--downloads-pending", action="store_true",
+                   help="missing model/reward files are still to be downloaded (a warning)")
+    args = p.parse_args(argv)
+    config = load_workflow_config(args.configfile, args.root)
+    rows = run_checks(config, args.root, args.downloads_pending)
+    print(render(rows))
+    return 1 if any(r.status == FAIL for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

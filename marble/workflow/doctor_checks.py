@@ -1,0 +1,153 @@
+"""What `marble doctor` checks, as small functions: the rewards a workflow config uses,
+the modules each needs, manifest verification, the disk estimate, command probes."""
+
+from __future__ import annotations
+
+import subprocess
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+# The import names each scorer needs beyond torch (its own module imports lazily), and the
+# environment (docs/cluster.md, workflow/envs/) that provides them.
+REWARD_MODULES: dict[str, tuple[str, ...]] = {
+    "pickscore": ("transformers",), "clipscore": ("transformers",),
+    "aesthetic": ("transformers",), "imagereward": ("transformers",),
+    "hpsv2": ("open_clip", "torchvision"),
+    "geneval": ("mmdet", "mmcv", "torchvision", "pycocotools"),
+    "ocr": ("Levenshtein",), "unifiedreward": ("httpx",),
+}
+REWARD_EXTRAS: dict[str, str] = {
+    "hpsv2": "clip", "geneval": "geneval (mmcv-full)", "ocr": "ocr",
+    "unifiedreward": "sglang", "pickscore": "core", "clipscore": "core",
+    "aesthetic": "core", "imagereward": "core",
+}
+
+# Disk estimates (GB) for what the paper pipeline downloads: the SD3.5 Medium snapshot of
+# the manifest (transformer, three text encoders, VAE) and the reward checkpoints group.
+MODEL_GB = {"paper": 20.0}
+REWARD_CKPTS_GB = 11.0
+# One training checkpoint of a paper run: LoRA (rank 32) + AdamW moments + EMA copy.
+CHECKPOINT_GB = 0.5
+# The embedding cache stores per prompt [77 CLIP + max_sequence_length T5 tokens, 4096]
+# plus the pooled [2048], in embed_dtype (fp16: 2 bytes).
+EMBED_WIDTH, CLIP_TOKENS, POOLED = 4096, 77, 2048
+PAPER_PROMPTS_GUESS = 80_000  # train + test prompts when the files are not downloaded yet
+
+
+def merge(dst: dict, src: dict) -> dict:
+    """Snakemake's --configfile merge: nested mappings merged, other values replaced."""
+    for key, value in src.items():
+        if isinstance(value, dict) and isinstance(dst.get(key), dict):
+            merge(dst[key], value)
+        else:
+            dst[key] = value
+    return dst
+
+
+def configured_rewards(config: dict) -> dict[str, dict]:
+    """{reward: options} over every run's preset and every evaluated dataset."""
+    from marble.config import load_config
+    from marble.evaluation.prompts import DEFAULT_REWARDS
+
+    out: dict[str, dict] = {}
+    for spec in (config.get("runs") or {}).values():
+        cfg = load_config(spec["preset"], [], list(spec.get("set") or []))
+        for reward in cfg.rewards:
+            out.setdefault(reward.name, dict(reward.options))
+    evaluation = config.get("eval") or {}
+    chosen = evaluation.get("rewards") or {}
+    for dataset in evaluation.get("datasets") or []:
+        for name in chosen.get(dataset) or DEFAULT_REWARDS[dataset]:
+            out.setdefault(name, dict((evaluation.get("reward_options") or {}).get(name, {})))
+    return out
+
+
+def needs_torchvision(config: dict) -> bool:
+    return bool({"hpsv2", "geneval"} & set(configured_rewards(config)))
+
+
+def wants_gpu(config: dict) -> bool:
+    train = config.get("train") or {}
+    resources = (config.get("eval") or {}).get("resources") or {}
+    return bool(train.get("gpus_per_node") or resources.get("gpus"))
+
+
+def verify_group(group: str, folder: Path) -> tuple[list[str], int]:
+    """(files missing or not matching the manifest, files without a pinned sha256)."""
+    from marble.assets.download import load_manifest, sha256_file
+
+    bad, unpinned = [], 0
+    for entry in (e for e in load_manifest() if e.group == group):
+        path = folder / entry.path
+        if not path.is_file():
+            bad.append(f"{entry.path} (missing)")
+        elif entry.size is not None and path.stat().st_size != entry.size:
+            bad.append(f"{entry.path} (size {path.stat().st_size}, manifest {entry.size})")
+        elif entry.sha256 is None:
+            unpinned += 1
+        elif sha256_file(path) != entry.sha256:
+            bad.append(f"{entry.path} (sha256 differs from the manifest)")
+    return bad, unpinned
+
+
+def _prompt_count(raw_dir: Path) -> int | None:
+    files = [p for p in raw_dir.rglob("*") if p.suffix in (".txt", ".jsonl")
+             and "object_names" not in p.name] if raw_dir.is_dir() else []
+    if not files:
+        return None
+    return sum(sum(1 for _ in p.open(encoding="utf-8", errors="replace")) for p in files)
+
+
+def disk_estimate(config: dict, root: Path) -> tuple[float, str]:
+    """(GB still to be written, what it is made of). Already present data counts 0."""
+    if config.get("mode") != "paper":
+        return 0.5, "tiny model, tables, runs, evaluations"
+    parts: dict[str, float] = {}
+    if not (root / config["model_dir"]).is_dir():
+        parts["model"] = MODEL_GB["paper"]
+    if not (root / config["reward_ckpt_dir"]).is_dir():
+        parts["reward checkpoints"] = REWARD_CKPTS_GB
+    dataset = config.get("dataset") or {}
+    if dataset.get("embed"):
+        count = _prompt_count(root / config["raw_dir"])
+        tokens = CLIP_TOKENS + 128  # marble.config: model.max_sequence_length default
+        row = (tokens * EMBED_WIDTH + POOLED) * 2
+        parts["embedding cache" + ("" if count else " (prompt count guessed)")] = \
+            (count or PAPER_PROMPTS_GUESS) * row / 2**30
+    parts["checkpoints"] = CHECKPOINT_GB * 3 * len(config.get("runs") or {})  # keep_checkpoints 3
+    total = sum(parts.values())
+    return total, ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
+
+
+def http_get(url: str, timeout: float = 3.0) -> str | None:
+    """None when `url` answers 2xx, else why not (one line)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # the configured server URL
+            return None if resp.status < 300 else f"HTTP {resp.status}"
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}"
+    except (urllib.error.URLError, OSError) as exc:
+        return f"unreachable ({getattr(exc, 'reason', exc)})"
+
+
+def run_out(cmd: list[str]) -> str:
+    """A probe's stdout ('' when the command is missing or fails)."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
+def mmcv_cuda_kernel() -> str | None:
+    """Run one mmcv CUDA op; the error of a build for another arch, else None."""
+    try:
+        import torch
+        from mmcv.ops import nms
+
+        boxes = torch.tensor([[0.0, 0.0, 1.0, 1.0]], device="cuda")
+        nms(boxes, torch.tensor([1.0], device="cuda"), 0.5)
+    except Exception as exc:  # "no kernel image is available", undefined symbols, ...
+        return f"{type(exc).__name__}: {exc}"
+    return None
