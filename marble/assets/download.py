@@ -18,98 +18,32 @@ handful of plain URLs; this module is small, tested, and does size + sha256 + re
 from __future__ import annotations
 
 import argparse
-import hashlib
 import http.client
 import os
 import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
-import yaml
 from tqdm.auto import tqdm
 
-MANIFEST = Path(__file__).with_name("manifest.yaml")
-GROUPS = ("model", "rewards", "datasets")
+from marble.assets.hub import fetch_repo
+from marble.assets.manifest import (
+    GROUPS,
+    MANIFEST,
+    AccessDenied,
+    DownloadError,
+    Entry,
+    group_dirs,
+    load_manifest,
+    missing_files,
+    present,
+)
+from marble.runtime.io import sha256_file
+
 CHUNK = 1 << 20
-GROUP_KEYS = {"dir", "files", "hub"}
-FILE_KEYS = {"path", "url", "size", "sha256", "auth", "page"}
-HUB_KEYS = {"repo", "revision", "gated", "page", "into", "files"}
-HUB_FILE_KEYS = {"path", "size", "sha256"}
-
-
-class DownloadError(RuntimeError):
-    """A file could not be fetched or verified; the message names it."""
-
-
-class AccessDenied(DownloadError):
-    """HTTP 401/403 (a gated model without an accepted licence or a valid HF_TOKEN)."""
-
-
-@dataclass(frozen=True)
-class Entry:
-    group: str
-    path: str  # relative to the group's folder
-    url: str | None
-    size: int | None
-    sha256: str | None
-    auth: str | None = None  # "hf": send HF_TOKEN (plain URLs on the hub)
-    page: str | None = None  # licence page of a gated model
-    repo: str | None = None  # hub entries: repo id, commit, path inside the repo
-    revision: str | None = None
-    remote: str | None = None
-    gated: bool = False
-
-
-def _keys(where: str, spec: dict, allowed: set[str], required: tuple[str, ...]) -> None:
-    if not isinstance(spec, dict):
-        raise DownloadError(f"{where}: expected a mapping, got {spec!r}")
-    unknown = sorted(set(spec) - allowed)
-    if unknown:
-        raise DownloadError(f"{where}: unknown key(s) {unknown} (allowed: {sorted(allowed)})")
-    missing = [k for k in required if not spec.get(k)]
-    if missing:
-        raise DownloadError(f"{where} lacks {missing}")
-
-
-def _hub_entries(path: Path, group: str, i: int, spec: dict) -> list[Entry]:
-    where = f"{path}: groups.{group}.hub[{i}]"
-    _keys(where, spec, HUB_KEYS, ("repo", "files"))
-    into = str(spec.get("into") or ".").strip("/")
-    out = []
-    for j, f in enumerate(spec["files"]):
-        _keys(f"{where}.files[{j}]", f, HUB_FILE_KEYS, ("path",))
-        local = f["path"] if into == "." else f"{into}/{f['path']}"
-        out.append(Entry(group, local, None, f.get("size"), f.get("sha256"), page=spec.get("page"),
-                         repo=spec["repo"], revision=spec.get("revision"), remote=f["path"],
-                         gated=bool(spec.get("gated"))))
-    return out
-
-
-def load_manifest(path: str | Path = MANIFEST) -> list[Entry]:
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DownloadError(f"manifest {path} does not exist") from None
-    entries = []
-    for group, spec in (data or {}).get("groups", {}).items():
-        _keys(f"{path}: groups.{group}", spec, GROUP_KEYS, ())
-        for i, f in enumerate(spec.get("files") or []):
-            _keys(f"{path}: groups.{group}.files[{i}]", f, FILE_KEYS, ("path", "url"))
-            entries.append(Entry(group, f["path"], f["url"], f.get("size"), f.get("sha256"),
-                                 f.get("auth"), f.get("page")))
-        for i, hub in enumerate(spec.get("hub") or []):
-            entries.extend(_hub_entries(path, group, i, hub))
-    return entries
-
-
-def group_dirs(path: str | Path = MANIFEST) -> dict[str, str]:
-    """group -> its folder under `--root` (for `marble download all`)."""
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    return {g: spec.get("dir") or g for g, spec in data.get("groups", {}).items()}
 
 
 def mirrored(entry: Entry, mirror: str | None) -> Entry:
@@ -118,19 +52,6 @@ def mirrored(entry: Entry, mirror: str | None) -> Entry:
         return entry
     rest = entry.url.split("://", 1)[-1]
     return replace(entry, url=f"{mirror.rstrip('/')}/{rest}")
-
-
-def present(entry: Entry, out: Path) -> bool:
-    dest = out / entry.path
-    return dest.is_file() and (entry.size is None or dest.stat().st_size == entry.size)
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(CHUNK), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def denied_message(entry: Entry, status: int) -> str:
@@ -226,23 +147,9 @@ def download(entry: Entry, out: Path, retries: int = 5, backoff: float = 1.0, ti
     return "unpinned"
 
 
-def missing_files(entries: list[Entry], out: Path) -> list[str]:
-    """Entries absent on disk (or of the wrong pinned size)."""
-    bad = []
-    for e in entries:
-        dest = out / e.path
-        if not dest.is_file():
-            bad.append(f"{dest} (missing)")
-        elif e.size is not None and dest.stat().st_size != e.size:
-            bad.append(f"{dest} (size {dest.stat().st_size}, pinned {e.size})")
-    return bad
-
-
 def fetch_group(entries: list[Entry], out: Path, retries: int = 5, backoff: float = 1.0,
                 mirror: str | None = None) -> list[tuple[str, Entry]]:
     """Plain URLs one by one, hub entries one repo@revision at a time."""
-    from marble.assets.hub import fetch_repo
-
     results, repos = [], {}
     for e in entries:
         if e.repo:

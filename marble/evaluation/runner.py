@@ -27,8 +27,8 @@ from marble.evaluation.prompts import EvalSample, batches, sample_seed, shard
 from marble.evaluation.results import is_scored, json_scores, read_results
 from marble.runtime import distributed as dist
 from marble.runtime.io import append_jsonl
+from marble.runtime.precision import DTYPES
 
-DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 RESULTS_FILE = "evaluation_results.jsonl"
 
 

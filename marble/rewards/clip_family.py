@@ -20,7 +20,7 @@ OPENAI_L14 = "openai/clip-vit-large-patch14"
 AESTHETIC_HEAD = "sac+logos+ava1-l14-linearMSE.pth"
 
 
-def _projected(out) -> torch.Tensor:
+def projected_features(out) -> torch.Tensor:
     """transformers 4 returns the projected features; 5 returns an output whose pooler_output is."""
     return out if isinstance(out, torch.Tensor) else out.pooler_output
 
@@ -51,13 +51,13 @@ class _ClipReward(Reward):
 
     def image_embeds(self, images: torch.Tensor) -> torch.Tensor:
         inputs = self.processor(images=to_pil(images), return_tensors="pt").to(self.device)
-        return nn.functional.normalize(_projected(self.model.get_image_features(**inputs)).float(), dim=-1)
+        return nn.functional.normalize(projected_features(self.model.get_image_features(**inputs)).float(), dim=-1)
 
     def text_embeds(self, prompts: list[str]) -> torch.Tensor:
         max_len = self.model.config.text_config.max_position_embeddings
         inputs = self.processor(text=prompts, padding=True, truncation=True, max_length=max_len,
                                 return_tensors="pt").to(self.device)
-        return nn.functional.normalize(_projected(self.model.get_text_features(**inputs)).float(), dim=-1)
+        return nn.functional.normalize(projected_features(self.model.get_text_features(**inputs)).float(), dim=-1)
 
     def score_chunk(self, images, prompts) -> torch.Tensor:
         raise NotImplementedError

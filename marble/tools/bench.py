@@ -204,8 +204,8 @@ def bench_step(cfg, repeats: int = 5, warmup: int = 1, device: str | None = None
     from marble.config import grad_accumulation, training_timesteps
     from marble.models import load_pipeline
     from marble.models.lora import add_lora_adapters, trainable_lora_parameters
-    from marble.runtime.precision import base_weight_dtype, optimizer_update
-    from marble.training.trainer import _DTYPES, autocast_factory, upcast_lora_
+    from marble.runtime.precision import DTYPES, base_weight_dtype, optimizer_update, upcast_lora_
+    from marble.training.trainer import autocast_factory
 
     fix_malloc()
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -214,7 +214,7 @@ def bench_step(cfg, repeats: int = 5, warmup: int = 1, device: str | None = None
     probe = MemoryProbe(dev)
     # Base weights as in training (model.base_dtype, fp32 by default like the reference).
     base = base_weight_dtype(cfg.model.base_dtype) if dev.type == "cuda" else torch.float32
-    pipe = load_pipeline(path, dtype=_DTYPES[mp], device=dev, transformer_dtype=base)
+    pipe = load_pipeline(path, dtype=DTYPES[mp], device=dev, transformer_dtype=base)
     torch.manual_seed(cfg.train.seed)
     add_lora_adapters(pipe.transformer, rank=cfg.model.lora_rank, alpha=cfg.model.lora_alpha,
                       targets=cfg.model.lora_targets, seed=cfg.train.seed)

@@ -22,12 +22,13 @@ def bench_rollout(cfg, table: str, repeats: int = 3, device: str | None = None,
     from marble.models.encode import decode_latents, encode_prompts, latent_shape
     from marble.models.lora import add_lora_adapters, use_adapter
     from marble.models.sampling import sample_latents, sigma_schedule
-    from marble.training.trainer import _DTYPES, autocast_factory
+    from marble.runtime.precision import DTYPES
+    from marble.training.trainer import autocast_factory
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     mp = cfg.model.mixed_precision if dev.type == "cuda" else "no"
     path = model_path or cfg.model.path
-    pipe = load_pipeline(path, dtype=_DTYPES[mp], device=dev)
+    pipe = load_pipeline(path, dtype=DTYPES[mp], device=dev)
     add_lora_adapters(pipe.transformer, rank=cfg.model.lora_rank, alpha=cfg.model.lora_alpha,
                       targets=cfg.model.lora_targets, seed=cfg.train.seed)
     s, msl = cfg.sampling, cfg.model.max_sequence_length
@@ -38,7 +39,7 @@ def bench_rollout(cfg, table: str, repeats: int = 3, device: str | None = None,
     cache_dir = cache_dir or tmp.name
     build_start = time.perf_counter()
     build_cache([table], path, cache_dir, max_sequence_length=msl, pipe=pipe,
-                dtype=str(_DTYPES[mp]).replace("torch.", ""), device=str(dev))
+                dtype=str(DTYPES[mp]).replace("torch.", ""), device=str(dev))
     build_s = time.perf_counter() - build_start
     cache = EmbeddingCache(cache_dir)
     sigmas = sigma_schedule(pipe.scheduler, s.num_steps).to(dev, torch.float32)

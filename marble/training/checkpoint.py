@@ -18,7 +18,6 @@ the .pt files is tensors and primitives, so they load with `torch.load(weights_o
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import random
@@ -31,7 +30,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from marble.runtime.io import atomic_path
+from marble.runtime.io import atomic_path, sha256_file
 
 CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 COMPLETE = "COMPLETE"
@@ -208,18 +207,10 @@ def _read(path: Path, reader: Callable[[Path], Any]) -> Any:
 # ------------------------------------------------------------------ integrity
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def file_hashes(ckpt_dir: str | Path) -> dict[str, str]:
     """sha256 of every file under a checkpoint folder but the marker, by relative path."""
     root = Path(ckpt_dir)
-    return {p.relative_to(root).as_posix(): _sha256(p)
+    return {p.relative_to(root).as_posix(): sha256_file(p)
             for p in sorted(root.rglob("*")) if p.is_file() and p.name != COMPLETE}
 
 
@@ -238,7 +229,7 @@ def damaged_files(ckpt_dir: str | Path) -> list[str] | None:
         path = ckpt_dir / rel
         if not path.is_file():
             bad.append(f"{rel} (missing)")
-        elif _sha256(path) != digest:
+        elif sha256_file(path) != digest:
             bad.append(f"{rel} (sha256 differs from {COMPLETE})")
     return bad
 

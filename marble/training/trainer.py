@@ -21,7 +21,6 @@ from marble.maths.ema import WeightEMA, old_policy_decay
 from marble.runtime import distributed as dist
 from marble.runtime.io import write_json, write_text
 from marble.runtime.precision import (
-    DTYPES,
     Precision,
     base_weight_dtype,
     enable_tf32,
@@ -42,9 +41,8 @@ from marble.training.checkpoint import (
 )
 from marble.training.metrics import MetricsLog, StepAverager
 from marble.training.rollout import STREAM_SHUFFLE, STREAM_TIMESTEPS, RolloutEngine, Rollouts, keyed_generator
+from marble.training.run_dir import check_run_dir
 from marble.training.stopping import StopRequest
-
-_DTYPES = DTYPES  # kept for importers (bench)
 
 
 def autocast_factory(mixed_precision: str, device: torch.device) -> Precision:
@@ -359,8 +357,6 @@ def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
     SIGUSR1/SIGTERM stop the run early (marble.training.stopping): the step in flight finishes, a
     checkpoint is written, no train_summary.json, and the summary has `requeue: True`.
     """
-    from marble.train import check_run_dir
-
     out_dir = Path(out_dir)
     check_run_dir(out_dir, cfg)  # before config.yaml is replaced: refuse a changed config
     info = dist.init_distributed(device)
