@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from marble.data.assemble import SPLITS
 from marble.data.records import DataError
 
 
@@ -16,7 +17,7 @@ def _parser() -> argparse.ArgumentParser:
     a = sub.add_parser("assemble", help="raw prompt files -> {split}.parquet with reward masks")
     a.add_argument("--raw-dir", required=True)
     a.add_argument("--out-dir", required=True)
-    a.add_argument("--split", choices=["train", "test", "all"], default="all")
+    a.add_argument("--split", choices=[*SPLITS, "all"], default="all")
     a.add_argument("--rewards", help="comma-separated reward names (default: the config's rewards)")
     a.add_argument("--sources", help="comma-separated sources that must exist (default: all present)")
     a.add_argument("--config", action="append", default=[], help="config YAML (repeatable)")
@@ -62,7 +63,7 @@ def cmd_assemble(args) -> int:
 
     names, specs = _reward_setup(args)
     rewards = build_rewards(names, specs)
-    splits = ["train", "test"] if args.split == "all" else [args.split]
+    splits = list(SPLITS) if args.split == "all" else [args.split]
     parts = [assemble_split(args.raw_dir, s, rewards, _csv(args.sources)) for s in splits]
     for path in write_assembled(args.out_dir, parts):
         print(f"wrote {path}")

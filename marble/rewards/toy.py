@@ -68,14 +68,6 @@ def rms_contrast(images: torch.Tensor) -> torch.Tensor:
     return luminance(images).flatten(1).std(dim=1, unbiased=False).float()
 
 
-def edge_density(images: torch.Tensor) -> torch.Tensor:
-    """(mean |dx| + mean |dy|) / 2 of the luma, in [0,1]: high for sharp, high-contrast strokes."""
-    y = luminance(images)
-    dx = (y[:, :, 1:] - y[:, :, :-1]).abs().mean(dim=(1, 2))
-    dy = (y[:, 1:, :] - y[:, :-1, :]).abs().mean(dim=(1, 2))
-    return ((dx + dy) / 2).float()
-
-
 class ToyBrightness(Reward):
     """Mean luma in [0,1]. Generalist (all prompts); maximised by white, which the
     saturation reward scores 0: the intended conflict."""

@@ -7,11 +7,8 @@ counted, never averaged in as zeros.
 from __future__ import annotations
 
 import math
-import time
 from collections import defaultdict
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -71,24 +68,6 @@ class StepAverager:
         out = {k: (self._sum[k] / n if n else float("nan")) for k, n in self._n.items()}
         out.update(self._last)
         return out
-
-
-class Timer:
-    """Named wall-clock accumulators: `with timer("rollout"): ...`."""
-
-    def __init__(self):
-        self.totals: dict[str, float] = defaultdict(float)
-
-    @contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.totals[name] += time.perf_counter() - start
-
-    def add(self, name: str, seconds: float) -> None:
-        self.totals[name] += seconds
 
 
 class MetricsLog:

@@ -158,9 +158,6 @@ def _eval_section(b: Builder, inp: ReportInputs) -> pd.DataFrame | None:
     wide = tables.eval_table(summary)
     b.table(s, "eval_scores", "Per-reward eval scores of each run's latest evaluated checkpoint; "
             "composite = mean of column-wise z-scores (population std) over these rows", wide)
-    if tables.composite_function() is None:
-        s.blocks.append(Text("Composite unavailable: `marble.evaluation.summary.composite_zscore` "
-                             "could not be imported."))
     return wide
 
 

@@ -10,6 +10,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from marble.evaluation.summary import composite_zscore
 from marble.tools.report.loading import RunData, latest_checkpoint_name
 from marble.tools.report.published import COST as PUBLISHED_COST
 from marble.tools.report.verdict import RunTrend
@@ -25,16 +26,6 @@ PAPER_HARMONY = {
     "weighted_sum": {"anti_aligned_frac": 0.80, "cos_min_mean": -0.13, "cos_var_mean": 0.161},
     "marble": {"anti_aligned_frac": 0.00, "cos_min_mean": 0.37, "cos_var_mean": 0.006},
 }
-
-
-def composite_function() -> Callable[[pd.DataFrame], pd.Series] | None:
-    """marble.evaluation.summary.composite_zscore, or None when that module is absent."""
-    # The evaluation engineer owns the composite: one definition for table.md and the report.
-    try:
-        from marble.evaluation.summary import composite_zscore
-    except ImportError:
-        return None
-    return composite_zscore
 
 
 def is_count_metric(metric: str) -> bool:
@@ -58,8 +49,9 @@ def eval_table(summary: pd.DataFrame, composite: Callable | None = None) -> pd.D
     wide = wide.reindex(sorted(wide.columns), axis=1)
     wide.columns.name = None
     table = wide.copy()
-    composite = composite or composite_function()
-    table["composite"] = composite(wide) if composite is not None and len(wide) else np.nan
+    # One definition of the composite for table.md (the eval summary) and the report.
+    composite = composite or composite_zscore
+    table["composite"] = composite(wide) if len(wide) else np.nan
     table.insert(0, "checkpoint", latest.reindex(table.index))
     return table
 
