@@ -10,7 +10,8 @@ import torch
 
 from marble.config import ConfigError, load_config
 from marble.training.rollout import RewardScorer
-from marble.training.trainer import _takes_device, reward_device
+from marble.rewards import takes_device
+from marble.training.trainer import reward_device
 
 
 def test_reward_device_resolution(monkeypatch):
@@ -28,8 +29,8 @@ def test_reward_device_resolution(monkeypatch):
 
 
 def test_device_option_goes_to_scorers_that_take_one():
-    assert _takes_device("pickscore") and _takes_device("hpsv2")
-    assert not _takes_device("toy_brightness")
+    assert takes_device("pickscore") and takes_device("hpsv2")
+    assert not takes_device("toy_brightness")
 
 
 def test_scorer_threads_set_their_cuda_device(monkeypatch):

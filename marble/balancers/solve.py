@@ -16,7 +16,6 @@ import torch
 
 from marble.balancers.common import (
     MicroStep,
-    all_reduce_mean_,
     cosines,
     dot64,
     flat_grad,
@@ -27,6 +26,7 @@ from marble.balancers.common import (
     zero_nonfinite,
 )
 from marble.maths.qp import min_norm_weights
+from marble.runtime.distributed import all_reduce_mean_
 
 __all__ = ["gradient_passes", "reduce_reward_grads", "combine", "cosine_metrics"]
 

@@ -46,23 +46,24 @@ def _csv(value: str | None) -> list[str] | None:
     return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
 
 
-def _reward_setup(args) -> tuple[list[str], list]:
-    specs = []
-    if args.preset or args.config:
-        from marble.config import load_config
+def _reward_specs(args) -> list:
+    """The rewards whose masks the tables get: --rewards names (with the config's spec of each
+    where it has one: its applies_to and mask options), else the config's rewards."""
+    from marble.config import RewardSpec, load_config
 
-        specs = load_config(args.preset, args.config).rewards
+    specs = load_config(args.preset, args.config).rewards if args.preset or args.config else []
+    by_name = {s.name: s for s in specs}
     names = _csv(args.rewards) or [s.name for s in specs]
     if not names:
         raise DataError("name the rewards: --rewards a,b,... or --preset/--config")
-    return names, specs
+    return [by_name.get(name) or RewardSpec(name=name) for name in names]
 
 
 def cmd_assemble(args) -> int:
-    from marble.data.assemble import assemble_split, build_rewards, write_assembled
+    from marble.data.assemble import assemble_split, write_assembled
+    from marble.rewards import build_masks
 
-    names, specs = _reward_setup(args)
-    rewards = build_rewards(names, specs)
+    rewards = build_masks(_reward_specs(args))
     splits = list(SPLITS) if args.split == "all" else [args.split]
     parts = [assemble_split(args.raw_dir, s, rewards, _csv(args.sources)) for s in splits]
     for path in write_assembled(args.out_dir, parts):

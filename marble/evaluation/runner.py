@@ -22,9 +22,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from marble.config import RewardSpec
 from marble.evaluation import images as image_io
 from marble.evaluation.prompts import EvalSample, batches, sample_seed, shard
 from marble.evaluation.results import is_scored, json_scores, read_results
+from marble.rewards import build_scorers
 from marble.runtime import distributed as dist
 from marble.runtime.io import append_jsonl
 from marble.runtime.precision import DTYPES
@@ -61,12 +63,6 @@ def generate_images(pipe, samples: list[EvalSample], args) -> torch.Tensor:
         output_type="latent",
     ).images
     return image_io.quantize_8bit(decode_latents(pipe, latents))
-
-
-def build_rewards(names: list[str], options: dict[str, dict]) -> dict:
-    from marble import rewards
-
-    return {name: rewards.build(name, **options.get(name, {})) for name in names}
 
 
 def score_images(rewards: dict, images: torch.Tensor, samples: list[EvalSample]) -> list[dict]:
@@ -158,7 +154,8 @@ def run(samples: list[EvalSample], reward_names: list[str], reward_options: dict
         return totals
     pipe = None if args.skip_generation else load_eval_pipeline(
         args.model_path, args.mixed_precision, info.device, lora)
-    rewards = {} if args.no_score else build_rewards(reward_names, reward_options)
+    specs = [RewardSpec(name=name, options=dict(reward_options.get(name, {}))) for name in reward_names]
+    rewards = {} if args.no_score else build_scorers(specs)
     for index in tqdm(range(rounds), desc=f"evaluate {args.dataset}", disable=not info.is_main):
         batch = mine[index] if index < len(mine) else []
         rows, timing = process_batch(pipe, rewards, batch, previous, args, output_dir)

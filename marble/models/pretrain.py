@@ -15,7 +15,6 @@ Pure functions of (prompts, seed, settings): the same inputs give the same model
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ import torch
 
 from marble.rewards.base import quoted_target
 from marble.rewards.toy import GENEVAL_COLORS, first_named_color
+from marble.runtime.seeds import SEED_BITS, stable_seed
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,9 @@ class PretrainSettings:
 
 
 def prompt_hue(prompt: str) -> float:
-    """A stable hue in [0, 1) from the prompt text (sha1, not Python's salted hash)."""
-    return int(hashlib.sha1(prompt.encode("utf-8")).hexdigest()[:8], 16) / 2**32
+    """A stable hue in [0, 1) from the prompt text (marble's seed scheme, not Python's salted
+    hash)."""
+    return stable_seed("pretrain_hue", prompt) / 2**SEED_BITS
 
 
 def hsv_to_rgb(h: float, s: float, v: float) -> torch.Tensor:

@@ -7,6 +7,7 @@ only when the reward that needs them is built.
 from __future__ import annotations
 
 import importlib
+import inspect
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Mapping, Sequence
@@ -53,6 +54,35 @@ def applicability(name: str, applies_to=None, options: Mapping | None = None) ->
 
 def build(name: str, **options) -> Reward:
     return _reward_class(name)(**options)
+
+
+def takes_device(name: str) -> bool:
+    """Whether the reward's constructor takes `device` (read from its signature: nothing loads)."""
+    return "device" in inspect.signature(_reward_class(name).__init__).parameters
+
+
+def build_scorers(specs: Sequence, device: str | None = None) -> dict[str, Reward]:
+    """The scorers of `specs` (`marble.config.RewardSpec`s: name, applies_to, options), by name.
+
+    The one builder of scoring rewards, for training and evaluation. With `device` (training:
+    `train.reward_device`), a reward whose constructor takes one gets it unless its options
+    set it; without, each reward keeps its own default (evaluation).
+    """
+    out = {}
+    for spec in specs:
+        options = dict(spec.options or {})
+        if spec.applies_to is not None:
+            options["applies_to"] = spec.applies_to
+        if device is not None and "device" not in options and takes_device(spec.name):
+            options["device"] = device
+        out[spec.name] = build(spec.name, **options)
+    return out
+
+
+def build_masks(specs: Sequence) -> dict[str, Reward]:
+    """Weight-free rewards that answer `applies(prompt, metadata)` (dataset assembly), by name:
+    each spec's `applies_to` override and the options that change a mask (`applicability`)."""
+    return {spec.name: applicability(spec.name, spec.applies_to, spec.options) for spec in specs}
 
 
 def score_all(
@@ -114,7 +144,10 @@ __all__ = [
     "applicability",
     "available",
     "build",
+    "build_masks",
+    "build_scorers",
     "quoted_target",
     "register",
     "score_all",
+    "takes_device",
 ]

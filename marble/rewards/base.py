@@ -19,6 +19,9 @@ import torch
 from marble.assets.manifest import DEFAULT_CKPT_DIR, DOWNLOAD_HINT, ckpt_dir  # noqa: F401
 
 _QUOTED = re.compile(r'"([^"]+)"')
+# OpenAI CLIP's pixel normalisation (per RGB channel), shared by the CLIP-based scorers.
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 

@@ -12,20 +12,13 @@ from __future__ import annotations
 import torch
 
 from marble.rewards.base import Reward, quoted_target
+from marble.rewards.geneval_rules import COLORS
 
-# Fixed RGB (0-255) table of the 10 GenEval colours (CSS values).
-GENEVAL_COLORS: dict[str, tuple[int, int, int]] = {
-    "red": (255, 0, 0),
-    "orange": (255, 165, 0),
-    "yellow": (255, 255, 0),
-    "green": (0, 128, 0),
-    "blue": (0, 0, 255),
-    "purple": (128, 0, 128),
-    "pink": (255, 192, 203),
-    "brown": (139, 69, 19),
-    "black": (0, 0, 0),
-    "white": (255, 255, 255),
-}
+# Fixed RGB (0-255) of the GenEval colours (CSS values), in the order of their one list,
+# geneval_rules.COLORS: red, orange, yellow, green, blue, purple, pink, brown, black, white.
+_CSS_RGB = ((255, 0, 0), (255, 165, 0), (255, 255, 0), (0, 128, 0), (0, 0, 255), (128, 0, 128),
+            (255, 192, 203), (139, 69, 19), (0, 0, 0), (255, 255, 255))
+GENEVAL_COLORS: dict[str, tuple[int, int, int]] = dict(zip(COLORS, _CSS_RGB, strict=True))
 
 _LUMA = torch.tensor([0.299, 0.587, 0.114], dtype=torch.float64)  # Rec. 601 weights
 

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from marble.config import RunConfig, dump_yaml, grad_accumulation, training_timesteps
 from marble.maths.ema import WeightEMA, old_policy_decay
+from marble.rewards import build_scorers
 from marble.runtime import distributed as dist
 from marble.runtime.io import write_json, write_text
 from marble.runtime.precision import (
@@ -29,6 +30,7 @@ from marble.runtime.precision import (
     text_encoder_dtype,
     upcast_lora_,
 )
+from marble.runtime.seeds import keyed_generator
 from marble.training.checkpoint import (
     CheckpointError,
     capture_rng_state,
@@ -40,7 +42,7 @@ from marble.training.checkpoint import (
     save_checkpoint,
 )
 from marble.training.metrics import MetricsLog, StepAverager
-from marble.training.rollout import STREAM_SHUFFLE, STREAM_TIMESTEPS, RolloutEngine, Rollouts, keyed_generator
+from marble.training.rollout import STREAM_SHUFFLE, STREAM_TIMESTEPS, RolloutEngine, Rollouts
 from marble.training.run_dir import check_run_dir
 from marble.training.stopping import StopRequest
 
@@ -63,28 +65,6 @@ def reward_device(setting: str, local_rank: int, cuda: bool | None = None) -> st
         cuda = torch.cuda.is_available() if cuda is None else cuda
         setting = "cuda" if cuda else "cpu"
     return f"cuda:{local_rank}" if setting == "cuda" else setting
-
-
-def _takes_device(name: str) -> bool:
-    import inspect
-
-    from marble import rewards as registry
-
-    cls = type(registry.applicability(name))  # the class, without loading weights
-    return "device" in inspect.signature(cls.__init__).parameters
-
-
-def build_rewards(cfg: RunConfig, device: str = "cpu") -> dict:
-    """The configured scorers; those taking a `device` get `device` unless set per reward."""
-    from marble import rewards as registry
-
-    out = {}
-    for spec in cfg.rewards:
-        options = dict(spec.options)
-        if "device" not in options and _takes_device(spec.name):
-            options["device"] = device
-        out[spec.name] = registry.build(spec.name, applies_to=spec.applies_to, **options)
-    return out
 
 
 class Trainer:
@@ -132,7 +112,7 @@ class Trainer:
         self.reward_device = reward_device(t.reward_device, self.info.local_rank,
                                            cuda=dev.type == "cuda")
         self.rollouts = RolloutEngine(self.pipe, cfg, self.table,
-                                      build_rewards(cfg, self.reward_device), self.sampler,
+                                      build_scorers(cfg.rewards, self.reward_device), self.sampler,
                                       self.sigmas, self.info, self.autocast,
                                       self._embed_cache(), progress,
                                       reward_device=self.reward_device)
