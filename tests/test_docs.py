@@ -27,6 +27,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PATH = re.compile(r"(?<![\w/.-])marble/[\w./*-]*")
 DOTTED = re.compile(r"(?<![\w/.-])marble(?:\.\w+)+")
 PYTHON_M = re.compile(r"-m\s+(marble(?:\.\w+)*)")
+PATH_NAME = re.compile(r"(?<![\w/.-])(marble/[\w/]+\.py): ?([A-Za-z_]\w*)")
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
 COMMAND = re.compile(r"(?:^|[\s(|;&])marble\s+([a-z][\w-]*)((?:\s+[^\s`|;&]+)*)")
 
@@ -112,6 +113,10 @@ def test_every_marble_path_exists(doc):
         if not (list(ROOT.glob(rel)) if "*" in rel else (ROOT / rel).exists()):
             missing.append(rel)
     assert not missing, f"{doc.name} names paths that do not exist: {sorted(set(missing))}"
+    # `marble/x.py: name` points at a definition in that file
+    undefined = [f"{rel}: {name}" for rel, name in PATH_NAME.findall(doc_text(doc))
+                 if (ROOT / rel).is_file() and name not in module_names(ROOT / rel)]
+    assert not undefined, f"{doc.name} names definitions that do not exist: {undefined}"
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
