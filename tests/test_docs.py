@@ -227,7 +227,7 @@ def test_readme_lists_exactly_the_result_neutral_keys():
     text = " ".join(doc_text(ROOT / "README.md").split())
     match = re.search(r"may change on resume:([^.]*(?:\.[\w]+[^.]*)*?)\.(?:\s|$)", text)
     assert match, "README.md: no list after 'may change on resume:'"
-    listed = set(CODE_SPAN.findall(match.group(1)))
+    listed = {span for span in CODE_SPAN.findall(match.group(1)) if not span.startswith("marble.")}
     assert listed == RESULT_NEUTRAL_KEYS, (f"README lists {sorted(listed - RESULT_NEUTRAL_KEYS)} too many, "
                                            f"misses {sorted(RESULT_NEUTRAL_KEYS - listed)}")
 
