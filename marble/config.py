@@ -3,7 +3,9 @@
 Presets are named YAML files in `marble/presets/` (`tiny`, `rho_07`, ...). A preset may
 name a `base:` preset it extends. User files and `--set key=value` overrides are merged
 on top. Every key is checked against the dataclasses below: an unknown key or a value
-of the wrong type is an error that names the key and where it came from.
+of the wrong type is an error that names the key and where it came from, and so is a
+number out of its range (marble.config_ranges: counts > 0, finite floats, ...). `--set`
+keeps the text of string keys (`model.revision=0123456` stays "0123456").
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import yaml
+
+from marble.config_ranges import range_problem
 
 PRESET_DIR = Path(__file__).parent / "presets"
 
@@ -195,6 +199,10 @@ def _build(cls: type, data: Any, where: str, origin: str) -> Any:
             kwargs[key] = [_build(item_cls, v, f"{path}[{i}]", origin) for i, v in enumerate(value)]
         else:
             if not _type_ok(value, tp):
+                if is_string_key(tp) and isinstance(value, (int, float)):
+                    # YAML reads 0123456 as the octal 42798: the text is gone, only quoting keeps it.
+                    raise ConfigError(f"{origin}: `{path}` must be a string, but YAML read a number "
+                                      f"({value!r}); quote the value, e.g. {path.rsplit('.', 1)[-1]}: \"...\"")
                 raise ConfigError(f"{origin}: `{path}` = {value!r} is not a valid {_tp_name(tp)}")
             kwargs[key] = float(value) if tp is float else value
     return cls(**kwargs)
@@ -244,13 +252,39 @@ def preset_dict(name: str, _seen: tuple = ()) -> dict:
     return merged
 
 
+def declared_type(path: list[str], cls: type | None = None) -> Any:
+    """The annotation of a dotted key in RunConfig (None where the path is not a plain field)."""
+    tp: Any = cls or RunConfig
+    for part in path:
+        if not dataclasses.is_dataclass(tp):
+            return None
+        hints = typing.get_type_hints(tp)
+        if part not in hints:
+            return None
+        tp = hints[part]
+    return tp
+
+
+def is_string_key(tp: Any) -> bool:
+    """`str` or `str | None`: a value YAML must not coerce (`0123456` is a revision, not 42798)."""
+    return tp is str or (get_origin(tp) in (typing.Union, types.UnionType)
+                         and set(get_args(tp)) == {str, type(None)})
+
+
 def parse_override(item: str) -> dict:
-    """`a.b.c=value` -> {"a": {"b": {"c": value}}}, the value parsed as YAML."""
+    """`a.b.c=value` -> {"a": {"b": {"c": value}}}, the value parsed as YAML, except for
+    string keys, which keep the text as given."""
     if "=" not in item:
         raise ConfigError(f"--set {item!r}: expected key=value")
     key, raw = item.split("=", 1)
-    value = yaml.safe_load(raw) if raw.strip() else ""
-    if isinstance(value, str):
+    tp = declared_type(key.strip().split("."))
+    if is_string_key(tp) and raw.strip() not in ("null", "~", ""):
+        value: Any = raw.strip()
+        if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":
+            value = yaml.safe_load(value)  # an explicitly quoted string: unquote it
+    else:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    if isinstance(value, str) and not is_string_key(tp):
         # YAML 1.1 reads `1e-3` (no dot) as a string; users mean the number.
         try:
             value = float(value)
@@ -292,6 +326,9 @@ def load_config(
 
 def validate(cfg: RunConfig, origin: str = "config") -> None:
     """Cross-field checks that the types alone cannot express."""
+    problem = range_problem(cfg)
+    if problem:
+        raise ConfigError(f"{origin}: {problem}")
     s, t, b = cfg.sampling, cfg.train, cfg.balancer
     names = cfg.reward_names
     if not names:

@@ -16,13 +16,17 @@ repeat index), so reruns give identical images and any rank count the same noise
 reference sets no seed); the run resumes, skipping samples already in
 `evaluation_results.jsonl`, and refuses to mix results of different image-changing flags.
 Outputs: evaluation_results.jsonl, average_scores.json, image_prompts.json, run_info.json,
-images/ (when asked).
+images/ (when asked). A remote reward request that failed (e.g. UnifiedReward's server
+answered 503) is stored as missing, counted as `failed_<reward>` in average_scores.json,
+and retried by the next run; while any remain the exit status is 3 (EXIT_INCOMPLETE, every
+output written), so a workflow reruns the job (--allow_failed_requests: exit 0).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -31,7 +35,7 @@ from pathlib import Path
 
 import yaml
 
-from marble.evaluation.images import DEFAULT_IMAGE_FORMAT, IMAGE_FORMATS, write_image_prompts
+from marble.evaluation.images import DEFAULT_IMAGE_FORMAT, IMAGE_FORMATS, ImageDecodeError, write_image_prompts
 from marble.evaluation.prompts import DATASETS, DEFAULT_BATCH_SIZE, DEFAULT_REWARDS, load_samples
 from marble.evaluation.results import (
     ResultsError,
@@ -41,11 +45,14 @@ from marble.evaluation.results import (
     json_safe,
     read_results,
 )
+from marble.assets import hub_ref as hub_refs
+from marble.assets.hub_ref import HUB_PREFIX, hub_ref
 from marble.runtime.io import write_json
 
 DEFAULT_MODEL = "stabilityai/stable-diffusion-3.5-medium"
 DEFAULT_DATA_DIR = "dataset"  # the reference reads dataset/<name>/ (its evaluation.py)
-HUB_PREFIX = "hf:"
+# Outputs written, but some samples' remote requests failed (NaN, not scores): not done yet.
+EXIT_INCOMPLETE = 3
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip_generation", action="store_true", help="score the saved images only")
     p.add_argument("--limit", type=int, default=None, help="first N samples only")
     p.add_argument("--rewards", default=None, help="comma-separated reward list (default: per dataset)")
+    p.add_argument("--allow_failed_requests", action="store_true",
+                   help=f"exit 0 even when remote reward requests failed (default: exit {EXIT_INCOMPLETE} "
+                        "after writing every output, so a workflow reruns the job and the rerun retries them)")
     # $MARBLE_REWARD_OPTIONS (a YAML file) is the base every evaluation starts from: a harness
     # (marble.tools.dev.paper_mini) or a site points all evaluations at its scorer options; the
     # flag (the workflow's eval.reward_options) overrides it option by option.
@@ -91,6 +101,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--limit must be >= 1, got {args.limit}")
     if args.batch_size is not None and args.batch_size < 1:
         parser.error(f"--batch_size must be >= 1, got {args.batch_size}")
+    if args.num_inference_steps < 1:
+        parser.error(f"--num_inference_steps must be >= 1, got {args.num_inference_steps}")
+    if args.resolution < 8 or args.resolution % 8:  # the VAE downsamples by 8
+        parser.error(f"--resolution must be a positive multiple of 8, got {args.resolution}")
+    if not math.isfinite(args.guidance_scale) or args.guidance_scale < 0:
+        parser.error(f"--guidance_scale must be a finite number >= 0, got {args.guidance_scale}")
     args.batch_size = args.batch_size or DEFAULT_BATCH_SIZE[args.dataset]
     # `--checkpoint_path hf:ID[@REV]` (a workflow eval.checkpoints entry) is a hub LoRA.
     if args.checkpoint_path and args.checkpoint_path.startswith(HUB_PREFIX):
@@ -156,20 +172,13 @@ def resolve_checkpoint(args):
 
 
 def parse_hub_ref(value: str) -> tuple[str, str | None]:
-    """`[hf:]<repo id>[@revision]` -> (repo id, revision or None); a clear error otherwise."""
+    """`[hf:]<repo id>[@revision]` -> (repo id, revision or None), as a CheckpointError."""
     from marble.evaluation.checkpoints import CheckpointError
 
-    body = value.removeprefix(HUB_PREFIX)
-    repo_id, _, revision = body.partition("@")
-    parts = repo_id.split("/")
-    if not repo_id or len(parts) > 2 or not all(parts) or (_ and not revision):
-        raise CheckpointError(f"{value!r} is not a hub LoRA reference: expected "
-                              f"{HUB_PREFIX}<owner>/<name>[@<revision>] or a local folder")
-    return repo_id, revision or None
-
-
-def hub_ref(repo_id: str, revision: str | None) -> str:
-    return f"{HUB_PREFIX}{repo_id}" + (f"@{revision}" if revision else "")
+    try:
+        return hub_refs.parse_hub_ref(value)
+    except hub_refs.HubRefError as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 def download_hub_lora(repo_id: str, revision: str | None) -> Path:
@@ -229,6 +238,30 @@ def finish(args, samples, names, record, timing) -> dict:
     return averages
 
 
+def exc_message(exc: BaseException, output_dir: str) -> str | None:
+    """One line for the input and disk errors a user can act on (None: not one of them)."""
+    from marble.runtime.oserrors import describe_write_failure
+
+    from marble.rewards.base import RewardServiceError
+
+    # A dead reward server too: the batches already scored are kept, a rerun continues.
+    if isinstance(exc, (FileNotFoundError, ImageDecodeError, RewardServiceError)):
+        return str(exc)
+    return describe_write_failure(exc, output_dir)
+
+
+def warn_failed(averages: dict, names: list[str], output_dir: Path) -> int:
+    """One line per reward with failed requests (they are NaN, a rerun retries them); their count."""
+    total = 0
+    for name in names:
+        failed = averages.get(f"failed_{name}", 0)
+        total += failed
+        if failed:
+            print(f"marble evaluate: {failed} {name} requests failed in {output_dir} (stored as missing, "
+                  "not scored); rerun the same command to retry them", file=sys.stderr)
+    return total
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
@@ -254,17 +287,25 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     record = {"identity": run_identity, "flags": flags, "rewards": names,
               "lora": str(lora) if lora else None, "world_size": info.world_size, "argv": argv}
-    if info.is_main:  # written first, so even a crashed run guards its results
-        write_json(Path(args.output_dir) / "run_info.json", record)
     start = time.perf_counter()
-    timing = runner.run(samples, names, options, lora, args)
+    try:
+        if info.is_main:  # written first, so even a crashed run guards its results
+            write_json(Path(args.output_dir) / "run_info.json", record)
+        timing = runner.run(samples, names, options, lora, args)
+    except Exception as exc:  # noqa: BLE001 - re-raised unless a user can act on it
+        message = exc_message(exc, args.output_dir)
+        if message is None:
+            raise
+        print(f"marble evaluate: {message}", file=sys.stderr)
+        return 2
     dist.barrier()
     if info.is_main:
         averages = finish(args, samples, names, record, {**timing, "wall_s": time.perf_counter() - start})
-        print(json.dumps({k: v for k, v in averages.items() if not k.startswith(("n_", "nan_", "na_"))},
-                         indent=1, default=str))
+        print(json.dumps({k: v for k, v in averages.items()
+                          if not k.startswith(("n_", "nan_", "na_", "failed_"))}, indent=1, default=str))
+    failed = dist.broadcast_object(warn_failed(averages, names, Path(args.output_dir)) if info.is_main else None)
     dist.cleanup()
-    return 0
+    return EXIT_INCOMPLETE if failed and not args.allow_failed_requests else 0
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
 
 DIR/config.yaml holds the resolved config; a DIR that already has one must agree with
 the requested config on every key that changes the result (marble.training.run_dir:
-RESULT_NEUTRAL_KEYS lists the others), otherwise the run refuses to start rather than silently mixing two experiments.
+RESULT_NEUTRAL_KEYS lists the others), otherwise the run refuses to start rather than
+silently mixing two experiments.
 Errors are one line on stderr and exit status 2. SIGUSR1 or SIGTERM stop the run after
 the current optimizer step with a checkpoint and exit status 75 (marble.training.stopping:
 EXIT_REQUEUE), which the SLURM wrapper turns into a requeue.
@@ -81,11 +82,21 @@ def main(argv: list[str] | None = None) -> int:
     from marble.training.stopping import EXIT_REQUEUE, write_requeue_file
     from marble.training.trainer import run_training  # heavy imports only once the config is sound
 
+    from marble.runtime.oserrors import describe_write_failure
+
     try:
         summary = run_training(cfg, args.output_dir, device=args.device,
                                progress=not args.no_progress)
     except (TrainError, CheckpointError) as exc:
         print(f"marble train: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except Exception as exc:  # noqa: BLE001 - re-raised unless it is a write failure
+        # Disk full, read-only or forbidden run folder: the reason and the path, one line
+        # (safetensors' errors are plain Exceptions, torch's RuntimeErrors).
+        message = describe_write_failure(exc, args.output_dir)
+        if message is None:
+            raise
+        print(f"marble train: error: {message}", file=sys.stderr)
         raise SystemExit(2) from None
     if summary.get("requeue"):
         write_requeue_file(summary["final_step"], summary.get("stop_signal"))

@@ -129,9 +129,9 @@ def _offline_manifest(tmp_path):
     manifest.write_text(
         "groups:\n"
         "  datasets:\n    dir: raw\n    files:\n"
-        "      - {path: a.txt, url: 'http://x/a', size: 3, sha256: null}\n"
-        "      - {path: b.txt, url: 'http://x/b', size: null, sha256: null}\n"
-        "      - {path: c.txt, url: 'http://x/c', size: 2, sha256: null}\n"
+        f"      - {{path: a.txt, url: 'http://x/a', size: 3, sha256: {hashlib.sha256(b'abc').hexdigest()}}}\n"
+        f"      - {{path: b.txt, url: 'http://x/b', size: null, sha256: {hashlib.sha256(b'x').hexdigest()}}}\n"
+        f"      - {{path: c.txt, url: 'http://x/c', size: 2, sha256: {hashlib.sha256(b'ok').hexdigest()}}}\n"
         "  rewards:\n    dir: ck\n    files:\n      - {path: r.pt, url: 'http://x/r', size: null, sha256: null}\n")
     return manifest
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -160,7 +161,7 @@ def test_identical_runs_and_skip_generation_rescore(tiny_model_dir, raw_dir, tmp
     assert same_scores(c, a)
 
 
-def test_rescore_a_reference_jpg_folder(raw_dir, tmp_path):
+def test_rescore_a_reference_jpg_folder(raw_dir, tmp_path, capsys):
     """A folder as the reference writes it (images/<id:05d>.jpg, PIL's default JPEG save of
     truncated uint8) rescored with --skip_generation: no model is loaded; the scores are the
     rewards' on exactly those decoded JPEGs."""
@@ -184,8 +185,8 @@ def test_rescore_a_reference_jpg_folder(raw_dir, tmp_path):
     assert [r["image_path"] for r in rows(out)] == [str(out / "images" / f"{i:05d}.jpg") for i in range(3)]
     assert list(json.loads((out / "image_prompts.json").read_text())) == [f"{i:05d}.jpg" for i in range(3)]
     argv[argv.index("--limit") + 1] = "4"  # a sample without its image: a clear error
-    with pytest.raises(FileNotFoundError, match=r"00003\.jpg of sample 3 is missing"):
-        evaluate.main(argv)
+    assert evaluate.main(argv) == 2
+    assert re.search(r"00003\.jpg of sample 3 is missing", capsys.readouterr().err)
 
 
 def test_interrupted_run_resumes(tiny_model_dir, raw_dir, tmp_path, count_generated):

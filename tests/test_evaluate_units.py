@@ -32,9 +32,9 @@ def write_raw(root, geneval=(), lines=None):
 
 def test_samples_ids_repeats_and_metadata(tmp_path):
     record = {"tag": "counting", "include": [{"class": "cat", "count": 2}], "prompt": "two cats"}
-    write_raw(tmp_path, geneval=[record], lines=["a cat", "", "a dog", "a cat"])
+    write_raw(tmp_path, geneval=[record], lines=["a cat", "a dog", "a cat"])
     draw = load_samples(tmp_path, "drawbench")
-    assert [s.sample_id for s in draw] == [0, 1, 2]  # the blank line is skipped, ids stay dense
+    assert [s.sample_id for s in draw] == [0, 1, 2]  # (a blank line is an error, as in assembly)
     assert [s.repeat for s in draw] == [0, 0, 1]
     assert draw[0].prompt_id == draw[2].prompt_id and draw[0].prompt_id != draw[1].prompt_id
     assert draw[0].metadata == {"source": "drawbench"}
@@ -44,7 +44,7 @@ def test_samples_ids_repeats_and_metadata(tmp_path):
 
 
 def test_bad_geneval_line_names_file_and_line(tmp_path):
-    write_raw(tmp_path, geneval=[{"prompt": "x"}])
+    write_raw(tmp_path, geneval=[{"prompt": "x", "tag": "single_object", "include": [{"class": "cat", "count": 1}]}])
     path = tmp_path / "geneval" / "test_metadata.jsonl"
     path.write_text(path.read_text() + "{not json\n")
     with pytest.raises(ValueError, match=r"test_metadata.jsonl:2"):

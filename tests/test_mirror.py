@@ -123,7 +123,7 @@ def _subset(mirror_dir, tmp_path, corrupt: str):
 
 @pytest.mark.parametrize("corrupt,name", [
     ("hub/google-bert/bert-base-uncased/vocab.txt", "vocab.txt"),
-    ("urls/raw.githubusercontent.com/djghosh13/geneval/main/evaluation/object_names.txt", "object_names.txt"),
+    ("urls/raw.githubusercontent.com/djghosh13/geneval/af4902f24d3ca90ebbb446dd9891a59e0f82725f/evaluation/object_names.txt", "object_names.txt"),
 ])
 def test_a_corrupted_file_fails_its_checksum_and_leaves_nothing(mirror_dir, hub_env, tmp_path, capsys, corrupt, name):
     manifest, copy = _subset(mirror_dir, tmp_path, corrupt)

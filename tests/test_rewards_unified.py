@@ -92,13 +92,15 @@ def test_parse_final_score():
     assert math.isnan(parse_final_score("Final Score: 7", reference=True))
 
 
-def test_reference_rules_scale_by_five_and_score_failures_zero(server_url, monkeypatch):
+def test_reference_rules_scale_by_five_unparsable_zero_failed_request_nan(server_url, monkeypatch):
     monkeypatch.setenv("MARBLE_UNIFIEDREWARD_API_KEY", "test-key")
     monkeypatch.delenv("MARBLE_UNIFIEDREWARD_URL", raising=False)
     reward = build("unifiedreward", base_url=server_url, timeout_s=0.5, retries=0, max_failure_fraction=0.9,
                    image_size=32)
     out = reward(torch.rand(4, 3, 16, 16), ["good dog", "garbage", "error", "good cat"])
-    assert out.tolist() == pytest.approx([0.9, 0.0, 0.0, 0.9])  # 4.5 / 5; failures -> 0 as the reference
+    # 4.5 / 5; a reply without a score -> 0 as the reference; a failed request NaN, never 0
+    assert out.tolist()[:2] == pytest.approx([0.9, 0.0]) and math.isnan(out[2]) and out[3] == pytest.approx(0.9)
+    assert reward.last_failed.tolist() == [False, False, True, False]
     counters = reward.counters()
     assert reward.failures == 2 and counters["failed_unparsable"] == 1 and counters["failed_http_500"] == 1
 

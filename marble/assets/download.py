@@ -8,8 +8,9 @@ backoff, verifies size and sha256 (a mismatch removes the partial file), then re
 into place atomically. `--mirror URL` (or MARBLE_MIRROR) fetches `https://host/path` from
 `URL/host/path`. Hub entries go through huggingface_hub at a pinned commit
 (`marble.assets.hub`; HF_ENDPOINT for a mirror, HF_TOKEN for the gated model).
-`--offline` (or HF_HUB_OFFLINE=1) downloads nothing: it checks what is on disk and names
-every missing file.
+A file already on disk counts as present only when its content matches its pin (re-hashed,
+cached by size + mtime: `marble.assets.verify`); `--offline` (or HF_HUB_OFFLINE=1) downloads
+nothing: it checks what is on disk the same way and names every missing or bad file.
 
 Why not pooch: it cannot resume a partial download and would add a dependency for the
 handful of plain URLs; this module is small, tested, and does size + sha256 + resume.
@@ -41,7 +42,7 @@ from marble.assets.manifest import (
     missing_files,
     present,
 )
-from marble.runtime.io import sha256_file
+from marble.assets.verify import HashCache, digests
 
 CHUNK = 1 << 20
 
@@ -103,14 +104,20 @@ def _fetch_once(entry: Entry, part: Path, timeout: float) -> None:
 
 
 def _verify(entry: Entry, part: Path) -> str:
+    def fail(what: str):
+        part.unlink()
+        raise DownloadError(f"{entry.path}: {what}; checksum error, partial file removed")
+
     size = part.stat().st_size
     if entry.size is not None and size != entry.size:
-        part.unlink()
-        raise DownloadError(f"{entry.path}: size {size} != pinned {entry.size}; checksum error, partial file removed")
-    digest = sha256_file(part)
+        fail(f"size {size} != pinned {entry.size}")
+    digest, blob = digests(part)
     if entry.sha256 and digest != entry.sha256.lower():
-        part.unlink()
-        raise DownloadError(f"{entry.path}: sha256 {digest} != pinned {entry.sha256}; checksum error, partial file removed")
+        fail(f"sha256 {digest} != pinned {entry.sha256}")
+    if entry.git_blob and blob != entry.git_blob.lower():
+        fail(f"git blob {blob} != pinned {entry.git_blob}")
+    if entry.sha256_prefix and not digest.startswith(entry.sha256_prefix.lower()):
+        fail(f"sha256 {digest} does not start with the pinned {entry.sha256_prefix}")
     return digest
 
 
@@ -140,7 +147,8 @@ def download(entry: Entry, out: Path, retries: int = 5, backoff: float = 1.0, ti
         time.sleep(delay)
     digest = _verify(entry, part)
     os.replace(part, dest)  # same folder: atomic
-    if entry.sha256:
+    HashCache(out).mark_verified(entry.path, dest)
+    if entry.sha256 or entry.git_blob:
         return "downloaded"
     print(f"{entry.path}: not pinned; size {dest.stat().st_size}, sha256 {digest}: "
           f"pin these in the manifest", file=sys.stderr)

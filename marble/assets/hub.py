@@ -29,6 +29,7 @@ from marble.assets.manifest import (
     present,
 )
 from marble.assets.manifest import ckpt_dir as resolve_ckpt_dir
+from marble.assets.verify import HashCache
 from marble.runtime.io import sha256_file
 
 OFFICIAL_ENDPOINT = "https://huggingface.co"
@@ -86,6 +87,22 @@ def _check(entry, staged: Path, sibling) -> str:
     return digest
 
 
+def matches_listing(entry, path: Path, sibling, cache) -> bool:
+    """Whether a file already on disk is the hub's at the pinned commit (size; LFS sha256 or
+    git blob id; the manifest's pins): checked without downloading, then recorded as verified."""
+    size = path.stat().st_size
+    if any(want is not None and size != want for want in (getattr(sibling, "size", None), entry.size)):
+        return False
+    digest, blob = cache.digests(entry.path, path)
+    lfs_sha = getattr(getattr(sibling, "lfs", None), "sha256", None)
+    listed_blob = None if lfs_sha else getattr(sibling, "blob_id", None)
+    if any(want and got != want.lower() for want, got in
+           ((entry.sha256, digest), (lfs_sha, digest), (listed_blob, blob))):
+        return False
+    cache.mark_verified(entry.path, path)
+    return True
+
+
 def _denied(err) -> bool:
     response = getattr(err, "response", None)
     return getattr(response, "status_code", None) in (401, 403)
@@ -105,7 +122,8 @@ def fetch_repo(entries: list, out: Path) -> list[tuple[str, object]]:
     )
 
     first = entries[0]
-    todo = [e for e in entries if not present(e, out)]
+    cache = HashCache(out)
+    todo = [e for e in entries if not present(e, out, cache)]
     if not todo:
         return [("present", e) for e in entries]
     if first.gated and not has_token() and endpoint() == OFFICIAL_ENDPOINT:
@@ -121,6 +139,13 @@ def fetch_repo(entries: list, out: Path) -> list[tuple[str, object]]:
         if not first.revision:
             print(f"{first.repo}: revision not pinned; resolved to {info.sha}: pin `revision: {info.sha}` "
                   f"in the manifest", file=sys.stderr)
+        # Files already on disk (e.g. fetched before hashes were recorded) are checked
+        # against the listing instead of fetched again.
+        on_disk = [e for e in todo if (out / e.path).is_file()
+                   and matches_listing(e, out / e.path, listed[e.remote], cache)]
+        todo = [e for e in todo if e not in on_disk]
+        if not todo:
+            return [("present", e) for e in entries]
         # Exact names as patterns: escape the few glob characters a file name may hold.
         snapshot_download(first.repo, revision=info.sha, local_dir=staging, endpoint=endpoint(),
                           allow_patterns=[glob.escape(e.remote) for e in todo], max_workers=4)
@@ -133,6 +158,7 @@ def fetch_repo(entries: list, out: Path) -> list[tuple[str, object]]:
             dest = out / e.path
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.replace(staged, dest)  # same filesystem: atomic
+            cache.mark_verified(e.path, dest)
             if e.sha256:
                 results.append(("downloaded", e))
             else:

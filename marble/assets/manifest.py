@@ -17,10 +17,12 @@ from pathlib import Path
 
 import yaml
 
+from marble.assets.verify import HashCache, problem
+
 MANIFEST = Path(__file__).with_name("manifest.yaml")
 GROUPS = ("model", "rewards", "datasets")
 GROUP_KEYS = {"dir", "files", "hub"}
-FILE_KEYS = {"path", "url", "size", "sha256", "auth", "page"}
+FILE_KEYS = {"path", "url", "size", "sha256", "git_blob", "sha256_prefix", "auth", "page"}
 HUB_KEYS = {"repo", "revision", "gated", "page", "into", "files"}
 HUB_FILE_KEYS = {"path", "size", "sha256"}
 
@@ -46,6 +48,13 @@ class Entry:
     revision: str | None = None
     remote: str | None = None
     gated: bool = False
+    git_blob: str | None = None  # the file's git blob id in the pinned commit (pins size too)
+    sha256_prefix: str | None = None  # all that is published for some checkpoints (openmmlab's)
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the manifest pins the content (a hub file is also pinned by its commit's listing)."""
+        return bool(self.sha256 or self.git_blob or (self.repo and self.revision))
 
 
 def _keys(where: str, spec: dict, allowed: set[str], required: tuple[str, ...]) -> None:
@@ -85,7 +94,8 @@ def load_manifest(path: str | Path = MANIFEST) -> list[Entry]:
         for i, f in enumerate(spec.get("files") or []):
             _keys(f"{path}: groups.{group}.files[{i}]", f, FILE_KEYS, ("path", "url"))
             entries.append(Entry(group, f["path"], f["url"], f.get("size"), f.get("sha256"),
-                                 f.get("auth"), f.get("page")))
+                                 f.get("auth"), f.get("page"), git_blob=f.get("git_blob"),
+                                 sha256_prefix=f.get("sha256_prefix")))
         for i, hub in enumerate(spec.get("hub") or []):
             entries.extend(_hub_entries(path, group, i, hub))
     return entries
@@ -97,21 +107,15 @@ def group_dirs(path: str | Path = MANIFEST) -> dict[str, str]:
     return {g: spec.get("dir") or g for g, spec in data.get("groups", {}).items()}
 
 
-def present(entry: Entry, out: Path) -> bool:
-    dest = out / entry.path
-    return dest.is_file() and (entry.size is None or dest.stat().st_size == entry.size)
+def present(entry: Entry, out: Path, cache: HashCache | None = None) -> bool:
+    """out/entry.path exists and its content matches its pin (re-hashed unless cached)."""
+    return problem(entry, out, cache) is None
 
 
 def missing_files(entries: list[Entry], out: Path) -> list[str]:
-    """Entries absent on disk (or of the wrong pinned size)."""
-    bad = []
-    for e in entries:
-        dest = out / e.path
-        if not dest.is_file():
-            bad.append(f"{dest} (missing)")
-        elif e.size is not None and dest.stat().st_size != e.size:
-            bad.append(f"{dest} (size {dest.stat().st_size}, pinned {e.size})")
-    return bad
+    """Entries absent on disk or whose content does not match its pin, each with the reason."""
+    cache = HashCache(out)
+    return [f"{out / e.path} ({why})" for e in entries if (why := problem(e, out, cache))]
 
 
 # ------------------------------------------------------------------ where reward checkpoints live

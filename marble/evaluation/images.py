@@ -67,8 +67,13 @@ def save_images(images: torch.Tensor, sample_ids: Iterable[int], output_dir: str
         write_bytes(image_path(output_dir, sample_id, fmt), encode_image(array, fmt))
 
 
+class ImageDecodeError(ValueError):
+    """A saved image that cannot be decoded; the message names the file."""
+
+
 def load_images(sample_ids: Iterable[int], output_dir: str | Path, fmt: str) -> torch.Tensor:
-    """The saved images of `sample_ids` as [N, 3, H, W] floats in [0, 1] (missing: clear error)."""
+    """The saved images of `sample_ids` as [N, 3, H, W] floats in [0, 1] (missing or corrupt:
+    an error naming the file)."""
     tensors = []
     for sample_id in sample_ids:
         path = image_path(output_dir, sample_id, fmt)
@@ -76,8 +81,12 @@ def load_images(sample_ids: Iterable[int], output_dir: str | Path, fmt: str) -> 
             raise FileNotFoundError(
                 f"--skip_generation: image {path} of sample {sample_id} is missing "
                 f"(--image_format {fmt}; the reference writes .jpg)")
-        with Image.open(path) as image:
-            array = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
+        try:
+            with Image.open(path) as image:
+                array = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
+        except (OSError, ValueError, SyntaxError) as exc:  # PIL's decoders raise all three
+            raise ImageDecodeError(f"image {path} of sample {sample_id} cannot be decoded ({exc}); "
+                                   "delete it to regenerate, or drop --skip_generation") from None
         tensors.append(torch.from_numpy(array).permute(2, 0, 1))
     return torch.stack(tensors)
 

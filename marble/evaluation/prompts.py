@@ -3,7 +3,10 @@
 Raw layout (docs/algorithm.md §10): `DIR/geneval/test_metadata.jsonl` (one GenEval record
 per line, the prompt under "prompt") and `DIR/{ocr,pickscore,drawbench}/test.txt` (one
 prompt a line).
-A sample's id is its position among the non-empty lines, so ids stay stable across runs.
+A sample's id is its position in the file, so ids stay stable across runs. The files are
+read by dataset assembly's readers (marble.data.assemble), as strictly: an empty line, bad
+UTF-8 or a GenEval record without `prompt`, `include` or a known `tag` is an error naming
+the file and line (such a record would silently drop out of the GenEval score).
 """
 
 from __future__ import annotations
@@ -11,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from marble.data.assemble import read_geneval, read_text_prompts
 from marble.data.records import prompt_id as make_prompt_id
-from marble.runtime.io import read_jsonl
 from marble.runtime.seeds import stable_seed
 
 DATASETS = ("geneval", "ocr", "pickscore", "drawbench")
@@ -56,17 +59,11 @@ def _require(path: Path) -> Path:
 
 def _geneval_records(path: Path) -> list[tuple[dict, str]]:
     """(metadata, prompt) per record; an input file, so even a torn last line is an error."""
-    out = []
-    for lineno, meta in read_jsonl(_require(path), ValueError, torn_tail=False):
-        if not isinstance(meta, dict) or not isinstance(meta.get("prompt"), str):
-            raise ValueError(f"{path}:{lineno}: a GenEval record needs a string 'prompt'")
-        out.append((meta, meta["prompt"]))
-    return out
+    return [(meta, meta["prompt"]) for meta in read_geneval(_require(path), str(path))]
 
 
 def _text_records(path: Path) -> list[tuple[dict, str]]:
-    lines = _require(path).read_text(encoding="utf-8").splitlines()
-    return [({}, line.strip()) for line in lines if line.strip()]
+    return [({}, prompt) for prompt in read_text_prompts(_require(path), str(path))]
 
 
 def load_samples(data_dir: str | Path, dataset: str) -> list[EvalSample]:

@@ -3,7 +3,8 @@
 `evaluation_results.jsonl` holds one line per finished sample and is appended per batch,
 so a crash loses at most the batch in flight; on read the last line of a sample wins.
 Scores are floats, `null` where the value is NaN (not applicable, or unscorable), with
-`not_applicable` naming the rewards whose content rule excluded the sample.
+`not_applicable` naming the rewards whose content rule excluded the sample, and `failed`
+naming those whose (remote) request failed: missing, not scored, so the next run retries them.
 """
 
 from __future__ import annotations
@@ -57,9 +58,10 @@ def read_results(path: str | Path) -> dict[int, dict]:
 
 
 def is_scored(row: dict, rewards: Iterable[str]) -> bool:
-    """The row has a value (number or an explicit null) for every requested reward."""
-    scores = row.get("scores") or {}
-    return all(name in scores for name in rewards)
+    """The row has a value (number or an explicit null) for every requested reward, and
+    none of them is a failed request (those are missing: a rerun scores them again)."""
+    scores, failed = row.get("scores") or {}, set(row.get("failed") or [])
+    return all(name in scores and name not in failed for name in rewards)
 
 
 def _mean(values: list[float]) -> float:
@@ -67,10 +69,12 @@ def _mean(values: list[float]) -> float:
 
 
 def reward_average(rows: list[dict], name: str) -> dict[str, float | int]:
-    """Mean over finite values; n_ = finite count, nan_ = applicable but unscorable."""
-    values, nan, not_applicable = [], 0, 0
+    """Mean over finite values; n_ = finite count, nan_ = applicable but unscorable,
+    failed_ = of those, failed requests (retried by the next run)."""
+    values, nan, not_applicable, failed = [], 0, 0, 0
     for row in rows:
         value = (row.get("scores") or {}).get(name)
+        failed += name in (row.get("failed") or [])
         if finite(value):
             values.append(float(value))
         elif name in (row.get("not_applicable") or []):
@@ -78,7 +82,7 @@ def reward_average(rows: list[dict], name: str) -> dict[str, float | int]:
         elif name in (row.get("scores") or {}):
             nan += 1
     return {name: _mean(values), f"n_{name}": len(values), f"nan_{name}": nan,
-            f"na_{name}": not_applicable}
+            f"na_{name}": not_applicable, f"failed_{name}": failed}
 
 
 def geneval_summary(rows: list[dict]) -> dict[str, float]:

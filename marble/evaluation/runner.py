@@ -65,8 +65,9 @@ def generate_images(pipe, samples: list[EvalSample], args) -> torch.Tensor:
     return image_io.quantize_8bit(decode_latents(pipe, latents))
 
 
-def score_images(rewards: dict, images: torch.Tensor, samples: list[EvalSample]) -> list[dict]:
-    """Per sample: {reward: float (NaN = unscorable/not applicable)}; GenEval adds its detail."""
+def score_images(rewards: dict, images: torch.Tensor, samples: list[EvalSample]) -> tuple[list[dict], list[list[str]]]:
+    """Per sample: {reward: float (NaN = unscorable/not applicable)} (GenEval adds its detail),
+    and the rewards whose request failed for it (NaN too, but retried by the next run)."""
     from marble import rewards as registry
 
     prompts = [s.prompt for s in samples]
@@ -75,6 +76,7 @@ def score_images(rewards: dict, images: torch.Tensor, samples: list[EvalSample])
     plain = {n: r for n, r in rewards.items() if n not in detailed}
     scores, _ = registry.score_all(plain, images, prompts, metadata) if plain else ({}, {})
     out = [{name: float(values[i]) for name, values in scores.items()} for i in range(len(samples))]
+    failed = [[name for name in plain if bool(plain[name].last_failed[i])] for i in range(len(samples))]
     for name, reward in detailed.items():
         # Only the samples the reward applies to (NaN elsewhere), as score_all does.
         idx = [i for i, (p, m) in enumerate(zip(prompts, metadata)) if reward.applies(p, m)]
@@ -84,7 +86,13 @@ def score_images(rewards: dict, images: torch.Tensor, samples: list[EvalSample])
         for i, detail in zip(idx, details):
             out[i][name] = float(detail.get("score", math.nan))
             out[i].update({k: float(detail[k]) for k in ("accuracy", "strict_accuracy") if k in detail})
-    return out
+    return out, failed
+
+
+def merged_failed(old: dict, new_scores: dict, new_failed: list[str]) -> list[str]:
+    """Rewards still failed for a row: those failed now, and old failures not rescored now."""
+    kept = [name for name in old.get("failed") or [] if name not in new_scores]
+    return sorted({*kept, *new_failed})
 
 
 def not_applicable(rewards: dict, sample: EvalSample) -> list[str]:
@@ -113,10 +121,11 @@ def process_batch(pipe, rewards, batch, previous: dict[int, dict], args, output_
             image_io.save_images(images, ids, output_dir, fmt)
     timing["generation_s"] = time.perf_counter() - start
     start = time.perf_counter()
-    scores = [{} for _ in batch] if args.no_score else score_images(rewards, images, batch)
+    scores, failed = ([{} for _ in batch], [[] for _ in batch]) if args.no_score else \
+        score_images(rewards, images, batch)
     timing["scoring_s"] = time.perf_counter() - start
     rows = []
-    for sample, new_scores in zip(batch, scores):
+    for sample, new_scores, new_failed in zip(batch, scores, failed):
         old = previous.get(sample.sample_id, {})
         path = image_io.image_path(output_dir, sample.sample_id, fmt)
         rows.append({
@@ -124,6 +133,8 @@ def process_batch(pipe, rewards, batch, previous: dict[int, dict], args, output_
             "metadata": dict(sample.metadata),
             "scores": {**(old.get("scores") or {}), **json_scores(new_scores)},
             "not_applicable": [] if args.no_score else not_applicable(rewards, sample),
+            # A failed request is stored as missing (null, named here), never as a score.
+            "failed": merged_failed(old, new_scores, new_failed),
             "image_path": str(path) if path.is_file() else None,
         })
     return rows, timing

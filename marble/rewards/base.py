@@ -4,6 +4,9 @@ A reward is called as `reward(images, prompts, metadata) -> Tensor[N]` (float32)
 `images` a float tensor [N, 3, H, W] in [0, 1] on the CPU. It returns NaN where it does
 not apply to the prompt (`applies` is False) or where the sample could not be scored;
 NaN is masked downstream (never read as a zero) and counted in `failures`.
+A remote scorer also sets `failed_rows` (bool per row it scored) where the NaN is a failed
+request rather than a judgement; after a call `last_failed` holds that per row of the call,
+so evaluation can store those as missing and retry them on the next run.
 """
 
 from __future__ import annotations
@@ -89,6 +92,8 @@ class Reward:
         self.applies_to = None if applies_to is None else set(applies_to)
         self.failures = 0  # samples that applied but could not be scored
         self.scored = 0
+        self.failed_rows: torch.Tensor | None = None  # set by `score` of a remote scorer
+        self.last_failed = torch.zeros(0, dtype=torch.bool)  # per row of the last call
 
     # -- applicability -------------------------------------------------------
     def applies_by_content(self, prompt: str, metadata: dict) -> bool:
@@ -120,10 +125,14 @@ class Reward:
             raise ValueError(f"reward {self.name!r}: images must be [N,3,H,W], got {tuple(images.shape)}")
         out = torch.full((len(prompts),), float("nan"), dtype=torch.float32)
         idx = [i for i, (p, m) in enumerate(zip(prompts, metadata)) if self.applies(p, m)]
+        self.last_failed = torch.zeros(len(prompts), dtype=torch.bool)
         if idx:
+            self.failed_rows = None
             with torch.no_grad():
                 sub = self.score(images[idx], [prompts[i] for i in idx], [metadata[i] for i in idx])
             out[idx] = sub.detach().to(torch.float32).cpu()
+            if self.failed_rows is not None:
+                self.last_failed[idx] = self.failed_rows & torch.isnan(out[idx])
             self.scored += len(idx)
             self.failures += int(torch.isnan(out[idx]).sum())
         return out

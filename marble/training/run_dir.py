@@ -23,6 +23,9 @@ RESULT_NEUTRAL_KEYS = {
     "sampling.eval_num_steps", "data.test", "data.embed_cache",
     "logging.backends",  # trackers watch a run; a folder from before the key resumes too
 }
+# Keys holding file or folder paths: compared resolved on resume, so `data/x` and its
+# absolute spelling are the same run, not a config change.
+PATH_KEYS = {"model.path", "data.train", "data.test", "data.embed_cache"}
 
 
 class TrainError(RuntimeError):
@@ -41,12 +44,19 @@ def flat_config(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def comparable(key: str, value):
+    """A value as resume compares it: path keys resolved against the working folder."""
+    if key in PATH_KEYS and isinstance(value, str) and value and not value.startswith("random:"):
+        return str(Path(value).expanduser().resolve())
+    return value
+
+
 def config_differences(saved: dict, wanted: dict) -> list[str]:
     """Keys (dotted) whose values differ and that change the result."""
     a, b = flat_config(saved), flat_config(wanted)
     keys = sorted(set(a) | set(b))
-    return [k for k in keys
-            if k not in RESULT_NEUTRAL_KEYS and a.get(k, "<absent>") != b.get(k, "<absent>")]
+    return [k for k in keys if k not in RESULT_NEUTRAL_KEYS
+            and comparable(k, a.get(k, "<absent>")) != comparable(k, b.get(k, "<absent>"))]
 
 
 def check_run_dir(out_dir: Path, cfg: RunConfig) -> None:
@@ -71,3 +81,15 @@ def check_run_dir(out_dir: Path, cfg: RunConfig) -> None:
             f"{shown}. Use another --output-dir or the same config (only train.max_steps "
             f"and logging/checkpoint cadence may change on resume)."
         )
+    check_max_steps(out_dir, cfg)
+
+
+def check_max_steps(out_dir: Path, cfg: RunConfig) -> None:
+    """A run folder already past `train.max_steps` is an error, not a silent "done"."""
+    from marble.training.checkpoint import list_checkpoints  # torch: not at the CLI's startup
+
+    steps = [step for step, _ in list_checkpoints(out_dir)]
+    if steps and steps[-1] > cfg.train.max_steps:
+        raise TrainError(
+            f"{out_dir}: its last checkpoint is step {steps[-1]}, past `train.max_steps` = "
+            f"{cfg.train.max_steps}; give max_steps >= {steps[-1]} or another --output-dir")

@@ -1,6 +1,6 @@
 # Evaluation of every known checkpoint on every configured dataset, then one summary.
 # Results live in results/eval/<settings>/<run>/<checkpoint>/<dataset>/, <settings>
-# naming every image-changing eval setting (common.smk: eval_settings_name), so a
+# naming every image-changing eval setting (marble.workflow.evaluation.settings_name), so a
 # changed setting evaluates into a new folder. Only average_scores.json is declared:
 # Snakemake deletes declared outputs before a job, and evaluation_results.jsonl is the
 # state `marble evaluate` resumes from (finished samples are skipped).

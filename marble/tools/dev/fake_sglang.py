@@ -5,6 +5,11 @@ makes) on 127.0.0.1 and a free port, with a reply that ends in `Final Score: N`,
 chosen deterministically from the request's text (sha256 of the judge prompt, mod 5, + 1),
 so the same prompt always gets the same judgement. Bounded: it stops by itself after
 `idle_s` seconds without a request. For `make test-paper` (no GPU, no VLM); not a judge.
+
+Faults (the fault suite's flaky judge): `faults` is a queue of what the next requests get,
+one entry each, then normal replies: `503` (any 3-digit status), `trickle` (a valid reply
+sent a byte at a time, `trickle_s` apart), `bad_gzip` (a body labelled gzip that is not),
+`score:<text>` (a reply ending "Final Score: <text>", e.g. score:99999). CLI: `--faults 503,trickle`.
 """
 
 from __future__ import annotations
@@ -12,11 +17,16 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
+import threading
+import time
+from collections import deque
 from http.server import BaseHTTPRequestHandler
 
 from marble.tools.dev.mirror_server import LoopbackServer
 
 MAX_BODY = 8 << 20  # a 512x512 PNG in base64 is well under this
+FAULT = re.compile(r"^(?:\d{3}|trickle|bad_gzip|score:.+)$")
 
 
 def judge_score(text: str) -> int:
@@ -40,13 +50,26 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):  # quiet: the harness logs are enough
         pass
 
-    def _json(self, status: int, obj: dict) -> None:
+    def _json(self, status: int, obj: dict, fault: str | None = None) -> None:
         data = json.dumps(obj).encode()
+        if fault == "bad_gzip":
+            data = b"\x1f\x8b this is not gzip"
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
+        if fault == "bad_gzip":
+            self.send_header("Content-Encoding", "gzip")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        if fault != "trickle":
+            self.wfile.write(data)
+            return
+        try:  # a server that answers, slowly: each read is quick, the whole reply is not
+            for i in range(len(data)):
+                self.wfile.write(data[i : i + 1])
+                self.wfile.flush()
+                time.sleep(self.server.trickle_s)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up, as it should
 
     def do_POST(self):
         self.server.touch()
@@ -61,17 +84,30 @@ class Handler(BaseHTTPRequestHandler):
         except (ValueError, KeyError, TypeError) as err:
             return self._json(400, {"error": f"bad request: {err}"})
         self.server.requests += 1
-        reply = f"The image roughly follows the caption. Final Score: {judge_score(text)}"
+        fault = self.server.next_fault()
+        if fault and fault.isdigit():
+            return self._json(int(fault), {"error": f"injected {fault}"})
+        score = fault.removeprefix("score:") if fault and fault.startswith("score:") else judge_score(text)
+        reply = f"The image roughly follows the caption. Final Score: {score}"
         self._json(200, {"id": f"fake-{self.server.requests}", "object": "chat.completion",
                          "model": body.get("model", "fake"),
                          "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
-                                      "finish_reason": "stop"}]})
+                                      "finish_reason": "stop"}]}, fault)
 
 
 class FakeSglangServer(LoopbackServer):
-    def __init__(self, port: int = 0, idle_s: float = 300.0):
+    def __init__(self, port: int = 0, idle_s: float = 300.0, faults=(), trickle_s: float = 0.05):
         super().__init__(Handler, port, idle_s)
         self.requests = 0
+        bad = [f for f in faults if not FAULT.match(f)]
+        if bad:
+            raise ValueError(f"fake_sglang: unknown faults {bad} (503, trickle, bad_gzip, score:<text>)")
+        self.faults, self.trickle_s, self._lock = deque(faults), float(trickle_s), threading.Lock()
+
+    def next_fault(self) -> str | None:
+        """The fault the current request gets (None: a normal reply); each is used once."""
+        with self._lock:  # handlers run in threads
+            return self.faults.popleft() if self.faults else None
 
     @property
     def url(self) -> str:
@@ -84,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--idle", type=float, default=600.0, help="stop after this many seconds without a request")
+    p.add_argument("--faults", default="", help="comma-separated faults for the first requests (see above)")
     args = p.parse_args(argv)
-    server = FakeSglangServer(args.port, args.idle)
+    server = FakeSglangServer(args.port, args.idle, [f for f in args.faults.split(",") if f])
     print(f"fake sglang at {server.url} (MARBLE_UNIFIEDREWARD_URL={server.url}); stops after {args.idle:.0f}s idle",
           flush=True)
     try:

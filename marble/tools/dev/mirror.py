@@ -132,10 +132,12 @@ def build_mirror(out: str | Path, seed: int = 0, manifest: str | Path = MANIFEST
 
 
 def mirror_manifest(out: Path, manifest: str | Path = MANIFEST) -> dict:
-    """The packaged manifest with each size/sha256 set to the replica's (revisions kept)."""
+    """The packaged manifest with each size/sha256 set to the replica's (revisions kept; the
+    real files' git_blob / sha256_prefix pins dropped: a replica has other bytes)."""
     data = yaml.safe_load(Path(manifest).read_text(encoding="utf-8"))
     for spec in data["groups"].values():
         for f in spec.get("files") or []:
+            f.pop("git_blob", None), f.pop("sha256_prefix", None)
             f["size"], f["sha256"] = _digest(out / "urls" / url_path(f["url"]))
         for repo in spec.get("hub") or []:
             for f in repo["files"]:

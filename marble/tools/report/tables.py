@@ -29,9 +29,9 @@ PAPER_HARMONY = {
 
 
 def is_count_metric(metric: str) -> bool:
-    """average_scores.json's bookkeeping (n_, na_, nan_ counts, num_samples): not scores,
-    so they stay out of the score table and the composite."""
-    return metric == "num_samples" or metric.startswith(("n_", "na_", "nan_"))
+    """average_scores.json's bookkeeping (n_, na_, nan_, failed_ counts, num_samples): not
+    scores, so they stay out of the score table and the composite."""
+    return metric == "num_samples" or metric.startswith(("n_", "na_", "nan_", "failed_"))
 
 
 def eval_table(summary: pd.DataFrame, composite: Callable | None = None) -> pd.DataFrame:

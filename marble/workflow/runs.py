@@ -1,0 +1,39 @@
+"""A configured run (`runs: <name>: {preset, max_steps, set}`) as `marble train` sees it."""
+
+from __future__ import annotations
+
+import shlex
+
+from marble.config import load_config
+
+
+def run_overrides(spec: dict, model_dir: str, dataset_dir: str, embed_dir: str | None) -> list[str]:
+    """The `--set` overrides every run gets: this workflow's model and tables win, then the
+    run's own `set:` entries."""
+    sets = [f"model.path={model_dir}", f"data.train={dataset_dir}/train.parquet",
+            f"data.test={dataset_dir}/test.parquet"]
+    if embed_dir is not None:
+        sets.append(f"data.embed_cache={embed_dir}")
+    return sets + list(spec["set"])
+
+
+def final_step(spec: dict, overrides: list[str]) -> int:
+    """The last optimizer step of a run (its preset and overrides decide), so its final
+    checkpoint's name is known before it exists."""
+    overrides = list(overrides)
+    if spec["max_steps"] is not None:
+        overrides.append(f"train.max_steps={spec['max_steps']}")
+    return load_config(spec["preset"], overrides=overrides).train.max_steps
+
+
+def checkpoint_name(step: int) -> str:
+    """The checkpoint folder name of an optimizer step (marble.training.checkpoint's format)."""
+    return f"checkpoint-{step:06d}"
+
+
+def train_args(spec: dict, overrides: list[str]) -> str:
+    """`marble train` arguments after the preset and output dir, each shell-quoted."""
+    args = [f"--set {shlex.quote(str(s))}" for s in overrides]
+    if spec["max_steps"] is not None:
+        args.append(f"--max-steps {int(spec['max_steps'])}")
+    return " ".join(args)

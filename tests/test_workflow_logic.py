@@ -1,0 +1,103 @@
+"""marble.workflow: the workflow's logic as pure functions, tested without Snakemake."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from marble.workflow import checkpoints, evaluation, runs, slurm
+
+CLUSTER = dict(partition="cpu", gpu_partition="gpu", account="proj1", gpu_type="h200",
+               constraint="hopper")
+TRAIN = dict(nodes=2, gpus_per_node=8, tasks=None, cpus_per_task=32, mem_mb=480000,
+             runtime=2880, requeue_signal_s=600)
+EVAL = dict(num_inference_steps=40, guidance_scale=1.0, resolution=512, mixed_precision="fp16",
+            reward_options={}, limit=None, save_images=False, rewards={"ocr": ["ocr"]},
+            processes=None, resources=dict(gpus=2, cpus_per_task=8, mem_mb=64000, runtime=60))
+
+
+def test_train_resources_two_nodes():
+    res = slurm.train_resources(TRAIN, CLUSTER)
+    assert (res["nodes"], res["tasks"], res["mpi"]) == (2, 2, "srun")
+    assert res["gres"] == "gpu:h200:8" and res["slurm_partition"] == "gpu"
+    assert res["slurm_account"] == "proj1" and res["constraint"] == "hopper"
+    assert res["slurm_extra"] == "--signal=USR1@600 --ntasks-per-node=1"
+
+
+def test_cpu_job_takes_the_cpu_partition_and_no_gres():
+    res = slurm.job_resources(dict(gpus=0, cpus_per_task=2, mem_mb=4000, runtime=10), CLUSTER)
+    assert res == dict(cpus_per_task=2, mem_mb=4000, runtime=10, slurm_partition="cpu",
+                       slurm_account="proj1")
+
+
+def test_run_overrides_and_args_are_quoted():
+    spec = dict(preset="tiny", max_steps=3, set=["train.lr=1e-4", "data.note=a b;c"])
+    sets = runs.run_overrides(spec, "data/my model", "data/datasets/x", None)
+    assert sets[0] == "model.path=data/my model" and sets[-1] == "data.note=a b;c"
+    args = runs.train_args(spec, sets)
+    words = shlex.split(args)  # the shell sees exactly the overrides, nothing executes
+    assert words.count("--set") == len(sets) and "data.note=a b;c" in words
+    assert words[-2:] == ["--max-steps", "3"]
+    assert runs.final_step(spec, ["train.lr=1e-4"]) == 3  # max_steps wins over the preset
+    assert runs.checkpoint_name(3) == "checkpoint-000003"
+
+
+def test_settings_name_changes_with_every_image_setting_only():
+    base = evaluation.settings_name(EVAL, "data/model")
+    assert base.startswith("n40-r512-g1.0-fp16-")
+    assert evaluation.settings_name({**EVAL, "limit": 4}, "data/model") == base
+    assert evaluation.settings_name(EVAL, "./data/model") == base  # normalised path
+    for key, value in [("guidance_scale", 4.5), ("num_inference_steps", 20),
+                       ("mixed_precision", "bf16"), ("reward_options", {"ocr": {"x": 1}})]:
+        assert evaluation.settings_name({**EVAL, key: value}, "data/model") != base, key
+
+
+def test_eval_launcher_and_processes():
+    assert evaluation.processes(EVAL) == 2
+    assert evaluation.launcher(1) == "marble evaluate"
+    assert "--nproc_per_node 2 -m marble.evaluate" in evaluation.launcher(2)
+    with pytest.raises(ValueError, match="eval.processes=3 > eval.resources.gpus=2"):
+        evaluation.processes({**EVAL, "processes": 3})
+
+
+def test_evaluate_args_quote_reward_options():
+    cfg = {**EVAL, "reward_options": {"ocr": {"engine": "x'; touch PWNED; '"}}, "limit": 2}
+    words = shlex.split(evaluation.evaluate_args(cfg, "ocr"))
+    assert words[words.index("--limit") + 1] == "2"
+    assert '"engine": "x\'; touch PWNED; \'"' in words[words.index("--reward_options") + 1]
+    assert evaluation.source_args("base", None) == ""
+    assert shlex.split(evaluation.source_args("runs/a b/ckpt", None)) == [
+        "--checkpoint_path", "runs/a b/ckpt"]
+    assert evaluation.source_args("hf:o/r", "data/loras/x") == "--lora_hf_path data/loras/x"
+
+
+def test_hub_sources_and_labels():
+    assert checkpoints.hub_source("hf:org/name") == ("org/name", "main")
+    assert checkpoints.hub_source("hf:org/name@abc123") == ("org/name", "abc123")
+    assert checkpoints.hub_source("org/name") is None  # a relative folder, not the hub
+    assert checkpoints.checkpoint_label("hf:org/name@v1.0") == "hub-v1.0"
+    assert checkpoints.checkpoint_label("base") == "base"
+    assert checkpoints.checkpoint_label("results/runs/a/checkpoints/checkpoint-000010") == \
+        "checkpoint-000010"
+    with pytest.raises(ValueError, match="not a hub LoRA reference"):
+        checkpoints.hub_source("hf:a/b/c")
+
+
+def test_scanned_checkpoints_name_clashes_apart(tmp_path):
+    for parent in ("one", "two"):
+        ck = tmp_path / parent / "marble" / "checkpoints" / "checkpoint-000004"
+        ck.mkdir(parents=True)
+        (ck / "COMPLETE").write_text("{}")
+    (tmp_path / "one" / "marble" / "checkpoints" / "checkpoint-000008").mkdir()  # no marker
+    found = checkpoints.scanned_checkpoints([str(tmp_path / "one"), str(tmp_path / "two")])
+    assert sorted(found) == [("marble", "checkpoint-000004"), ("marble-two", "checkpoint-000004")]
+
+
+def test_merge_catalogue_refuses_one_name_for_two_folders(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    same = checkpoints.merge_catalogue({("r", "c"): str(a)}, {("r", "c"): str(tmp_path / "." / "a")})
+    assert same == {("r", "c"): str(a)}
+    with pytest.raises(ValueError, match="names two folders"):
+        checkpoints.merge_catalogue({("r", "c"): str(a)}, {("r", "c"): str(b)})
