@@ -6,7 +6,8 @@
 
 DIR/config.yaml holds the resolved config; a DIR that already has one must agree with
 the requested config on every key that changes the result (marble.training.run_dir:
-RESULT_NEUTRAL_KEYS lists the others), otherwise the run refuses to start rather than silently mixing two experiments.
+RESULT_NEUTRAL_KEYS lists the others), otherwise the run refuses to start rather than
+silently mixing two experiments.
 Errors are one line on stderr and exit status 2. SIGUSR1 or SIGTERM stop the run after
 the current optimizer step with a checkpoint and exit status 75 (marble.training.stopping:
 EXIT_REQUEUE), which the SLURM wrapper turns into a requeue.
