@@ -1,7 +1,8 @@
 """README.md and docs/*.md name only things that exist.
 
 Checked in every document:
-- each path `marble/...` (a file, a folder, or a glob such as `marble/presets/*.yaml`);
+- each path `marble/...` (a file, a folder, or a glob such as `marble/presets/*.yaml`), and
+  each `workflow/...`, `config/...`, `slurm/...`, `tests/...`, `docs/...` path in code;
 - each dotted name `marble.a.b[.attr]`: the module exists, and a trailing attribute is defined
   (or imported) at module level there, so a renamed constant or function fails here;
 - each `python -m marble...` / `-m marble...`: the module exists and runs under `-m`;
@@ -117,6 +118,21 @@ def test_every_marble_path_exists(doc):
     undefined = [f"{rel}: {name}" for rel, name in PATH_NAME.findall(doc_text(doc))
                  if (ROOT / rel).is_file() and name not in module_names(ROOT / rel)]
     assert not undefined, f"{doc.name} names definitions that do not exist: {undefined}"
+
+
+REPO_PATH = re.compile(r"`((?:workflow|config|slurm|tests|docs)/[\w./*-]*)`?")
+
+
+@pytest.mark.parametrize("doc", [d for d in DOCS if d.name != "algorithm.md"], ids=lambda p: p.name)
+def test_every_repository_path_exists(doc):
+    """Workflow, config, SLURM, test and doc paths too (algorithm.md also names the reference's
+    own files, `config/nft.py` and the like, so it is left out)."""
+    missing = []
+    for match in REPO_PATH.finditer(doc_text(doc)):
+        rel = match.group(1).rstrip(".,:;)")
+        if not (list(ROOT.glob(rel)) if "*" in rel else (ROOT / rel).exists()):
+            missing.append(rel)
+    assert not missing, f"{doc.name} names paths that do not exist: {sorted(set(missing))}"
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
