@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 EXTRAS ?= dev,workflow,ocr
 
-.PHONY: setup demo test test-clip test-paper test-geneval-mmdet gpu-check clean
+.PHONY: setup demo test test-clip test-paper test-geneval-mmdet gpu-check mutants clean
 
 $(BIN)/marble: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,12 @@ demo: setup
 
 test: setup
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q --timeout=1800 tests
+
+# Curated mutations of the core (marble/tools/mutants_catalogue.py), each applied in a scratch
+# copy of the tree and run against the tests that must catch it; prints caught / missed with
+# times and fails unless every mutant is caught. One: `$(BIN)/python -m marble.tools.mutants --only NAME`.
+mutants: setup
+	$(BIN)/python -m marble.tools.mutants
 
 # One GPU, <= 8 minutes: bench step (fp16+GradScaler, bf16) and a 3-step rho_07-path run on a
 # random-init SD3.5 Medium plus its resume; prints (and writes) one JSON. CPU plumbing: --tiny.

@@ -75,6 +75,19 @@ def test_duplicates_share_weight_and_ties_are_min_norm():
     np.testing.assert_allclose(min_norm_weights(np.zeros((3, 3))), [1 / 3] * 3)
 
 
+def test_a_near_tie_is_not_a_tie():
+    """A vertex beats an edge by 4e-4 (relative): the tie tolerance must not trade it for
+    the edge's smaller norm.
+
+    v0 = (0.9995, 0), v1 = (1, 1.2), v2 = (1, -1.2). Every convex combination has first
+    coordinate >= 0.9995, so |d|^2 >= 0.9995^2 = 0.99900 with equality only at alpha = e0
+    (the optimum, by hand). The edge {1, 2} reaches (1, 0): |d|^2 = 1, norm^2(alpha) 1/2 < 1.
+    Scaled by the largest diagonal (2.44) the gap is 4.1e-4: a tie only to a loose tolerance.
+    """
+    v = np.array([[0.9995, 0.0], [1.0, 1.2], [1.0, -1.2]])
+    np.testing.assert_allclose(min_norm_weights(v @ v.T), [1.0, 0.0, 0.0], atol=1e-9)
+
+
 def test_k1_and_k2_closed_form():
     np.testing.assert_allclose(min_norm_weights([[4.0]]), [1.0])
     g = np.array([[1.0, 0.3], [0.3, 1.0]])  # unit gradients: always (1/2, 1/2)

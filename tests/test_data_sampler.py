@@ -109,3 +109,25 @@ def test_identical_sequence_after_state_restore():
 def test_too_few_rows_in_a_source_is_an_error():
     with pytest.raises(ValueError, match="only 1 rows"):
         StratifiedKRepeatSampler(["a", "a", "b"], k=1, batch_size=4, world_size=1, rank=0, seed=0)
+
+
+def test_the_k_copies_of_a_prompt_spread_over_ranks_as_a_uniform_shuffle():
+    """The module docstring's claim: the k copies land on different ranks (not k in a row).
+
+    After the shuffle the plan is a uniformly random arrangement of the k copies over
+    world x batch slots, so a rank holds none of a prompt's copies with probability
+    C(N - B, k) / C(N, k) (N = 16 slots, B = 4 per rank, k = 4): the expected number of
+    ranks a prompt reaches is W (1 - C(12, 4) / C(16, 4)) = 4 (1 - 495 / 1820) = 2.912.
+    Unshuffled, every prompt would sit on one rank (1.0). 500 plans x 4 prompts: the mean's
+    standard error is ~0.015, the tolerance 0.1.
+    """
+    s = StratifiedKRepeatSampler(SOURCES, k=4, batch_size=4, world_size=4, rank=0, seed=3)
+    reached = []
+    for epoch in range(500):
+        plan = s.global_plan(epoch)
+        for prompt in set(plan.ravel().tolist()):
+            reached.append(sum(prompt in row for row in plan.tolist()))
+    expected = 4 * (1 - 495 / 1820)
+    assert abs(sum(reached) / len(reached) - expected) < 0.1
+    # Within a rank the copies are not adjacent either: the plan is not sorted by prompt.
+    assert any(list(row) != sorted(row) for row in s.global_plan(0).tolist())

@@ -55,6 +55,18 @@ def _batch(tr) -> MicroBatch:
         advantages=adv, avg_advantage=avg)
 
 
+def test_noised_is_the_flow_forward_process_by_hand():
+    """x_t = (1 - sigma) x0 + sigma eps per sample (spec §4): hand values, not the helper.
+
+    sigma = 0 is the clean latent, sigma = 1 pure noise; 0.25 weighs x0 by 3/4. Swapping
+    sigma and 1 - sigma (the other flow convention) fails all three rows."""
+    x0 = torch.tensor([[2.0, -4.0], [2.0, -4.0], [2.0, -4.0]]).view(3, 1, 1, 2)
+    eps = torch.tensor([[10.0, 6.0], [10.0, 6.0], [10.0, 6.0]]).view(3, 1, 1, 2)
+    x_t = noised(x0, eps, torch.tensor([0.0, 1.0, 0.25]))
+    expected = torch.tensor([[2.0, -4.0], [10.0, 6.0], [0.75 * 2 + 2.5, 0.75 * -4 + 1.5]])
+    assert torch.equal(x_t.view(3, 2), expected)
+
+
 def _v(tr, batch, adapter):
     """The transformer's velocity, called directly: adapter name, or None for the base."""
     kwargs = dict(hidden_states=batch.x_t, timestep=batch.sigma * 1000.0,

@@ -52,9 +52,10 @@ def test_nft_weights_are_floored():
     x0 = torch.zeros(1, 1, 1, 2)
     v = torch.zeros(1, 1, 1, 2)
     l_pos, l_neg = nft_terms(v, v, x0, x0 + 1e-7, torch.tensor([0.5]), 0.1)
-    # err = 1e-7 everywhere: mean err^2 / max(1e-7, 1e-5) = 1e-14 / 1e-5
-    torch.testing.assert_close(l_pos, torch.tensor([1e-9]))
-    torch.testing.assert_close(l_neg, torch.tensor([1e-9]))
+    # err = 1e-7 everywhere: mean err^2 / max(1e-7, 1e-5) = 1e-14 / 1e-5. Relative
+    # tolerance only: the default atol (1e-5) would accept any floor at these magnitudes.
+    torch.testing.assert_close(l_pos, torch.tensor([1e-9]), rtol=1e-5, atol=0)
+    torch.testing.assert_close(l_neg, torch.tensor([1e-9]), rtol=1e-5, atol=0)
 
 
 def test_nft_loss_is_per_sample_with_broadcast_t():

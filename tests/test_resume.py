@@ -1,7 +1,7 @@
 """Resume on the tiny SD3: a damaged newest checkpoint, a changed config, a USR1 stop.
 
 One uninterrupted 4-step run (module fixture) is the reference every interrupted run
-must reproduce bitwise. Settings as in test_trainer: 32 px, 3 sampling steps, 6 rollouts.
+must reproduce bitwise, in every file of its checkpoints (EMA lora/, optimizer, state too). Settings as in test_trainer: 32 px, 3 sampling steps, 6 rollouts.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from checkpoint_compare import assert_same_checkpoint
 
 from marble.data.records import PromptRecord, to_frame
 from marble.train import main as train_main
@@ -53,16 +53,6 @@ def args(model: Path, table: Path, out: Path, max_steps: int, *extra: str) -> li
             "--max-steps", str(max_steps), *[x for s in sets for x in ("--set", s)]]
 
 
-def weights(run: Path, step: int) -> dict:
-    return load_file(str(checkpoint_dir(run, step) / "adapters.safetensors"))
-
-
-def assert_same_weights(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), f"{key} differs"
-
-
 @pytest.fixture(scope="module")
 def straight(tiny_model_dir, table_path, tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("straight") / "run"
@@ -82,7 +72,7 @@ def test_truncated_newest_checkpoint_falls_back_to_the_previous(
     summary = json.loads((run / "train_summary.json").read_text())
     assert summary["resumed_from"].endswith("checkpoint-000002")
     assert damaged_files(checkpoint_dir(run, 3)) == []  # rewritten by the resumed run
-    assert_same_weights(weights(straight, 4), weights(run, 4))
+    assert_same_checkpoint(checkpoint_dir(straight, 4), checkpoint_dir(run, 4))
 
 
 def test_resume_with_a_changed_training_key_fails_naming_it(straight, tiny_model_dir,
@@ -142,4 +132,4 @@ def test_usr1_checkpoints_the_current_step_and_the_rerun_resumes(
     assert train_main(args(tiny_model_dir, table_path, run, stopped + 1)) == 0
     summary = json.loads((run / "train_summary.json").read_text())
     assert summary["resumed_from"].endswith(f"checkpoint-{stopped:06d}")
-    assert_same_weights(weights(straight, stopped + 1), weights(run, stopped + 1))
+    assert_same_checkpoint(checkpoint_dir(straight, stopped + 1), checkpoint_dir(run, stopped + 1))

@@ -56,6 +56,20 @@ def test_relative_position_by_hand():
     assert R.relative_position([0, 0, 10, 10], [50, 50, 60, 60]) == {"left of", "above"}
 
 
+def test_relative_position_uses_box_centres_not_corners():
+    """Boxes of different sizes, where the top-left corners and the centres disagree.
+
+    A = [0, 0, 100, 10] (centre 50), B = [20, 0, 24, 10] (centre 22): centres offset +28,
+    margin 0.1 * (100 + 4) = 10.4 -> revised 17.6, dx = 17.6 / 28 = 0.63 > 0.5: A is right
+    of B. By corners (0 vs 20) A would be left of B or nothing. The same along y."""
+    assert R.relative_position([0, 0, 100, 10], [20, 0, 24, 10]) == {"right of"}
+    assert R.relative_position([20, 0, 24, 10], [0, 0, 100, 10]) == {"left of"}
+    assert R.relative_position([0, 0, 10, 100], [0, 20, 10, 24]) == {"below"}
+    # A small box inside a large one, at the large one's centre: no relation (offset 0),
+    # although its corner is 48 px right of and below the large box's corner.
+    assert R.relative_position([48, 48, 52, 52], [0, 0, 100, 100]) == set()
+
+
 def test_single_object_and_negative_count_credit():
     meta = {"tag": "single_object", "include": [{"class": "dog", "count": 1}]}
     one = detail({"dog": [obj(0, 0, 5, 5)]}, meta)

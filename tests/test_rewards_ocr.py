@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from marble.rewards.base import reference_quoted_target
+from marble.rewards.base import quoted_target, reference_quoted_target
 from marble.rewards.ocr import ocr_similarity, require_paddleocr_2, resolve_backend
 
 pytest.importorskip("rapidocr")
@@ -54,6 +54,14 @@ def test_reference_target_rule_by_hand():
     assert reference_quoted_target('""portrait", a painting') is None  # first span empty: NaN in the reference
     assert reference_quoted_target("no quotes") is None
     assert reference_quoted_target('spaces " " only') is None  # the reference divides by zero here
+
+
+def test_default_target_rule_is_the_first_non_empty_quoted_span():
+    """marble's own rule (reference_rules off): the FIRST non-empty "..." span, by hand."""
+    assert quoted_target('a sign "hello world" and a banner "x"') == "hello world"
+    assert quoted_target('"open" now, "closed" later, "gone" soon') == "open"
+    assert quoted_target('a " " gap, then "late"') == "late"  # a spaces-only span is empty
+    assert quoted_target("no quotes") is None and quoted_target('one "unterminated') is None
 
 
 def test_reference_rules_change_the_mask_without_weights():

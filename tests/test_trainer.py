@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from checkpoint_compare import assert_same_checkpoint
 from safetensors.torch import load_file
 
 from marble.data.records import PromptRecord, to_frame
 from marble.train import main as train_main
+from marble.training.checkpoint import checkpoint_dir
 
 REWARDS = ["toy_brightness", "toy_saturation", "toy_text_contrast", "toy_color_match"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +73,9 @@ def adapters(run: Path, step: int) -> dict:
 @pytest.mark.parametrize("method", ["weighted_sum", "equal_alpha", "mgda", "marble"])
 def test_tiny_training_each_balancer(method, tiny_model_dir, table_path, tmp_path):
     run = tmp_path / method
-    argv = small_args(tiny_model_dir, table_path, run, method) + ["--max-steps", "2"]
+    # A cap below step 2's 0.002 (decay type 1: min(0.001 s, cap)): the trainer must pass it on.
+    argv = small_args(tiny_model_dir, table_path, run, method,
+                      extra=("train.old_decay_cap=0.0015",)) + ["--max-steps", "2"]
     assert train_main(argv) == 0
     records = read_metrics(run)
     assert [r["step"] for r in records] == [1, 2]
@@ -85,6 +89,8 @@ def test_tiny_training_each_balancer(method, tiny_model_dir, table_path, tmp_pat
     assert last["balancer"] == method
     # Weight EMA after the step counter moves, as the reference: s = 1, 2 -> 2/11, 3/12.
     assert [r["ema_decay"] for r in records] == pytest.approx([2 / 11, 3 / 12])
+    # Old policy blended after the step counter moves: s = 1 -> 0.001, s = 2 -> capped 0.0015.
+    assert [r["old_decay"] for r in records] == pytest.approx([0.001, 0.0015], rel=1e-12)
     assert all(r["skipped_step"] == 0.0 and r["loss_scale"] == 1.0 for r in records)
     assert all(torch.isfinite(torch.tensor(r["loss/policy"])) for r in records)
     assert last["reward_applicable/toy_brightness"] == 6 and last["reward_nan/toy_brightness"] == 0
@@ -129,10 +135,8 @@ def test_resume_is_bitwise(tiny_model_dir, table_path, tmp_path):
         fh.write(json.dumps({"step": 3, "stale": True}) + "\n" + '{"step": 4, "lo')
     (resumed / "checkpoints" / "checkpoint-000003").mkdir()
     assert train_main(small_args(tiny_model_dir, table_path, resumed) + ["--max-steps", "4"]) == 0
-    a, b = adapters(straight, 4), adapters(resumed, 4)
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), f"{key} differs after resume"
+    # Every file of the checkpoint, the EMA weights evaluation loads (lora/) included.
+    assert_same_checkpoint(checkpoint_dir(straight, 4), checkpoint_dir(resumed, 4))
     ma, mb = read_metrics(straight), read_metrics(resumed)
     assert [r["step"] for r in mb] == [1, 2, 3, 4]
     for ra, rb in zip(ma, mb):
@@ -195,9 +199,7 @@ def test_fp16_gradscaler_skips_overflow_and_resumes_bitwise(monkeypatch, tiny_mo
     shutil.copytree(straight, resumed)
     shutil.rmtree(resumed / "checkpoints" / "checkpoint-000003")
     assert train_main(args(resumed, 3)) == 0
-    b3 = adapters(resumed, 3)
-    for key in a3:
-        assert torch.equal(a3[key], b3[key]), f"{key} differs after resume"
+    assert_same_checkpoint(checkpoint_dir(straight, 3), checkpoint_dir(resumed, 3))
     assert read_metrics(resumed)[-1]["loss_scale"] == 32768.0
 
 

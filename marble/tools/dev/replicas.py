@@ -99,6 +99,11 @@ def sd3_repo(folder: Path, seed: int = 0) -> None:
 # ------------------------------------------------------------------ CLIP / BERT folders
 
 
+# Tokenizer files are passed positionally: transformers 4 names the first arguments
+# vocab_file / merges_file, transformers 5 vocab / merges and silently ignores vocab_file=
+# (the saved tokenizer.json then holds only the special tokens and every word is [UNK]).
+
+
 def _byte_chars() -> list[str]:
     """GPT-2/CLIP byte-to-unicode alphabet (256 printable stand-ins for bytes)."""
     keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
@@ -121,8 +126,7 @@ def clip_repo(folder: Path, seed: int = 0) -> None:
     vocab = {t: i for i, t in enumerate(chars + [c + "</w>" for c in chars] + ["<|startoftext|>", "<|endoftext|>"])}
     _json(folder / "vocab.json", vocab)
     (folder / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")  # character-level BPE
-    tokenizer = CLIPTokenizer(vocab_file=str(folder / "vocab.json"), merges_file=str(folder / "merges.txt"),
-                              model_max_length=77)
+    tokenizer = CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"), model_max_length=77)
     tokenizer.save_pretrained(folder)
     _json(folder / "special_tokens_map.json", tokenizer.special_tokens_map)
     image = CLIPImageProcessor(size={"shortest_edge": CLIP_IMAGE}, crop_size={"height": CLIP_IMAGE, "width": CLIP_IMAGE})
@@ -155,7 +159,8 @@ def bert_repo(folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     vocab = bert_vocab()
     (folder / "vocab.txt").write_text("".join(t + "\n" for t in vocab), encoding="utf-8")
-    BertTokenizer(vocab_file=str(folder / "vocab.txt"), do_lower_case=True).save_pretrained(folder)
+    # Positional, as in clip_repo: transformers 5 ignores vocab_file=.
+    BertTokenizer(str(folder / "vocab.txt"), do_lower_case=True).save_pretrained(folder)
     (folder / "vocab.txt").write_text("".join(t + "\n" for t in vocab), encoding="utf-8")
     BertConfig(vocab_size=len(vocab), hidden_size=BERT_HIDDEN, intermediate_size=64, num_hidden_layers=2,
                num_attention_heads=2).to_json_file(folder / "config.json")
