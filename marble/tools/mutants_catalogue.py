@@ -42,7 +42,7 @@ MUTANTS: list[Mutant] = [
            ("tests/test_checkpoint.py::test_incomplete_checkpoints_are_ignored",),
            "a half-written checkpoint folder (no COMPLETE) is resumed from"),
     Mutant("checkpoint_hashes_unchecked", "marble/training/checkpoint.py",
-           "elif _sha256(path) != digest:", "elif False:",
+           "elif sha256_file(path) != digest:", "elif False:",
            ("tests/test_checkpoint.py::test_damaged_newest_checkpoint_falls_back_with_a_warning",),
            "a truncated / bit-rotted checkpoint file passes as intact"),
     # ---------------------------------------------------------------- the NFT maths
@@ -169,8 +169,8 @@ MUTANTS: list[Mutant] = [
            "the same bug in the CLIP replicas (PickScore, CLIP-H, CLIP-L)"),
     # ---------------------------------------------------------------- evaluation
     Mutant("eval_seed_ignores_repeat", "marble/evaluation/prompts.py",
-           r'payload = f"{int(global_seed)}\0{prompt_id}\0{int(repeat)}"',
-           r'payload = f"{int(global_seed)}\0{prompt_id}"',
+           "return stable_seed(int(global_seed), str(prompt_id), int(repeat))",
+           "return stable_seed(int(global_seed), str(prompt_id))",
            ("tests/test_evaluate_units.py::test_sample_seed_is_deterministic_and_distinct",),
            "repeats of a prompt get the same initial noise"),
     Mutant("geneval_overall_sample_mean", "marble/evaluation/results.py",
