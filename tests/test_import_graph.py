@@ -289,3 +289,82 @@ def test_an_injected_problem_is_caught(tmp_path, extra, expected):
 def test_a_cycle_is_reported_as_a_path(tmp_path):
     _write(tmp_path, {**CLEAN, "pkg/core/maths.py": "def f():\n    import pkg.loop\n"})
     assert "module cycle: pkg.core -> pkg.core.maths -> pkg.loop -> pkg.core" in problems(tmp_path, "pkg")
+
+
+# Third-party packages worth deferring: each costs a second or more to import, or is optional.
+HEAVY = {"diffusers", "transformers", "peft", "open_clip", "mmdet", "mmcv", "paddleocr", "paddle",
+         "onnxruntime", "matplotlib", "huggingface_hub", "safetensors", "pandas", "scipy",
+         "torchvision", "wandb", "tensorboard", "torch", "dvclive", "PIL", "cv2", "sglang",
+         "image_reward", "hpsv2", "Levenshtein", "rapidfuzz"}
+
+
+def _module_level(files: dict[str, Path], module: str) -> tuple[set[str], set[str]]:
+    """(third-party top-level packages, marble modules) a module imports at module level."""
+    external, internal = set(), set()
+    for node in ast.parse(files[module].read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for target, _ in _targets(node, module, files):
+                known = _known(target, files)
+                if known:
+                    internal.update(_with_packages(known, module, files))
+                elif not getattr(node, "level", 0):
+                    external.add(target.split(".")[0])
+    return external, internal
+
+
+def heavy_dependencies(files: dict[str, Path]) -> dict[str, set[str]]:
+    """module -> the HEAVY packages importing it loads (module-level imports, transitively)."""
+    direct = {m: _module_level(files, m) for m in files}
+    out: dict[str, set[str]] = {}
+    for module in files:
+        seen, todo, heavy = set(), [module], set()
+        while todo:
+            current = todo.pop()
+            if current not in seen:
+                seen.add(current)
+                heavy |= direct[current][0] & HEAVY
+                todo.extend(direct[current][1])
+        out[module] = heavy
+    return out
+
+
+def is_entry_point(module: str) -> bool:
+    """Command lines and tools import lazily so that `--help` stays fast; the library may not."""
+    return (module.split(".")[-1] in ENTRY_POINTS or module in ("marble.train", "marble.evaluate")
+            or module.startswith("marble.tools."))
+
+
+def deferred_without_cause(src: Path, package: str) -> list[str]:
+    """Function-level imports of package modules that defer no heavy dependency."""
+    files = module_files(src, package)
+    heavy = heavy_dependencies(files)
+    found = []
+    for module, path in files.items():
+        if is_entry_point(module):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        top = {id(node) for node in tree.body}
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in top:
+                continue
+            for target, _ in _targets(node, module, files):
+                known = _known(target, files)
+                if known and known != module:
+                    if not heavy[known] - heavy[module]:
+                        found.append(f"{module}:{node.lineno}: {known} (defers nothing heavy)")
+    return sorted(set(found))
+
+
+def test_function_level_imports_only_defer_heavy_dependencies():
+    """A function-level import of a marble module must save its importer a heavy or optional
+    package (diffusers, transformers, open_clip, mmdet, ...); otherwise it only hides an edge."""
+    found = deferred_without_cause(ROOT, "marble")
+    assert not found, "\n".join(found)
+
+
+def test_a_needless_deferred_import_is_caught(tmp_path):
+    _write(tmp_path, {**CLEAN, "pkg/loop.py": "import torch\n\ndef f():\n    from pkg.core import add\n",
+                      "pkg/plot.py": "import matplotlib\n",
+                      "pkg/core/extra.py": "def g():\n    from pkg import plot\n"})
+    found = deferred_without_cause(tmp_path, "pkg")
+    assert [f.split(":")[0] for f in found] == ["pkg.loop"], found  # pkg.core.extra defers matplotlib

@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from marble.data.records import load_table
+from marble.models import load_pipeline
 from marble.models.encode import encode_prompts
 from marble.runtime.io import atomic_path, write_json
 
@@ -146,8 +147,6 @@ def build_cache(
     if not todo:
         return stats  # nothing to do: the pipeline is never loaded
     if pipe is None:
-        from marble.models import load_pipeline
-
         pipe = load_pipeline(model, dtype=getattr(torch, dtype), device=device)
     bar = tqdm(total=len(todo), desc="embed prompts", unit="prompt")
     for start in range(0, len(todo), shard_size):

@@ -22,10 +22,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from marble import rewards as registry
 from marble.config import RewardSpec
 from marble.evaluation import images as image_io
 from marble.evaluation.prompts import EvalSample, batches, sample_seed, shard
 from marble.evaluation.results import is_scored, json_scores, read_results
+from marble.models import load_pipeline
+from marble.models.encode import decode_latents
+from marble.models.lora import load_lora_into_pipeline
 from marble.rewards import build_scorers
 from marble.runtime import distributed as dist
 from marble.runtime.io import append_jsonl
@@ -35,12 +39,8 @@ RESULTS_FILE = "evaluation_results.jsonl"
 
 
 def load_eval_pipeline(model_path: str, mixed_precision: str, device, lora: str | Path | None):
-    from marble.models import load_pipeline
-
     pipe = load_pipeline(model_path, dtype=DTYPES[mixed_precision], device=device)
     if lora is not None:
-        from marble.models.lora import load_lora_into_pipeline
-
         load_lora_into_pipeline(pipe, str(lora))
     pipe.set_progress_bar_config(disable=True)
     return pipe
@@ -49,8 +49,6 @@ def load_eval_pipeline(model_path: str, mixed_precision: str, device, lora: str 
 @torch.no_grad()
 def generate_images(pipe, samples: list[EvalSample], args) -> torch.Tensor:
     """8-bit-quantised images [N, 3, H, W] in [0, 1] on the CPU."""
-    from marble.models.encode import decode_latents
-
     generators = [torch.Generator("cpu").manual_seed(sample_seed(args.seed, s.prompt_id, s.repeat))
                   for s in samples]
     latents = pipe(
@@ -68,8 +66,6 @@ def generate_images(pipe, samples: list[EvalSample], args) -> torch.Tensor:
 def score_images(rewards: dict, images: torch.Tensor, samples: list[EvalSample]) -> tuple[list[dict], list[list[str]]]:
     """Per sample: {reward: float (NaN = unscorable/not applicable)} (GenEval adds its detail),
     and the rewards whose request failed for it (NaN too, but retried by the next run)."""
-    from marble import rewards as registry
-
     prompts = [s.prompt for s in samples]
     metadata = [dict(s.metadata) for s in samples]
     detailed = {n: r for n, r in rewards.items() if hasattr(r, "evaluate_detail")}

@@ -22,8 +22,11 @@ from typing import Sequence
 
 import torch
 
+from marble.models.encode import encode_prompts, velocity
+from marble.models.loading import load_pipeline
 from marble.rewards.base import quoted_target
 from marble.rewards.toy import GENEVAL_COLORS, first_named_color
+from marble.runtime.io import atomic_path, write_json
 from marble.runtime.seeds import SEED_BITS, stable_seed
 
 
@@ -132,8 +135,6 @@ def normalise_latents(vae, images: torch.Tensor) -> torch.Tensor:
 
 def train_flow(transformer, latents, embeds, pooled, index, s: PretrainSettings) -> list[float]:
     """Flow matching x_t = (1 - sigma) x0 + sigma eps, target eps - x0, SD3's shift-3 sigmas."""
-    from marble.models.encode import velocity
-
     gen = torch.Generator().manual_seed(s.seed + 2)
     transformer.requires_grad_(True).train()
     opt = torch.optim.AdamW(transformer.parameters(), lr=s.flow_lr, weight_decay=0.0)
@@ -162,10 +163,6 @@ def pretrain(model_dir: str | Path, records: Sequence[tuple[str, dict]], out: st
 
     The records come from an assembled table (`marble models pretrain --table`): reading the
     table is the data layer's job, so this module does not import it."""
-    from marble.models.encode import encode_prompts
-    from marble.models.loading import load_pipeline
-    from marble.runtime.io import atomic_path, write_json
-
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(s.seed)
         pipe = load_pipeline(str(model_dir))

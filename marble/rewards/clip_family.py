@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from marble.assets.hub import local_model
 from marble.rewards.base import Reward, require_file, to_pil
 from marble.rewards.base import ckpt_dir as resolve_ckpt_dir
 
@@ -28,8 +29,6 @@ def projected_features(out) -> torch.Tensor:
 def load_clip(model: str, processor: str | None, device: str, ckpt_dir: str | None = None):
     """CLIP model + processor; manifest hub ids resolve to their downloaded folders (offline nodes)."""
     from transformers import CLIPModel, CLIPProcessor
-
-    from marble.assets.hub import local_model
 
     model = local_model(model, ckpt_dir)
     processor = local_model(processor, ckpt_dir) if processor else model

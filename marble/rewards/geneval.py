@@ -19,6 +19,7 @@ from marble.rewards.base import Reward, require_file, to_uint8_hwc
 from marble.rewards.base import ckpt_dir as resolve_ckpt_dir
 from marble.rewards.clip_family import load_clip, projected_features
 from marble.rewards.geneval_names import detector_class_names
+from marble.rewards.geneval_stub import OBJECT_NAMES, StubDetector, read_object_names
 
 DETECTOR_CKPT = "mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco_20220504_001756-743b7d99.pth"
 DETECTOR_CONFIG = "mask2former/mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco.py"  # in mmdet 2.x's configs
@@ -147,8 +148,6 @@ class GenEvalReward(Reward):
         self.ckpt_dir = ckpt_dir
         folder = resolve_ckpt_dir(ckpt_dir)
         if detector == "stub":
-            from marble.rewards.geneval_stub import OBJECT_NAMES, StubDetector, read_object_names
-
             detector = StubDetector(read_object_names(require_file(self.name, OBJECT_NAMES, folder)))
         elif detector == "mmdet":
             detector = None

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from marble.runtime.io import append_jsonl, read_jsonl, write_text
+from marble.training.trackers import TrackerFanout, open_trackers
 
 
 def reward_stats(name: str, rewards: torch.Tensor, applicable: torch.Tensor) -> dict[str, float]:
@@ -89,8 +90,6 @@ class MetricsLog:
             self.trackers().log(_jsonable(record))
 
     def trackers(self):
-        from marble.training.trackers import TrackerFanout, open_trackers
-
         if self._trackers is None:
             wanted = self.backends if self.enabled else []
             self._trackers = TrackerFanout(open_trackers(wanted, self.path.parent))

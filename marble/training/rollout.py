@@ -19,6 +19,9 @@ from tqdm.auto import tqdm
 
 from marble.config import RunConfig
 from marble.maths.advantages import group_advantages, nan_weighted_mean
+from marble.models.encode import decode_latents, encode_prompts, latent_shape
+from marble.models.lora import use_adapter
+from marble.models.sampling import sample_latents
 from marble.runtime import distributed as dist
 from marble.runtime.seeds import keyed_generator
 from marble.training.metrics import advantage_std, reward_stats
@@ -138,8 +141,6 @@ class RolloutEngine:
 
     def embed(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Prompt embeddings: the cache when configured, else the text encoders."""
-        from marble.models.encode import encode_prompts
-
         device = self.info.device
         if self.embed_cache is not None:
             embeds, pooled = self.embed_cache.lookup(prompts)
@@ -162,10 +163,6 @@ class RolloutEngine:
 
     @torch.no_grad()
     def sample_batch(self, epoch: int, batch_i: int):
-        from marble.models.encode import decode_latents, latent_shape
-        from marble.models.lora import use_adapter
-        from marble.models.sampling import sample_latents
-
         s = self.cfg.sampling
         self.sampler.set_epoch(epoch * s.num_batches_per_epoch + batch_i)
         rows = torch.as_tensor(self.sampler.batch(), dtype=torch.long)

@@ -16,8 +16,22 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from marble.balancers import build_balancer
 from marble.config import RunConfig, dump_yaml, grad_accumulation, training_timesteps
+from marble.data import load_table
+from marble.data.embed_cache import EmbeddingCache
+from marble.data.sampler import StratifiedKRepeatSampler
 from marble.maths.ema import WeightEMA, old_policy_decay
+from marble.models import load_pipeline
+from marble.models.lora import (
+    adapter_state,
+    add_lora_adapters,
+    blend_adapter,
+    load_adapter_state,
+    save_lora_diffusers,
+    trainable_lora_parameters,
+)
+from marble.models.sampling import sigma_schedule
 from marble.rewards import build_scorers
 from marble.runtime import distributed as dist
 from marble.runtime.io import write_json, write_text
@@ -42,7 +56,18 @@ from marble.training.checkpoint import (
     save_checkpoint,
 )
 from marble.training.metrics import MetricsLog, StepAverager
-from marble.training.rollout import STREAM_SHUFFLE, STREAM_TIMESTEPS, RolloutEngine, Rollouts
+from marble.training.microstep import (
+    MicroBatch,
+    build_micro_step,
+    logged_losses,
+    noised,
+)
+from marble.training.rollout import (
+    STREAM_SHUFFLE,
+    STREAM_TIMESTEPS,
+    RolloutEngine,
+    Rollouts,
+)
 from marble.training.run_dir import check_run_dir
 from marble.training.stopping import StopRequest
 
@@ -72,13 +97,6 @@ class Trainer:
 
     def __init__(self, cfg: RunConfig, out_dir: str | Path, device: str | None = None,
                  progress: bool = True):
-        from marble.balancers import build_balancer
-        from marble.data import load_table
-        from marble.data.sampler import StratifiedKRepeatSampler
-        from marble.models import load_pipeline
-        from marble.models.lora import add_lora_adapters, trainable_lora_parameters
-        from marble.models.sampling import sigma_schedule
-
         self.cfg, self.out_dir, self.progress = cfg, Path(out_dir), progress
         self.info = dist.init_distributed(device)
         dev = self.info.device
@@ -123,22 +141,17 @@ class Trainer:
     def _embed_cache(self):
         if not self.cfg.data.embed_cache:
             return None
-        from marble.data.embed_cache import EmbeddingCache
 
         return EmbeddingCache(self.cfg.data.embed_cache)
 
     # ------------------------------------------------------------ state
 
     def _adapter_states(self) -> dict:
-        from marble.models.lora import adapter_state
-
         tr = self.pipe.transformer
         return {"default": adapter_state(tr, "default"), "old": adapter_state(tr, "old")}
 
     def save(self) -> Path:
         """Checkpoint on the main rank (all ranks hold identical state); others wait."""
-        from marble.models.lora import adapter_state, save_lora_diffusers
-
         path = checkpoint_dir(self.out_dir, self.step)
         if self.info.is_main:
             with self.ema.swapped():
@@ -174,8 +187,6 @@ class Trainer:
 
     def resume(self) -> Path | None:
         """Load the newest intact complete checkpoint of the run folder, if any."""
-        from marble.models.lora import load_adapter_state
-
         path = self._choose_checkpoint()
         if path is None:
             return None
@@ -219,7 +230,6 @@ class Trainer:
         record["time/step_s"] = time.perf_counter() - t0
         decay = old_policy_decay(self.step, self.cfg.train.old_decay_type,
                                  self.cfg.train.old_decay_cap)
-        from marble.models.lora import blend_adapter
 
         blend_adapter(self.pipe.transformer, dst="old", src="default", decay=decay)
         record["old_decay"] = decay
@@ -244,8 +254,6 @@ class Trainer:
         return torch.stack(tsel).to(dev), torch.stack(noise).to(dev)
 
     def _micro_step(self, ro: Rollouts, idx, t_index, eps, scale: float, micro: int) -> dict:
-        from marble.training.microstep import MicroBatch, build_micro_step, logged_losses, noised
-
         x0, sig = ro.x0[idx], self.sigmas[t_index]
         batch = MicroBatch(x0=x0, x_t=noised(x0, eps, sig), sigma=sig,
                            prompt_embeds=ro.prompt_embeds[idx], pooled=ro.pooled[idx],
