@@ -78,8 +78,8 @@ def check_run_dir(out_dir: Path, cfg: RunConfig) -> None:
                           f"{new.get(k, '<absent>')!r} requested" for k in diff)
         raise TrainError(
             f"{saved_path} was written by a different training config; differing keys: "
-            f"{shown}. Use another --output-dir or the same config (only train.max_steps "
-            f"and logging/checkpoint cadence may change on resume)."
+            f"{shown}. Use another --output-dir or the same config (only "
+            f"{', '.join(sorted(RESULT_NEUTRAL_KEYS))} may change on resume)."
         )
     check_max_steps(out_dir, cfg)
 
