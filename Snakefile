@@ -2,6 +2,7 @@
 #   snakemake -c2                      tiny default: nothing -> report, CPU, no network
 #   snakemake -c2 eval_only            evaluate known checkpoints, refresh the summary
 #   snakemake --profile slurm all --configfile config/paper.yaml
+#   snakemake --profile slurm paper_tables --configfile config/paper.yaml   (-n: plan + GPU-hours)
 # See docs/workflow.md.
 
 
@@ -12,6 +13,7 @@ include: "workflow/rules/pretrain.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/paper_tables.smk"
 
 
 localrules:
@@ -22,6 +24,10 @@ localrules:
     evaluate,
     eval_only,
     report,
+    rho_ablation,
+    harmony,
+    cost,
+    paper_tables,
 
 
 # Compute nodes are often offline: downloads run where Snakemake runs (the login node).
@@ -38,6 +44,7 @@ rule all:
         "results/report/report.md",
         "results/eval/summary.csv",
         "results/dvc",
+        TABLE1_TARGETS,
 
 
 # The stages of dvc.yaml, one target each.
@@ -58,12 +65,14 @@ rule train:
 rule evaluate:
     input:
         "results/eval/summary.csv",
+        TABLE1_TARGETS,
 
 
 rule eval_only:
     input:
         "results/eval/summary.csv",
         ["results/eval/paper_comparison.md"] if EVAL["published"] else [],
+        TABLE1_TARGETS,
 
 
 rule report:

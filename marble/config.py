@@ -86,6 +86,11 @@ class TrainConfig:
     # Device of the reward scorers that take one: `auto` = cuda:{LOCAL_RANK} when CUDA
     # is available, else cpu; or `cpu`, `cuda` (= cuda:{LOCAL_RANK}), `cuda:N`.
     reward_device: str = "auto"
+    # The global images per optimizer step the preset reproduces (None: no reference); a run
+    # whose ranks x batch x batches differ is refused unless allow_geometry_change
+    # (marble.training.geometry).
+    reference_images_per_step: int | None = None
+    allow_geometry_change: bool = False
 
 
 @dataclass

@@ -6,6 +6,12 @@ invocations work:
     torchrun --nproc_per_node=8 -m marble.evaluate --lora_hf_path ID[@REV] --model_type sd3 \
         --dataset geneval --guidance_scale 4.5 --mixed_precision fp16 --save_images
     python -m marble.evaluate --checkpoint_path runs/x --dataset ocr --guidance_scale 1.0
+    python -m marble.evaluate --model_path data/models/hub/sdxl --model_type generic --dataset ocr
+
+`--model_type generic` evaluates any diffusers text-to-image folder through its own pipeline
+(Table 1's SD-XL, SD3.5-L, FLUX.1-Dev rows; no LoRA). Scorers run on --reward_device (auto:
+this rank's GPU); on CUDA, TF32 is on and the SD3 transformer runs under autocast in the
+--mixed_precision dtype, as the reference evaluation; run_info.json records both.
 
 The reference's layout is read and written: prompts under `dataset/<name>/` (--data_dir),
 images as `images/<id:05d>.jpg` (--image_format jpg, so its folders rescore with
@@ -29,6 +35,7 @@ import json
 import math
 import os
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -50,6 +57,7 @@ from marble.assets.hub_ref import HUB_PREFIX, hub_ref
 from marble.runtime.io import write_json
 
 DEFAULT_MODEL = "stabilityai/stable-diffusion-3.5-medium"
+MODEL_TYPES = ("sd3", "generic")
 DEFAULT_DATA_DIR = "dataset"  # the reference reads dataset/<name>/ (its evaluation.py)
 # Outputs written, but some samples' remote requests failed (NaN, not scores): not done yet.
 EXIT_INCOMPLETE = 3
@@ -60,7 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     lora = p.add_mutually_exclusive_group()
     lora.add_argument("--checkpoint_path", help="marble checkpoint or run folder, or a peft/diffusers LoRA folder")
     lora.add_argument("--lora_hf_path", help="hub LoRA: [hf:]<repo id>[@revision], or a local folder")
-    p.add_argument("--model_type", default="sd3", help="only sd3 is supported")
+    p.add_argument("--model_type", choices=MODEL_TYPES, default="sd3",
+                   help="sd3: StableDiffusion3Pipeline (LoRAs load here); generic: the folder's own "
+                        "diffusers text-to-image pipeline (SD-XL, FLUX.1, SD3.5-L base rows)")
     p.add_argument("--model_path", default=DEFAULT_MODEL, help="base model: hub id, folder or random:tiny")
     p.add_argument("--dataset", required=True, choices=DATASETS)
     p.add_argument("--data_dir", default=DEFAULT_DATA_DIR, help="raw prompt files (DIR/<dataset>/...)")
@@ -68,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num_inference_steps", type=int, default=40)
     p.add_argument("--mixed_precision", choices=("no", "fp16", "bf16"), default="no")
     p.add_argument("--resolution", type=int, default=512)
+    p.add_argument("--reward_device", default="auto",
+                   help="where model-based scorers run: auto (cuda:LOCAL_RANK when CUDA is there, else cpu), "
+                        "cpu, cuda (this rank's GPU) or cuda:N")
     p.add_argument("--batch_size", type=int, default=None, help="per rank (default: the reference's per dataset)")
     p.add_argument("--seed", type=int, default=42, help="global seed of the per-sample noise")
     p.add_argument("--save_images", action="store_true")
@@ -93,10 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.model_type != "sd3":
-        parser.error(f"--model_type {args.model_type!r}: only 'sd3' (Stable Diffusion 3.x) is supported")
+    if args.model_type != "sd3" and (args.checkpoint_path or args.lora_hf_path):
+        parser.error(f"--model_type {args.model_type}: LoRAs load into sd3 pipelines only")
     if args.no_score and args.skip_generation:
         parser.error("--no_score and --skip_generation together leave nothing to do")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", args.reward_device):
+        parser.error(f"--reward_device {args.reward_device!r}: expected auto, cpu, cuda or cuda:N")
     if args.limit is not None and args.limit < 1:
         parser.error(f"--limit must be >= 1, got {args.limit}")
     if args.batch_size is not None and args.batch_size < 1:
@@ -182,22 +197,20 @@ def parse_hub_ref(value: str) -> tuple[str, str | None]:
 
 
 def download_hub_lora(repo_id: str, revision: str | None) -> Path:
-    """The LoRA repo's local snapshot via huggingface_hub (its cache, HF_ENDPOINT, HF_TOKEN).
-
-    With HF_HUB_OFFLINE=1 (compute nodes) it is read from the cache only. A revision
-    should be a commit hash: a branch or tag may move between runs.
-    """
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
-
+    """The LoRA repo's local snapshot (marble.assets.hub.snapshot: the huggingface_hub cache,
+    HF_ENDPOINT, HF_TOKEN, retried on transient errors). With HF_HUB_OFFLINE=1 (compute
+    nodes) it is read from the cache only. A revision should be a commit hash: a branch or
+    tag may move between runs."""
+    from marble.assets.download import DownloadError
+    from marble.assets.hub import snapshot
     from marble.evaluation.checkpoints import CheckpointError
 
     try:  # a LoRA repo is small: fetch it whole, then load it like a local folder
-        return Path(snapshot_download(repo_id, revision=revision, token=os.environ.get("HF_TOKEN")))
-    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
+        return snapshot(repo_id, revision)
+    except DownloadError as exc:
         raise CheckpointError(
             f"hub LoRA {hub_ref(repo_id, revision)}: {exc}; on an offline node fetch it first "
-            f"(`hf download {repo_id}" + (f" --revision {revision}" if revision else "") + "`) "
+            f"(`python -m marble.assets.hub {hub_ref(repo_id, revision)} --out DIR`) "
             "or pass a local folder") from exc
 
 
@@ -298,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"marble evaluate: {message}", file=sys.stderr)
         return 2
+    # Where and how this run computed (device, dtype, TF32, autocast; each scorer's device and
+    # engine): part of the record, beside the flags.
+    record.update({k: timing.pop(k) for k in ("numerics", "scorers") if k in timing})
     dist.barrier()
     if info.is_main:
         averages = finish(args, samples, names, record, {**timing, "wall_s": time.perf_counter() - start})

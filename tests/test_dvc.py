@@ -152,6 +152,12 @@ def test_dvc_views_flat_tables_curves_and_bars(tmp_path):
     assert curve[:4] == ["step,value,run", "1,0.25,marble", "2,,marble", "3,0.75,marble"]
     bars = (out / "eval_bars/toy_a_pickscore.csv").read_text().splitlines()
     assert bars == ["run,value", "marble/checkpoint-000004,0.5", "weighted_sum/checkpoint-000004,"]
+    # Table 1's metrics file is always declared, so always written ({} without a Table 1).
+    assert json.loads((out / "table1_metrics.json").read_text()) == {}
+    table1 = tmp_path / "table1.json"
+    table1.write_text(json.dumps({"+ MARBLE": {"OCR": 0.9, "Composite": 1.0}}))
+    views.write_views(runs, summary, bench, out, table1)
+    assert json.loads((out / "table1_metrics.json").read_text()) == {"+ MARBLE": {"OCR": 0.9, "Composite": 1.0}}
 
 
 @pytest.mark.slow

@@ -314,7 +314,7 @@ def test_bin_adapter_and_hub_references(tiny_model_dir, raw_dir, tmp_path, monke
 def test_bad_flags_are_clear(capsys):
     with pytest.raises(SystemExit):
         evaluate.main(["--model_type", "flux", "--dataset", "ocr"])
-    assert "only 'sd3'" in capsys.readouterr().err
+    assert "invalid choice: 'flux' (choose from 'sd3', 'generic')" in capsys.readouterr().err
 
 
 def test_torchrun_two_ranks_equal_one(tiny_model_dir, raw_dir, tmp_path):

@@ -12,7 +12,9 @@ from marble.tools.dev.paper_mini import failed_stages
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_MINI = ("config/paper.yaml", ".test/paper-mini.yaml")
-SIZE_KEYS = ("sampling.", "train.batch_size", "train.save_every", "model.lora_rank", "model.lora_alpha", "rewards=")
+# train.allow_geometry_change acknowledges the shrunk batch geometry (marble.training.geometry).
+SIZE_KEYS = ("sampling.", "train.batch_size", "train.save_every", "train.allow_geometry_change",
+             "model.lora_rank", "model.lora_alpha", "rewards=")
 
 
 def test_paper_mini_shrinks_sizes_only():
@@ -128,7 +130,8 @@ def test_paper_mini_evaluates_with_two_torchrun_ranks(paper_mini_plan):
     multi-GPU evaluation), like training; before the key every job ran one process."""
     _, commands, out = paper_mini_plan
     evals = [c for c in commands if "--dataset" in c and "--output_dir" in c]
-    assert len(evals) == 3 * 4, out[-2000:]  # 3 runs x 4 datasets
+    runs = yaml.safe_load((ROOT / ".test/paper-mini.yaml").read_text())["runs"]
+    assert len(evals) == len(runs) * 4, out[-2000:]  # every run (7 with the rho ablation) x 4 datasets
     launch = "torchrun --standalone --nnodes 1 --nproc_per_node 2 -m marble.evaluate"
     assert all(launch in c for c in evals), evals[0]
 

@@ -214,13 +214,14 @@ def test_table1_beside_the_published_numbers(full_report):
     assert side.loc["weighted_sum", "published: OCR"] == pytest.approx(0.91)
     assert np.isnan(side.loc["equal_alpha", "published: GenEval"])  # no published row
     md = (full_report / "report.md").read_text()
-    assert "## Beside the paper" in md and "MARBLE project page" in md
+    assert "## Details: Table 1 per balancer, and as published" in md and "MARBLE project page" in md
     published = pd.read_csv(full_report / "tables" / "table1_published.csv", index_col=0)
     assert len(published) == 11 and published.loc["+ MARBLE", "HPSv2.1"] == pytest.approx(0.355)
 
 
 FIGURES = ["training_rewards", "alpha", "worst_cosine", "anti_aligned", "samples_marble",
-           "samples_weighted_sum", "samples_rho_05"]
+           "samples_weighted_sum", "samples_rho_05", "paper_table_1", "paper_rho_ablation",
+           "paper_gradient_harmony", "paper_training_cost"]
 
 
 def test_figures_are_valid_pngs(full_report):
@@ -261,7 +262,10 @@ def test_missing_inputs_give_sections_saying_how_to_make_them(tmp_path):
     assert "No run logged `alpha/<name>`" in md
     assert "No verdict: it needs a MARBLE run" in md
     assert "Not applicable: no two MARBLE runs" in md
-    assert sorted(p.name for p in (out / "figures").iterdir()) == ["training_rewards.png"]
+    # the paper's published bars are drawn with nothing of ours beside them
+    assert sorted(p.name for p in (out / "figures").iterdir()) == [
+        "paper_gradient_harmony.png", "paper_rho_ablation.png", "paper_table_1.png",
+        "paper_training_cost.png", "training_rewards.png"]
     # a second run replaces the report folder as a whole
     assert main(["--runs", str(tmp_path / "runs"), "--out", str(out)]) == 0
 

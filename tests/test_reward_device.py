@@ -97,3 +97,49 @@ def test_training_with_the_cache_loads_no_text_encoder(tiny_model_dir, tmp_path)
         dist.cleanup()
     assert trainer.step == 1 and record["skipped_step"] == 0.0
     assert torch.isfinite(torch.tensor(record["loss/policy"]))
+
+
+def test_evaluation_puts_scorers_on_the_requested_device(tmp_path):
+    """marble evaluate's scorers: a device-taking scorer is built on the rank's device (here
+    `meta`: the plumbing, no GPU needed), a scorer's own `device` option wins, the rest take
+    none; run_info's record says where each ran."""
+    from rewards_tiny_clip import save_tiny_clip
+
+    from marble.config import RewardSpec
+    from marble.evaluation.runner import build_scorers, describe_scorers
+
+    clip = str(save_tiny_clip(tmp_path / "clip"))
+    rewards = build_scorers([RewardSpec(name="clipscore", options={"model": clip}),
+                             RewardSpec(name="pickscore", options={"model": clip, "device": "cpu"}),
+                             RewardSpec(name="toy_brightness")], "meta")
+    assert next(rewards["clipscore"].model.parameters()).device.type == "meta"
+    assert next(rewards["pickscore"].model.parameters()).device.type == "cpu"
+    described = describe_scorers(rewards)
+    assert described["clipscore"]["device"] == "meta" and described["pickscore"]["device"] == "cpu"
+    assert described["toy_brightness"] == {"class": type(rewards["toy_brightness"]).__name__,
+                                           "device": None, "engine": None}
+
+
+def test_evaluate_reward_device_flag():
+    from marble import evaluate
+
+    assert evaluate.parse_args(["--dataset", "ocr"]).reward_device == "auto"
+    assert evaluate.parse_args(["--dataset", "ocr", "--reward_device", "cuda:2"]).reward_device == "cuda:2"
+    with pytest.raises(SystemExit):
+        evaluate.parse_args(["--dataset", "ocr", "--reward_device", "gpu0"])
+
+
+def test_precision_setup_is_the_reference_numerics_on_cuda_only():
+    from marble.evaluation.runner import precision_setup
+
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:  # the flags are process-wide: restored after
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        assert precision_setup(torch.device("cpu"), "fp16") == {"device": "cpu", "dtype": "float16",
+                                                               "tf32": False, "autocast": None}
+        assert not torch.backends.cuda.matmul.allow_tf32
+        on = precision_setup(torch.device("cuda", 1), "fp16")
+        assert on == {"device": "cuda:1", "dtype": "float16", "tf32": True, "autocast": "float16"}
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved

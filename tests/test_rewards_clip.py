@@ -32,9 +32,12 @@ def test_clipscore_is_a_cosine_and_pickscore_rescales_it(tiny_clip, images):
     c, p = clip(images, PROMPTS), pick(images, PROMPTS)
     assert c.shape == p.shape == (3,) and c.dtype == p.dtype == torch.float32
     assert torch.isfinite(c).all() and (c.abs() <= 1 + 1e-5).all()
-    # pickscore = logit_scale.exp() * cos / 26 on the same model
+    # pickscore = logit_scale.exp() * cos / 26 on the same model (its own, PIL preprocessing;
+    # clipscore preprocesses the float image as the reference's ClipScorer)
     scale = pick.model.logit_scale.exp().item()
-    assert torch.allclose(p, c * scale / 26, atol=1e-5)
+    with torch.no_grad():
+        cos = (pick.image_embeds(images) * pick.text_embeds(PROMPTS)).sum(-1)
+    assert torch.allclose(p, cos * scale / 26, atol=1e-5)
     # chunking does not change scores
     assert torch.allclose(build("clipscore", model=str(tiny_clip), batch_size=3)(images, PROMPTS), c, atol=1e-5)
 
@@ -42,11 +45,11 @@ def test_clipscore_is_a_cosine_and_pickscore_rescales_it(tiny_clip, images):
 def test_clipscore_matches_a_hand_computed_cosine(tiny_clip, images):
     from transformers import CLIPModel, CLIPProcessor
 
-    from marble.rewards.base import to_pil
+    from marble.rewards.clip_family import clip_pixel_values
 
     model, proc = CLIPModel.from_pretrained(tiny_clip), CLIPProcessor.from_pretrained(tiny_clip)
     with torch.no_grad():
-        pix = proc(images=to_pil(images[:1]), return_tensors="pt")["pixel_values"]
+        pix = clip_pixel_values(images[:1], proc.image_processor.to_dict())
         ids = proc(text=PROMPTS[:1], return_tensors="pt", padding=True)
         img = model.visual_projection(model.vision_model(pixel_values=pix).pooler_output)
         txt = model.text_projection(model.text_model(**ids).pooler_output)

@@ -32,10 +32,11 @@ SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
 # ------------------------------------------------------------------ static checks
 
 
-@pytest.mark.parametrize("target", ["all", "eval_only"])
+@pytest.mark.parametrize("target", ["all", "eval_only", "paper_tables"])
 def test_dry_run(target):
     proc = snakemake(["-n", target], ROOT)
     assert "This was a dry-run" in proc.stdout or "Nothing to be done" in proc.stdout
+    assert "Plan (training only" in proc.stderr  # any dry run prints the plan's cost
 
 
 def test_dry_run_paper_config_is_one_switch():
@@ -43,7 +44,8 @@ def test_dry_run_paper_config_is_one_switch():
     paper = dry_run_outputs(ROOT, "all", ["--configfile", "config/paper.yaml"])
     runs = {out.split("results/runs/")[1].split("/")[0]
             for outs in paper.values() for out in outs if out.startswith("results/runs/")}
-    assert runs == {"rho_07", "equal_alpha", "weighted_sum"}
+    # Table 1's trainings, equal_alpha and the rho ablation (rho_07 is its 0.7 row)
+    assert runs == {"rho_07", "equal_alpha", "weighted_sum", "rho_01", "rho_03", "rho_05", "rho_09"}
     assert {"download_model", "embed_prompts"} <= set(paper)
     # The tiny-only rules are named from the tiny plan, where they must appear: a renamed
     # rule fails here instead of making the paper-side absence check pass vacuously.
@@ -135,7 +137,7 @@ def test_tiny_pipeline_end_to_end(tiny_pipeline):
     assert set(verdict["reward_change"]) == set(cfg["runs"])
     for per_reward in verdict["reward_change"].values():
         assert per_reward and all(len(pair) == 2 for pair in per_reward.values())
-    assert "## Beside the paper" in report.read_text()
+    assert "## Details: Table 1 per balancer, and as published" in report.read_text()
     # The DVC stages cover the whole `all` target: Snakemake finds nothing left to do.
     assert "Nothing to be done" in tiny_pipeline["dry_all"]
 

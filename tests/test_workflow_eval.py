@@ -173,14 +173,16 @@ def test_paper_eval_config_evaluates_public_checkpoints_without_training(tmp_pat
     out = snakemake(["-n", "-p", "-c1", "eval_only"], work).stdout
     rules = {line.strip().split()[1].rstrip(":") for line in out.splitlines()
              if line.strip().startswith("rule ") and line.strip().endswith(":")}
-    assert "train_run" not in rules and {"fetch_hub_lora", "paper_comparison"} <= rules
+    assert "train_run" not in rules and {"fetch_hub_lora", "paper_comparison", "table1"} <= rules
     evals = [line for line in out.splitlines() if "marble evaluate" in line]
-    assert len(evals) == 16
+    assert len(evals) == 9 * 4  # Table 1's public rows
     base = [line for line in evals if "/sd35m/base/" in line]
     assert len(base) == 4 and all("--checkpoint_path" not in x and "--lora_hf_path" not in x
                                   for x in base)
     assert any("--lora_hf_path data/loras/flowgrpo_geneval" in x for x in evals)
-    assert "jieliu/SD3.5M-FlowGRPO-GenEval main data/loras/flowgrpo_geneval" in out
+    # One hub download (marble.assets.hub), pinned: an unpinned revision is refused there.
+    assert ("python -m marble.assets.hub hf:jieliu/SD3.5M-FlowGRPO-PickScore@10c56697459bbdbe54d5e375912f49a0bcfae773"
+            " --out data/loras/flowgrpo_pickscore --require-commit") in out
 
 
 def _published_script():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -101,3 +102,74 @@ def test_merge_catalogue_refuses_one_name_for_two_folders(tmp_path):
     assert same == {("r", "c"): str(a)}
     with pytest.raises(ValueError, match="names two folders"):
         checkpoints.merge_catalogue({("r", "c"): str(a)}, {("r", "c"): str(b)})
+
+
+def test_row_protocol_overrides_and_refuses_unknown_keys():
+    cfg = {**EVAL, "datasets": ["ocr"], "protocols": {"flux": {"guidance_scale": 3.5, "model_type": "generic",
+                                                               "model": "hf:bfl/flux@" + "b" * 40}}}
+    row = evaluation.row_protocol(cfg, "flux")
+    assert row["guidance_scale"] == 3.5 and row["num_inference_steps"] == 40
+    assert evaluation.row_protocol(cfg, "other")["model_type"] == "sd3"
+    assert evaluation.model_folder(row, "data/m") == "data/models/hub/bfl--flux-bbbbbbbbbbbb"
+    assert evaluation.row_settings(cfg, "flux", "data/m") != evaluation.row_settings(cfg, "other", "data/m")
+    # A row without its own protocol keeps the folder name it had before protocols existed.
+    assert evaluation.row_settings(cfg, "other", "data/m") == evaluation.settings_name(EVAL, "data/m")
+    assert "--model_type generic" in evaluation.evaluate_args(row, "ocr")
+    with pytest.raises(ValueError, match="eval.protocols.bad: unknown key"):
+        evaluation.row_protocol({**cfg, "protocols": {"bad": {"cfg": 1}}}, "bad")
+    evaluation.check_protocol_names(cfg, {"flux", "other"})
+    with pytest.raises(ValueError, match=r"eval.protocols: \['flux'\] name no run"):
+        evaluation.check_protocol_names(cfg, {"other"})
+
+
+def test_pinned_revision_and_pipeline_patterns():
+    from marble.assets.hub import pipeline_patterns
+    from marble.assets.hub_ref import pinned_revision
+
+    assert pinned_revision("x", "a" * 40) == "a" * 40
+    for rev in (None, "main", "PIN-A-COMMIT"):
+        with pytest.raises(ValueError, match="not a 40-hex commit"):
+            pinned_revision("hf:o/r", rev)
+    index = {"_class_name": "FluxPipeline", "transformer": ["diffusers", "FluxTransformer2DModel"],
+             "vae": ["diffusers", "AutoencoderKL"], "image_encoder": [None, None]}
+    assert pipeline_patterns(index) == ["model_index.json", "transformer/*", "vae/*"]
+
+
+def test_hub_snapshot_retries_transient_errors_only(tmp_path, monkeypatch):
+    import huggingface_hub
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+
+    from marble.assets import hub
+    from marble.assets.download import DownloadError
+
+    calls = []
+
+    def response(status):
+        import httpx
+
+        return httpx.Response(status, request=httpx.Request("GET", "https://huggingface.co/api/models/o/r"))
+
+    def fake_snapshot_download(repo_id, *, revision=None, token=None, local_dir=None,
+                               allow_patterns=None, ignore_patterns=None, **kwargs):
+        calls.append(repo_id)
+        if len(calls) < 3:
+            raise HfHubHTTPError("503 Service Unavailable", response=response(503))
+        Path(local_dir).mkdir(parents=True)
+        (Path(local_dir) / "adapter_config.json").write_text("{}")
+        return local_dir
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    sleeps = []
+    out = hub.snapshot("o/lora", "a" * 40, tmp_path / "lora", sleep=sleeps.append)
+    assert out == tmp_path / "lora" and (out / "adapter_config.json").is_file()
+    assert len(calls) == 3 and sleeps == [2.0, 4.0] and not (tmp_path / "lora.partial").exists()
+
+    def missing(repo_id, **kwargs):
+        calls.append(repo_id)
+        raise RepositoryNotFoundError("no such repo", response=response(404))
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", missing)
+    calls.clear()
+    with pytest.raises(DownloadError, match="RepositoryNotFoundError"):
+        hub.snapshot("o/gone", "a" * 40, tmp_path / "gone", sleep=sleeps.append)
+    assert len(calls) == 1  # not retried

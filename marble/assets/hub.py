@@ -28,6 +28,7 @@ from marble.assets.manifest import (
     load_manifest,
     present,
 )
+from marble.assets.hub_ref import HubRefError, parse_hub_ref, pinned_revision
 from marble.assets.manifest import ckpt_dir as resolve_ckpt_dir
 from marble.assets.verify import HashCache
 from marble.runtime.io import sha256_file
@@ -208,3 +209,125 @@ def local_model(model: str, ckpt_dir: str | os.PathLike | None = None, manifest=
         raise FileNotFoundError(f"{model}: its local copy {folder} is missing (scorers never fetch from the hub "
                                 f"at run time); download it with `{DOWNLOAD_HINT.format(dir=root)}`")
     return str(folder)
+
+
+# ------------------------------------------------------------------ whole-repo snapshots
+# The one hub snapshot download (LoRAs, base models of the Table 1 rows, the UnifiedReward
+# judge): `marble evaluate --lora_hf_path`, the workflow's fetch rules and this CLI all call it.
+
+TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
+
+
+def _transient(err) -> bool:
+    status = getattr(getattr(err, "response", None), "status_code", None)
+    return status is None or status in TRANSIENT_STATUS
+
+
+# Weights a diffusers pipeline folder holds besides the ones from_pretrained reads by default
+# (fp16 variants, .bin duplicates, ONNX/Flax exports): not fetched for a base model.
+PIPELINE_IGNORE = ["*.fp16.*", "*.bin", "*.onnx", "*.onnx_data", "*.msgpack", "*.ckpt", "*.pb"]
+
+
+def pipeline_patterns(model_index: dict) -> list[str]:
+    """allow_patterns of a diffusers pipeline repo: model_index.json and the folders of the
+    components it names (not the single-file checkpoints beside them: SD3.5-L's
+    sd3.5_large.safetensors, FLUX.1-Dev's flux1-dev.safetensors, tens of GB unused)."""
+    components = sorted(k for k, v in model_index.items()
+                        if not k.startswith("_") and isinstance(v, list) and v and v[0] is not None)
+    return ["model_index.json", *(f"{c}/*" for c in components)]
+
+
+def pipeline_snapshot(repo_id: str, revision: str | None, out: str | os.PathLike, **kw) -> Path:
+    """A diffusers pipeline repo, its components only (model_index.json decides which)."""
+    import json
+
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import HfHubHTTPError
+
+
+    try:
+        index = hf_hub_download(repo_id, "model_index.json", revision=revision, token=os.environ.get("HF_TOKEN"))
+    except (HfHubHTTPError, OSError) as err:
+        raise DownloadError(f"{repo_id}@{revision}: model_index.json: {err}") from None
+    allow = pipeline_patterns(json.loads(Path(index).read_text(encoding="utf-8")))
+    return snapshot(repo_id, revision, out, allow_patterns=allow, ignore_patterns=PIPELINE_IGNORE, **kw)
+
+
+def snapshot(repo_id: str, revision: str | None, out: str | os.PathLike | None = None,
+             retries: int = 3, backoff_s: float = 2.0, sleep=None, allow_patterns=None,
+             ignore_patterns=None) -> Path:
+    """A hub repo at `revision`, whole: into `out` (staged beside it, renamed into place, so a
+    half download never looks complete), or into the huggingface_hub cache when `out` is None
+    (its snapshot folder is named by the commit). Transient failures (connection, 5xx, 429)
+    are retried with exponential backoff; access and not-found errors are not."""
+    import time
+
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+
+    sleep = sleep or time.sleep
+    dest = Path(out) if out is not None else None
+    if dest is not None and dest.is_dir() and any(dest.iterdir()):
+        return dest
+    staging = dest.with_name(dest.name + ".partial") if dest is not None else None
+    token = os.environ.get("HF_TOKEN")
+    for attempt in range(retries + 1):
+        try:
+            kwargs = {"local_dir": str(staging)} if staging is not None else {}
+            folder = Path(snapshot_download(repo_id, revision=revision, token=token, allow_patterns=allow_patterns,
+                                            ignore_patterns=ignore_patterns, **kwargs))
+            break
+        except GatedRepoError:
+            raise AccessDenied(gated_message(repo_id, None)) from None
+        except (RepositoryNotFoundError, RevisionNotFoundError) as err:
+            raise DownloadError(f"{repo_id}@{revision}: {type(err).__name__}: {err}") from None
+        except LocalEntryNotFoundError as err:  # offline (HF_HUB_OFFLINE=1) and not cached
+            raise DownloadError(f"{repo_id}@{revision}: not in the local cache and offline: {err}") from None
+        except (HfHubHTTPError, OSError) as err:
+            if _denied(err):
+                raise AccessDenied(gated_message(repo_id, None)) from None
+            if attempt == retries or not _transient(err):
+                raise DownloadError(f"{repo_id}@{revision}: {err} (after {attempt + 1} attempt(s))") from None
+            print(f"{repo_id}@{revision}: {err}; retry {attempt + 1}/{retries}", file=sys.stderr)
+            sleep(backoff_s * 2 ** attempt)
+    if dest is None:
+        return folder
+    shutil.rmtree(staging / ".cache", ignore_errors=True)  # huggingface_hub's bookkeeping
+    os.replace(staging, dest)  # same parent: atomic
+    return dest
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m marble.assets.hub hf:owner/repo@commit --out DIR` (the workflow's fetch rules)."""
+    import argparse
+
+
+    p = argparse.ArgumentParser(prog="python -m marble.assets.hub", description=main.__doc__)
+    p.add_argument("ref", help="hf:owner/repo@commit")
+    p.add_argument("--out", required=True)
+    p.add_argument("--pipeline", action="store_true",
+                   help="a diffusers pipeline: fetch only the components model_index.json names")
+    p.add_argument("--require-commit", action="store_true",
+                   help="refuse a revision that is not a 40-hex commit (a branch moves)")
+    args = p.parse_args(argv)
+    try:
+        repo, revision = parse_hub_ref(args.ref)
+        if args.require_commit:
+            pinned_revision(args.ref, revision)
+        fetch = pipeline_snapshot if args.pipeline else snapshot
+        print(fetch(repo, revision, args.out))
+    except (HubRefError, ValueError, DownloadError) as exc:
+        print(f"marble.assets.hub: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -5,7 +5,10 @@ Pure string handling, no network: `marble.assets.hub` downloads what these name.
 
 from __future__ import annotations
 
+import re
+
 HUB_PREFIX = "hf:"
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 class HubRefError(ValueError):
@@ -30,3 +33,12 @@ def is_hub_ref(value: str) -> bool:
 
 def hub_ref(repo_id: str, revision: str | None) -> str:
     return f"{HUB_PREFIX}{repo_id}" + (f"@{revision}" if revision else "")
+
+
+def pinned_revision(what: str, revision: str | None) -> str:
+    """A revision that must be a commit (a branch moves between runs, so its results would not
+    say what was evaluated): the commit, else a one-line error saying how to pin it."""
+    if revision and COMMIT.match(revision):
+        return revision
+    raise ValueError(f"{what}: revision {revision or '(none)'!r} is not a 40-hex commit; pin one "
+                     f"(the commit of the hub repo's page, `hf:owner/repo@<commit>`)")

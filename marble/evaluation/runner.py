@@ -29,16 +29,20 @@ from marble.evaluation.prompts import EvalSample, batches, sample_seed, shard
 from marble.evaluation.results import is_scored, json_scores, read_results
 from marble.models import load_pipeline
 from marble.models.encode import decode_latents
+from marble.models.loading import load_text_to_image
 from marble.models.lora import load_lora_into_pipeline
-from marble.rewards import build_scorers
+from marble.rewards import build_scorers, reward_device
 from marble.runtime import distributed as dist
 from marble.runtime.io import append_jsonl
-from marble.runtime.precision import DTYPES
+from marble.runtime.precision import DTYPES, enable_tf32
 
 RESULTS_FILE = "evaluation_results.jsonl"
 
 
-def load_eval_pipeline(model_path: str, mixed_precision: str, device, lora: str | Path | None):
+def load_eval_pipeline(model_path: str, mixed_precision: str, device, lora: str | Path | None,
+                       model_type: str = "sd3"):
+    if model_type == "generic":  # a base row through its own pipeline (no LoRA: parse_args)
+        return load_text_to_image(model_path, dtype=DTYPES[mixed_precision], device=device)
     pipe = load_pipeline(model_path, dtype=DTYPES[mixed_precision], device=device)
     if lora is not None:
         load_lora_into_pipeline(pipe, str(lora))
@@ -51,7 +55,22 @@ def generate_images(pipe, samples: list[EvalSample], args) -> torch.Tensor:
     """8-bit-quantised images [N, 3, H, W] in [0, 1] on the CPU."""
     generators = [torch.Generator("cpu").manual_seed(sample_seed(args.seed, s.prompt_id, s.repeat))
                   for s in samples]
-    latents = pipe(
+    if getattr(args, "model_type", "sd3") == "generic":
+        # The pipeline's own sampler and decode, as its users run it; images in [0, 1].
+        images = pipe(prompt=[s.prompt for s in samples], num_inference_steps=args.num_inference_steps,
+                      guidance_scale=args.guidance_scale, height=args.resolution, width=args.resolution,
+                      generator=generators, output_type="pt").images
+        return image_io.quantize_8bit(images.float().cpu())
+    device = pipe.transformer.device
+    precision = getattr(args, "mixed_precision", "no")
+    autocast = device.type == "cuda" and precision != "no"  # the reference's autocast, CUDA only
+    with torch.autocast(device.type, dtype=DTYPES[precision], enabled=autocast):
+        latents = _sd3_latents(pipe, samples, generators, args)
+    return image_io.quantize_8bit(decode_latents(pipe, latents))
+
+
+def _sd3_latents(pipe, samples, generators, args):
+    return pipe(
         prompt=[s.prompt for s in samples],  # a copy: the pipeline never sees our records
         num_inference_steps=args.num_inference_steps,
         guidance_scale=args.guidance_scale,
@@ -60,7 +79,29 @@ def generate_images(pipe, samples: list[EvalSample], args) -> torch.Tensor:
         generator=generators,
         output_type="latent",
     ).images
-    return image_io.quantize_8bit(decode_latents(pipe, latents))
+
+
+def describe_scorers(rewards: dict) -> dict:
+    """{reward: {class, device, engine}} for run_info.json: where each scorer ran and with what
+    (the OCR engine says whether it is the paper's PaddleOCR or an ONNX stand-in)."""
+    out = {}
+    for name, reward in rewards.items():
+        device = getattr(reward, "device", None)
+        # The OCR engine's label, else the loaded model's folder or hub id (transformers models).
+        engine = getattr(reward, "engine_label", None) or getattr(getattr(reward, "model", None), "name_or_path", None)
+        out[name] = {"class": type(reward).__name__, "device": None if device is None else str(device),
+                     "engine": engine}
+    return out
+
+
+def precision_setup(device: torch.device, mixed_precision: str) -> dict:
+    """The reference evaluation's numerics on CUDA: TF32 matmuls/convolutions on, and the
+    pipeline call under autocast in the chosen half precision. Returns what was set."""
+    cuda = device.type == "cuda"
+    enable_tf32(device, True)  # training's switch: on CUDA only
+    autocast = cuda and mixed_precision != "no"
+    return {"device": str(device), "dtype": str(DTYPES[mixed_precision]).removeprefix("torch."), "tf32": cuda,
+            "autocast": str(DTYPES[mixed_precision]).removeprefix("torch.") if autocast else None}
 
 
 def score_images(rewards: dict, images: torch.Tensor, samples: list[EvalSample]) -> tuple[list[dict], list[list[str]]]:
@@ -159,10 +200,14 @@ def run(samples: list[EvalSample], reward_names: list[str], reward_options: dict
     totals = {"generation_s": 0.0, "scoring_s": 0.0, "generated": 0, "pending": len(todo)}
     if rounds == 0:
         return totals
+    scorer_device = reward_device(getattr(args, "reward_device", "auto"), info.local_rank,
+                                  cuda=info.device.type == "cuda")
+    totals["numerics"] = precision_setup(info.device, args.mixed_precision)
     pipe = None if args.skip_generation else load_eval_pipeline(
-        args.model_path, args.mixed_precision, info.device, lora)
+        args.model_path, args.mixed_precision, info.device, lora, getattr(args, "model_type", "sd3"))
     specs = [RewardSpec(name=name, options=dict(reward_options.get(name, {}))) for name in reward_names]
-    rewards = {} if args.no_score else build_scorers(specs)
+    rewards = {} if args.no_score else build_scorers(specs, scorer_device)
+    totals["scorers"] = describe_scorers(rewards)
     for index in tqdm(range(rounds), desc=f"evaluate {args.dataset}", disable=not info.is_main):
         batch = mine[index] if index < len(mine) else []
         rows, timing = process_batch(pipe, rewards, batch, previous, args, output_dir)

@@ -68,10 +68,23 @@ def find_results(eval_dir: str | Path) -> list[tuple[str, str, str, Path]]:
     return found
 
 
-def collect(eval_dir: str | Path) -> pd.DataFrame:
-    """Long table: run, checkpoint, dataset, metric, value (every numeric entry; null -> NaN)."""
+def collect(eval_dir) -> pd.DataFrame:
+    """Long table: run, checkpoint, dataset, metric, value (every numeric entry; null -> NaN).
+
+    `eval_dir`: one settings folder or several (each Table 1 row has its own protocol, so its
+    own folder); a run/checkpoint found in two of them is an error (two protocols, one row).
+    """
+    dirs = [eval_dir] if isinstance(eval_dir, (str, Path)) else list(eval_dir)
+    found, seen = [], {}
+    for folder in dirs:
+        for run, checkpoint, dataset, path in find_results(folder):
+            other = seen.setdefault((run, checkpoint), folder)
+            if other != folder:
+                raise ValueError(f"{run}/{checkpoint} is evaluated in both {other} and {folder}: "
+                                 "summarise one settings folder per row")
+            found.append((run, checkpoint, dataset, path))
     records = []
-    for run, checkpoint, dataset, path in find_results(eval_dir):
+    for run, checkpoint, dataset, path in found:
         try:
             scores = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
@@ -142,7 +155,8 @@ def render_markdown(table: pd.DataFrame, decimals: dict[str, int]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m marble.evaluation.summary", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--eval-dir", required=True, help="<eval-dir>/<run>/<checkpoint>/<dataset>/")
+    parser.add_argument("--eval-dir", required=True, action="append",
+                        help="<eval-dir>/<run>/<checkpoint>/<dataset>/ (repeat for several settings folders)")
     parser.add_argument("--out-csv", required=True, help="long CSV: run,checkpoint,dataset,metric,value")
     parser.add_argument("--out-md", required=True, help="Table-1-style markdown table")
     args = parser.parse_args(argv)

@@ -126,3 +126,23 @@ def load_pipeline(path: str, *, revision: str | None = None, dtype: torch.dtype 
             path, revision=revision, token=os.environ.get("HF_TOKEN"), dtype=torch.float32, **skip)
     pipe.set_progress_bar_config(disable=True)
     return _place(pipe, dtype, device, transformer_dtype)
+
+
+def load_text_to_image(path: str, *, dtype: torch.dtype = torch.float32, device="cpu"):
+    """Any diffusers text-to-image pipeline from a local folder (its model_index.json names the
+    class: StableDiffusionXLPipeline, FluxPipeline, StableDiffusion3Pipeline for SD3.5-L, ...),
+    for the Table 1 base rows evaluated as their own pipelines do. Every component is cast to
+    `dtype`: the pipeline's own decode handles its VAE (SD-XL upcasts a fp16 VAE itself via
+    `force_upcast`), unlike `load_pipeline`, whose fp32 VAE serves training's decode."""
+    from diffusers import DiffusionPipeline
+
+    local = Path(str(path)).expanduser()
+    if not (local / "model_index.json").is_file():
+        raise ModelNotFoundError(f"model folder {path!r} has no model_index.json: not a diffusers "
+                                 "pipeline folder (the workflow fetches a row's `hf:` model first)")
+    pipe = DiffusionPipeline.from_pretrained(str(local), local_files_only=True, dtype=dtype)
+    pipe.set_progress_bar_config(disable=True)
+    for module in pipe.components.values():
+        if isinstance(module, torch.nn.Module):
+            module.requires_grad_(False)
+    return pipe.to(device)

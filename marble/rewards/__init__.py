@@ -61,6 +61,15 @@ def takes_device(name: str) -> bool:
     return "device" in inspect.signature(_reward_class(name).__init__).parameters
 
 
+def reward_device(setting: str, local_rank: int, cuda: bool | None = None) -> str:
+    """`train.reward_device` / `marble evaluate --reward_device`: auto -> cuda:{LOCAL_RANK} when CUDA is there (`cuda`: the
+    run trains on CUDA; default torch.cuda.is_available()), else cpu."""
+    if setting == "auto":
+        cuda = torch.cuda.is_available() if cuda is None else cuda
+        setting = "cuda" if cuda else "cpu"
+    return f"cuda:{local_rank}" if setting == "cuda" else setting
+
+
 def build_scorers(specs: Sequence, device: str | None = None) -> dict[str, Reward]:
     """The scorers of `specs` (`marble.config.RewardSpec`s: name, applies_to, options), by name.
 
@@ -148,6 +157,7 @@ __all__ = [
     "build_scorers",
     "quoted_target",
     "register",
+    "reward_device",
     "score_all",
     "takes_device",
 ]

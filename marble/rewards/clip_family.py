@@ -80,10 +80,52 @@ class PickScore(_ClipReward):
         return self.model.logit_scale.exp().float() * cos / 26.0
 
 
+def _size(size) -> tuple[int, int] | int:
+    """A processor's size entry: (height, width), or an int shortest edge."""
+    if isinstance(size, int):
+        return size, size
+    if "height" in size and "width" in size:
+        return size["height"], size["width"]
+    if "shortest_edge" in size:
+        return int(size["shortest_edge"])
+    raise ValueError(f"clipscore: unsupported processor size {size!r}")
+
+
+def clip_pixel_values(images: torch.Tensor, config: dict) -> torch.Tensor:
+    """The reference CLIPScore's preprocessing (flow_grpo clip_scorer: torchvision transforms
+    on the float image tensor): bilinear antialiased resize (shortest edge, or to H x W), centre
+    crop, normalise, all in float; no 8-bit PIL round trip and no bicubic. `config`: the CLIP
+    image processor's to_dict(). images: [N, 3, H, W] in [0, 1]."""
+    x = images.float()
+    if config.get("do_resize"):
+        size = _size(config["size"])
+        if isinstance(size, int):  # torchvision's rule: the short edge to `size`, the long floored
+            h, w = x.shape[-2:]
+            short, long = (h, w) if h <= w else (w, h)
+            new_long = int(size * long / short)
+            size = (size, new_long) if h <= w else (new_long, size)
+        x = nn.functional.interpolate(x, size=size, mode="bilinear", align_corners=False, antialias=True)
+    if config.get("do_center_crop"):
+        ch, cw = _size(config["crop_size"])
+        h, w = x.shape[-2:]
+        top, left = round((h - ch) / 2.0), round((w - cw) / 2.0)
+        x = x[..., top:top + ch, left:left + cw]
+    if config.get("do_normalize"):
+        mean = torch.tensor(config["image_mean"], dtype=x.dtype).view(1, -1, 1, 1)
+        std = torch.tensor(config["image_std"], dtype=x.dtype).view(1, -1, 1, 1)
+        x = (x - mean) / std
+    return x
+
+
 class ClipScore(_ClipReward):
-    """cos(text, image): the reference's logits/100, exact for OpenAI CLIP (logit scale 100)."""
+    """cos(text, image): the reference's logits/100, exact for OpenAI CLIP (logit scale 100).
+    Images are preprocessed as the reference's ClipScorer does (clip_pixel_values)."""
 
     name = "clipscore"
+
+    def image_embeds(self, images: torch.Tensor) -> torch.Tensor:
+        pixels = clip_pixel_values(images, self.processor.image_processor.to_dict()).to(self.device)
+        return nn.functional.normalize(projected_features(self.model.get_image_features(pixel_values=pixels)).float(), dim=-1)
 
     def score_chunk(self, images, prompts):
         return (self.image_embeds(images) * self.text_embeds(prompts)).sum(-1)

@@ -22,6 +22,8 @@ import numpy as np
 import torch
 
 from marble.rewards.base import Reward, quoted_target, reference_quoted_target, to_uint8_hwc
+from marble.rewards.base import ckpt_dir as resolve_ckpt_dir
+from marble.rewards.paddle_models import model_dirs
 
 log = logging.getLogger(__name__)
 BACKENDS = ("auto", "paddle", "rapidocr", "rapidocr_onnxruntime")
@@ -46,6 +48,14 @@ def ocr_similarity(recognized: str, target: str) -> float:
     return 1.0 - dist / len(target)
 
 
+# What each engine is (recorded in run_info.json and the report): only paddle is the paper's.
+ENGINE_LABELS = {
+    "paddle": "PaddleOCR 2.x lang=en (en PP-OCRv3 det + en PP-OCRv4 rec): the reference's engine",
+    "rapidocr_onnxruntime": "ONNX: rapidocr-onnxruntime 1.x bundled zh PP-OCRv4 det/rec, not the paper's engine",
+    "rapidocr": "ONNX: rapidocr 3.x bundled PP-OCRv5/v6 models, not the paper's engine",
+}
+
+
 def resolve_backend(backend: str) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"ocr: backend must be one of {BACKENDS}, got {backend!r}")
@@ -55,6 +65,9 @@ def resolve_backend(backend: str) -> str:
     preference = (("paddle", "paddleocr"), ("rapidocr_onnxruntime", "rapidocr_onnxruntime"), ("rapidocr", "rapidocr"))
     for name, module in preference:
         if importlib.util.find_spec(module):
+            # Never silently: which engine `auto` picked is logged here and recorded (engine_label).
+            log.warning("ocr: backend 'auto' chose %r (%s); name `backend: paddle` for the paper's engine",
+                        name, ENGINE_LABELS[name])
             return name
     raise ImportError(
         "ocr backend 'auto' found none of paddleocr, rapidocr_onnxruntime, rapidocr: `pip install marble[ocr]`"
@@ -102,15 +115,18 @@ def require_paddleocr_2(version: str) -> None:
 
 
 class _Paddle:
-    def __init__(self, use_gpu: bool):
+    def __init__(self, use_gpu: bool, ckpt_dir: str | None = None):
         try:
             import paddleocr
             from paddleocr import PaddleOCR
         except ImportError as err:
             raise ImportError("ocr backend 'paddle' needs `pip install marble[paddle]` (see docs/rewards.md)") from err
         require_paddleocr_2(getattr(paddleocr, "__version__", "0"))
-        # The reference's settings: English, no angle classifier, CPU.
-        self.engine = PaddleOCR(use_angle_cls=False, lang="en", use_gpu=use_gpu, show_log=False, drop_score=DROP_SCORE)
+
+        # The reference's settings: English, no angle classifier, CPU; its default en models,
+        # read from the reward-checkpoint folder (fetched on the login node).
+        self.engine = PaddleOCR(use_angle_cls=False, lang="en", use_gpu=use_gpu, show_log=False,
+                                drop_score=DROP_SCORE, **model_dirs(resolve_ckpt_dir(ckpt_dir)))
 
     def read(self, image: np.ndarray) -> str:
         result = self.engine.ocr(image, cls=False)
@@ -125,13 +141,18 @@ class OCRReward(Reward):
     MASK_OPTIONS = ("reference_rules",)
     reference_rules = False  # class default, so weight-free `applicability` objects have it
 
-    def __init__(self, backend: str = "auto", use_gpu: bool = False, reference_rules: bool = False, **kw):
+    def __init__(self, backend: str = "auto", use_gpu: bool = False, reference_rules: bool = False,
+                 ckpt_dir: str | None = None, **kw):
         super().__init__(**kw)
         self.reference_rules = bool(reference_rules)
         self.backend = resolve_backend(backend)
-        engines = {"paddle": lambda: _Paddle(use_gpu), "rapidocr": _Rapid, "rapidocr_onnxruntime": _RapidOnnxruntime}
+        engines = {"paddle": lambda: _Paddle(use_gpu, ckpt_dir), "rapidocr": _Rapid, "rapidocr_onnxruntime": _RapidOnnxruntime}
         self.engine = engines[self.backend]()
         self.errors = 0  # OCR engine exceptions (NaN samples, or 0 under reference_rules)
+
+    @property
+    def engine_label(self) -> str:
+        return f"{self.backend}: {ENGINE_LABELS[self.backend]}"
 
     def target(self, prompt: str) -> str | None:
         return reference_quoted_target(prompt) if self.reference_rules else quoted_target(prompt)

@@ -32,7 +32,7 @@ from marble.models.lora import (
     trainable_lora_parameters,
 )
 from marble.models.sampling import sigma_schedule
-from marble.rewards import build_scorers
+from marble.rewards import build_scorers, reward_device
 from marble.runtime import distributed as dist
 from marble.runtime.io import write_json, write_text
 from marble.runtime.precision import (
@@ -45,6 +45,7 @@ from marble.runtime.precision import (
     upcast_lora_,
 )
 from marble.runtime.seeds import keyed_generator
+from marble.training.geometry import check_geometry
 from marble.training.checkpoint import (
     CheckpointError,
     capture_rng_state,
@@ -83,15 +84,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def reward_device(setting: str, local_rank: int, cuda: bool | None = None) -> str:
-    """`train.reward_device`: auto -> cuda:{LOCAL_RANK} when CUDA is there (`cuda`: the
-    run trains on CUDA; default torch.cuda.is_available()), else cpu."""
-    if setting == "auto":
-        cuda = torch.cuda.is_available() if cuda is None else cuda
-        setting = "cuda" if cuda else "cpu"
-    return f"cuda:{local_rank}" if setting == "cuda" else setting
-
-
 class Trainer:
     """Owns the model, adapters, optimizer, EMA, balancer and sampler of one run."""
 
@@ -101,6 +93,9 @@ class Trainer:
         self.info = dist.init_distributed(device)
         dev = self.info.device
         t, m, s = cfg.train, cfg.model, cfg.sampling
+        geometry = check_geometry(self.info.world_size, s, t)  # refuses a silent change of batch
+        if self.info.is_main:
+            print(geometry, flush=True)
         enable_tf32(dev, m.allow_tf32)
         # Base transformer in model.base_dtype (fp32 by default, as the reference), text
         # encoders in the autocast dtype, not loaded at all when the embedding cache

@@ -1,10 +1,13 @@
+import json
 import os
+import sys
 from pathlib import Path
 
 from snakemake.utils import min_version, validate
 
 from marble.workflow import checkpoints as wf_ckpts
 from marble.workflow import evaluation as wf_eval
+from marble.workflow import plan as wf_plan
 from marble.workflow import runs as wf_runs
 from marble.workflow import slurm as wf_slurm
 
@@ -37,6 +40,8 @@ wildcard_constraints:
     run=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
     ckpt=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
     dataset=r"geneval|ocr|pickscore|drawbench",
+    settings=r"n[0-9]+-[^/]+",
+    hubmodel=r"[^/]+",
     split=r"train|test",
 
 
@@ -121,15 +126,26 @@ def eval_catalogue():
     )
 
 
+wf_eval.check_protocol_names(EVAL, {run for run, _ in eval_catalogue()})
+
+
+# With eval.published (the Table 1 rows), every evaluating target also writes Table 1.
+TABLE1_TARGETS = ["results/eval/table1.md"] if EVAL["published"] else []
+
+# The settings folder of rows without their own eval.protocols entry.
 EVAL_DIR = f"results/eval/{wf_eval.settings_name(EVAL, MODEL_DIR)}"
 
 
+def row_protocol(name):
+    return wf_eval.row_protocol(EVAL, name)
+
+
+def row_model_dir(name):
+    return wf_eval.model_folder(row_protocol(name), MODEL_DIR)
+
+
 def eval_outputs(keys):
-    return [
-        f"{EVAL_DIR}/{run}/{ckpt}/{ds}/average_scores.json"
-        for run, ckpt in sorted(keys)
-        for ds in EVAL["datasets"]
-    ]
+    return wf_eval.eval_targets(EVAL, keys, MODEL_DIR)
 
 
 def eval_inputs(wildcards):
@@ -164,17 +180,73 @@ def eval_source_args(wildcards):
     return wf_eval.source_args(source, hub_dir)
 
 
+def judge_input(dataset):
+    """The judge's weights, for the evaluations that start it (marble.rewards.service)."""
+    folder = wf_eval.judge_folder(EVAL)
+    return [folder] if folder and wf_eval.needs_judge(EVAL, dataset) else []
+
+
 def eval_launcher():
     return wf_eval.launcher(wf_eval.processes(EVAL))
 
 
 def eval_args(wildcards):
-    return wf_eval.evaluate_args(EVAL, wildcards.dataset)
+    expected = wf_eval.row_settings(EVAL, wildcards.run, MODEL_DIR)
+    if wildcards.settings != expected:  # a folder of another protocol: never mislabel results
+        raise ValueError(f"{wildcards.run} is evaluated under results/eval/{expected}, "
+                         f"not results/eval/{wildcards.settings}")
+    return wf_eval.evaluate_args(row_protocol(wildcards.run), wildcards.dataset)
 
 
-def summary_inputs(wildcards):
+def summary_keys():
     """`all` trains and evaluates every run; `eval_only` never trains: it takes the
     runs already trained plus the named and scanned checkpoints."""
     keys = set(final_checkpoints(eval_only_requested()))
-    keys |= set(scanned_checkpoints()) | set(named_checkpoints())
-    return eval_outputs(keys)
+    return keys | set(scanned_checkpoints()) | set(named_checkpoints())
+
+
+def summary_inputs(wildcards):
+    return eval_outputs(summary_keys())
+
+
+def summary_dirs():
+    """--eval-dir arguments of the summary: every settings folder the evaluations land in."""
+    dirs = wf_eval.eval_dirs(eval_outputs(summary_keys())) or [EVAL_DIR]
+    return " ".join(f"--eval-dir {d}" for d in dirs)
+
+
+# ------------------------------------------------------------------ the paper's tables
+
+TABLE_RUNS = wf_plan.table_runs(RUNS, MODE)
+TABLES_DIR = "results/tables"
+# `marble bench flops` (counted FLOPs, no GPU needed) when it exists: cost shows its ratios
+# where no GPU timed the bench.
+FLOPS_JSON = "results/bench/flops.json"
+
+
+def table_files(name):
+    return [f"{TABLES_DIR}/{name}.{ext}" for ext in ("csv", "md", "json")]
+
+
+def table_evals(table):
+    return eval_outputs({(run, final_ckpt(run)) for run in TABLE_RUNS[table]})
+
+
+def table_summaries(table):
+    return [f"results/runs/{run}/train_summary.json" for run in TABLE_RUNS[table]]
+
+
+def table1_files():
+    """Table 1 composes by its target's name: its files when a `table1` rule exists."""
+    if not workflow.is_rule("table1"):
+        return []
+    return list(rules.table1.output or rules.table1.input)
+
+
+# A dry run (`snakemake -n ...`) prints what the plan costs before anything is submitted.
+if wf_plan.is_dry_run(sys.argv[1:]):
+    from marble.workflow.plan_cli import plan_text
+
+    _bench = Path("results/bench/step.json")
+    _measured = json.loads(_bench.read_text()) if _bench.is_file() else None
+    print(plan_text(config, _measured, Path("results/runs")), file=sys.stderr)

@@ -1,7 +1,8 @@
 # Evaluation of every known checkpoint on every configured dataset, then one summary.
 # Results live in results/eval/<settings>/<run>/<checkpoint>/<dataset>/, <settings>
-# naming every image-changing eval setting (marble.workflow.evaluation.settings_name), so a
-# changed setting evaluates into a new folder. Only average_scores.json is declared:
+# naming every image-changing eval setting of that row (eval.protocols.<run> over eval:
+# marble.workflow.evaluation.row_settings), so a changed setting evaluates into a new folder
+# and each Table 1 row is generated under its own protocol. Only average_scores.json is declared:
 # Snakemake deletes declared outputs before a job, and evaluation_results.jsonl is the
 # state `marble evaluate` resumes from (finished samples are skipped).
 
@@ -9,15 +10,16 @@
 rule evaluate_ckpt:
     input:
         unpack(eval_inputs),
-        model=MODEL_DIR,
+        model=lambda wc: row_model_dir(wc.run),
         raw=RAW_DIR,
         rewards=REWARD_INPUT,
+        judge=lambda wc: judge_input(wc.dataset),
     output:
-        scores=f"{EVAL_DIR}/{{run}}/{{ckpt}}/{{dataset}}/average_scores.json",
+        scores="results/eval/{settings}/{run}/{ckpt}/{dataset}/average_scores.json",
     log:
-        "logs/eval/{run}/{ckpt}/{dataset}.log",
+        "logs/eval/{settings}/{run}/{ckpt}/{dataset}.log",
     benchmark:
-        "benchmarks/eval/{run}/{ckpt}/{dataset}.tsv"
+        "benchmarks/eval/{settings}/{run}/{ckpt}/{dataset}.tsv"
     conda:
         MARBLE_ENV
     threads: EVAL["resources"]["cpus_per_task"]
@@ -28,10 +30,11 @@ rule evaluate_ckpt:
         out_dir=lambda wc, output: os.path.dirname(output.scores),
         args=eval_args,
         launcher=eval_launcher(),
+        service=lambda wc: wf_eval.service_prefix(EVAL, wc.dataset),
         ckpts=f"MARBLE_REWARD_CKPTS={config['reward_ckpt_dir']}",
     shell:
-        "{params.ckpts} {params.launcher} {params.source}"
-        " --model_path {input.model:q} --model_type sd3 --dataset {wildcards.dataset}"
+        "{params.ckpts} {params.service} {params.launcher} {params.source}"
+        " --model_path {input.model:q} --dataset {wildcards.dataset}"
         " --data_dir {input.raw:q} --output_dir {params.out_dir:q} {params.args}"
         " >> {log:q} 2>&1"
 
@@ -39,7 +42,9 @@ rule evaluate_ckpt:
 localrules:
     eval_summary,
     fetch_hub_lora,
+    fetch_hub_model,
     paper_comparison,
+    table1,
 
 
 # A public LoRA named `hf:owner/repo[@revision]` in eval.checkpoints, fetched where
@@ -52,13 +57,27 @@ rule fetch_hub_lora:
     conda:
         MARBLE_ENV
     params:
-        repo=lambda wc: hub_loras()[wc.run][0],
-        revision=lambda wc: hub_loras()[wc.run][1],
+        ref=lambda wc: "hf:{}@{}".format(*hub_loras()[wc.run]),
     shell:
-        "python -c 'import os, sys; from huggingface_hub import snapshot_download;"
-        " snapshot_download(sys.argv[1], revision=sys.argv[2], local_dir=sys.argv[3],"
-        ' token=os.environ.get("HF_TOKEN"))\''
-        " {params.repo:q} {params.revision:q} {output:q} > {log:q} 2>&1"
+        "python -m marble.assets.hub {params.ref:q} --out {output:q} --require-commit > {log:q} 2>&1"
+
+
+# A row's base model `hf:owner/repo@commit` (eval.protocols.<row>.model: SD-XL, SD3.5-L,
+# FLUX.1-Dev; only the pipeline's components, as model_index.json names them) or the
+# UnifiedReward judge (eval.unifiedreward.model), fetched on the login node.
+rule fetch_hub_model:
+    output:
+        directory("data/models/hub/{hubmodel}"),
+    log:
+        "logs/download/model_{hubmodel}.log",
+    conda:
+        MARBLE_ENV
+    params:
+        ref=lambda wc: wf_eval.hub_models(EVAL)[wc.hubmodel][0],
+        pipeline=lambda wc: "--pipeline" if wf_eval.hub_models(EVAL)[wc.hubmodel][1] else "",
+    shell:
+        "python -m marble.assets.hub {params.ref:q} --out {output:q} --require-commit {params.pipeline}"
+        " > {log:q} 2>&1"
 
 
 rule eval_summary:
@@ -74,7 +93,7 @@ rule eval_summary:
     conda:
         MARBLE_ENV
     shell:
-        f"python -m marble.evaluation.summary --eval-dir {EVAL_DIR}"
+        f"python -m marble.evaluation.summary {summary_dirs()}"
         " --out-csv {output.csv:q} --out-md {output.table:q} > {log:q} 2>&1"
 
 
@@ -91,7 +110,30 @@ rule paper_comparison:
     conda:
         MARBLE_ENV
     params:
-        eval_dir=EVAL_DIR,
+        eval_dirs=summary_dirs(),
     shell:
-        "python workflow/scripts/published.py --eval-dir {params.eval_dir:q}"
+        "python workflow/scripts/published.py {params.eval_dirs}"
         " --published {input.published:q} --out {output:q} > {log:q} 2>&1"
+
+
+# Table 1: every configured row (eval.published names each row's run), evaluated under its
+# own protocol, beside the published numbers; composites over the same rows. table1.json is
+# a DVC metrics file (dvc.yaml).
+rule table1:
+    input:
+        summary_inputs,
+        published=EVAL["published"] or [],
+    output:
+        md="results/eval/table1.md",
+        csv="results/eval/table1.csv",
+        metrics="results/eval/table1.json",
+    log:
+        "logs/eval/table1.log",
+    conda:
+        MARBLE_ENV
+    params:
+        eval_dirs=summary_dirs(),
+        out_dir=lambda wc, output: os.path.dirname(output.md),
+    shell:
+        "python -m marble.tools.report.table1 {params.eval_dirs} --published {input.published:q}"
+        " --out-dir {params.out_dir:q} > {log:q} 2>&1"

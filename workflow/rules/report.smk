@@ -59,9 +59,11 @@ rule make_report:
     params:
         out_dir=lambda wc, output: os.path.dirname(output.md),
         eval_dir=EVAL_DIR,
+        flops=f"--flops {FLOPS_JSON}" if os.path.exists(FLOPS_JSON) else "",
     shell:
         "marble report --runs results/runs --eval-summary {input.summary:q}"
-        " --bench {input.bench:q} --eval-dir {params.eval_dir:q} --out {params.out_dir:q}"
+        " --bench {input.bench:q} {params.flops} --eval-dir {params.eval_dir:q}"
+        " --out {params.out_dir:q}"
         " > {log:q} 2>&1"
 
 
@@ -72,6 +74,7 @@ rule dvc_views:
         runs=expand("results/runs/{run}/train_summary.json", run=RUNS),
         summary="results/eval/summary.csv",
         bench="results/bench/step.json",
+        table1=TABLE1_TARGETS,
     output:
         directory("results/dvc"),
     log:
@@ -80,7 +83,9 @@ rule dvc_views:
         MARBLE_ENV
     resources:
         **resources_of("report"),
+    params:
+        table1="--table1 results/eval/table1.json" if TABLE1_TARGETS else "",
     shell:
         "python workflow/scripts/dvc_views.py --runs results/runs"
         " --eval-summary {input.summary:q} --bench {input.bench:q} --out {output:q}"
-        " > {log:q} 2>&1"
+        " {params.table1} > {log:q} 2>&1"

@@ -6,6 +6,7 @@
 Writes (all atomically):
   eval_metrics.json    {"<run>/<checkpoint>": {"<metric> (<dataset>)": value}}  (`dvc metrics show`)
   bench_metrics.json   {"<balancer>": {"step_s", "peak_mb", "time_vs_weighted_sum"}}
+  table1_metrics.json  {"<Table 1 row>": {"<metric>": ours}} (results/eval/table1.json; {} without one)
   curves/<reward>.csv  step, value, run: one file per reward (`dvc plots`: per-reward curves)
   eval_bars/<metric>.csv  run, value: one file per metric (`dvc plots`: per-run bars)
 NaN (unscorable) is written as null in JSON and an empty cell in CSV, never as 0.
@@ -92,7 +93,7 @@ def _csv(rows: list[dict], fields: list[str]) -> str:
     return buf.getvalue()
 
 
-def write_views(runs_dir: Path, summary: Path, bench: Path, out: Path) -> None:
+def write_views(runs_dir: Path, summary: Path, bench: Path, out: Path, table1: Path | None = None) -> None:
     with open(summary, newline="", encoding="utf-8") as fh:
         metrics = eval_metrics(list(csv.DictReader(fh)))
     runs = {p.parent.name: [rec for _, rec in read_jsonl(p)]
@@ -103,6 +104,9 @@ def write_views(runs_dir: Path, summary: Path, bench: Path, out: Path) -> None:
     write_text(out / "bench_metrics.json",
                json.dumps(bench_metrics(json.loads(bench.read_text(encoding="utf-8"))),
                           indent=1, sort_keys=True) + "\n")
+    # Always written, so `dvc metrics show` never misses a declared file (tiny mode has no Table 1).
+    rows = json.loads(table1.read_text(encoding="utf-8")) if table1 and table1.is_file() else {}
+    write_text(out / "table1_metrics.json", json.dumps(rows, indent=1, sort_keys=True) + "\n")
     for reward, rows in training_curves(runs).items():
         write_text(out / "curves" / f"{safe_name(reward)}.csv", _csv(rows, ["step", "value", "run"]))
     for metric, rows in eval_bars(metrics).items():
@@ -115,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-summary", type=Path, required=True)
     p.add_argument("--bench", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--table1", type=Path, default=None, help="results/eval/table1.json, when written")
     args = p.parse_args(argv)
-    write_views(args.runs, args.eval_summary, args.bench, args.out)
+    write_views(args.runs, args.eval_summary, args.bench, args.out, args.table1)
     return 0
 
 

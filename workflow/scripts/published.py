@@ -14,31 +14,11 @@ import argparse
 import math
 from pathlib import Path
 
-import yaml
-
 from marble.evaluation.summary import PAPER_METRICS, collect, wide_table
 from marble.runtime.io import write_text
-from marble.tools.report.published import TABLE1, TABLE1_COLUMNS
+from marble.tools.report.published import load_published
 
 COLUMNS = [c for c, *_ in PAPER_METRICS]
-
-
-def load_published(path: Path) -> dict:
-    """Rows {name: {run, values}}; a row named as in the paper's Table 1 without `values:`
-    takes them from `marble.tools.report.published.TABLE1`, the project's one transcription."""
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    rows = data.get("rows")
-    if not isinstance(rows, dict) or not rows:
-        raise ValueError(f"{path}: no `rows:` mapping")
-    for name, row in rows.items():
-        if isinstance(row, dict) and "values" not in row and name in TABLE1:
-            row["values"] = {c: v for c, v in zip(TABLE1_COLUMNS, TABLE1[name]) if c in COLUMNS}
-        if not isinstance(row, dict) or "run" not in row or not isinstance(row.get("values"), dict):
-            raise ValueError(f"{path}: row {name!r} needs `run:` and `values:` (or a Table 1 row name)")
-        unknown = set(row["values"]) - set(COLUMNS)
-        if unknown:
-            raise ValueError(f"{path}: row {name!r}: unknown metric(s) {sorted(unknown)}; known: {COLUMNS}")
-    return data
 
 
 def comparison(ours: dict[str, dict[str, float]], published: dict) -> list[dict]:
@@ -75,7 +55,7 @@ def render(records: list[dict], source: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def ours_by_run(eval_dir: Path) -> dict[str, dict[str, float]]:
+def ours_by_run(eval_dir) -> dict[str, dict[str, float]]:
     table, _ = wide_table(collect(eval_dir))
     out: dict[str, dict[str, float]] = {}
     for key, row in table.iterrows():
@@ -88,7 +68,8 @@ def ours_by_run(eval_dir: Path) -> dict[str, dict[str, float]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--eval-dir", type=Path, required=True)
+    p.add_argument("--eval-dir", type=Path, required=True, action="append",
+                   help="a settings folder (repeat: each row may have its own)")
     p.add_argument("--published", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)

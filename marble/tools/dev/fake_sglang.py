@@ -1,6 +1,7 @@
 """A loopback stand-in for UnifiedReward's sglang server (`python -m marble.tools.dev.fake_sglang`).
 
-Answers `POST /v1/chat/completions` (the OpenAI-compatible call `marble.rewards.unifiedreward`
+Answers `GET /health` and `GET /v1/models` (readiness, as marble.rewards.service polls) and
+`POST /v1/chat/completions` (the OpenAI-compatible call `marble.rewards.unifiedreward`
 makes) on 127.0.0.1 and a free port, with a reply that ends in `Final Score: N`, N in 1..5
 chosen deterministically from the request's text (sha256 of the judge prompt, mod 5, + 1),
 so the same prompt always gets the same judgement. Bounded: it stops by itself after
@@ -70,6 +71,15 @@ class Handler(BaseHTTPRequestHandler):
                 time.sleep(self.server.trickle_s)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up, as it should
+
+    def do_GET(self):
+        """sglang's readiness endpoints, as marble.rewards.service polls them."""
+        self.server.touch()
+        if self.path.rstrip("/") == "/health":
+            return self._json(200, {"status": "ok"})
+        if self.path.rstrip("/") == "/v1/models":
+            return self._json(200, {"object": "list", "data": [{"id": "fake", "object": "model"}]})
+        return self._json(404, {"error": f"no route {self.path}"})
 
     def do_POST(self):
         self.server.touch()

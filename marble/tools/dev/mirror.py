@@ -33,7 +33,7 @@ from marble.tools.dev import replicas
 # open_clip architecture of the HPS replica (pass it as the hpsv2 reward's model_config/arch).
 HPS_ARCH = "marble-tiny-hps"
 # Bumped when a replica's format changes, so a harness rebuilds an older mirror folder.
-REPLICA_VERSION = 2
+REPLICA_VERSION = 3  # 3: PaddleOCR's model tars
 
 
 def is_current(out: str | Path) -> bool:
@@ -72,6 +72,10 @@ def _url_builders(seed: int, tmp: Path) -> dict:
         "mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco_20220504_001756-743b7d99.pth":
             lambda p: replicas.detector_ckpt(p, seed + 7),
     }
+    from marble.rewards.paddle_models import MODELS as PADDLE_MODELS
+
+    for i, name in enumerate(PADDLE_MODELS.values()):
+        out[f"{name}.tar"] = lambda p, name=name, i=i: replicas.paddle_model_tar(p, name, seed + 8 + i)
     for f in raw.rglob("*"):
         if f.is_file():
             out[f.relative_to(raw).as_posix()] = lambda p, f=f: shutil.copyfile(f, p)

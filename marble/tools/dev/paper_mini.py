@@ -2,11 +2,11 @@
 
 Builds the mirror (data/mirror), serves it on a loopback port (stops by itself when idle),
 points every download at it (HF_ENDPOINT, MARBLE_MIRROR, MARBLE_MANIFEST; a stand-in
-HF_TOKEN for the gated repo), starts a loopback fake sglang server for UnifiedReward
-(MARBLE_UNIFIEDREWARD_URL), writes the replicas' scorer options for evaluation
+HF_TOKEN for the gated repo), writes the replicas' scorer options for evaluation
 (MARBLE_REWARD_OPTIONS: HPS's tiny architecture, GenEval's stand-in detector), then runs
     snakemake --configfile config/paper.yaml .test/paper-mini.yaml -c2 all
-It then checks that every evaluation ran with eval.processes torchrun ranks, and prints
+(the workflow starts the fake UnifiedReward judge beside each drawbench evaluation through
+marble.rewards.service, as it starts the real one). It then checks that every evaluation ran with eval.processes torchrun ranks, and prints
 each stage's wall time (Snakemake's benchmark files); on failure it names the
 failing stage (rule) and its log, and prints the log's tail.
 """
@@ -24,7 +24,6 @@ from pathlib import Path
 
 import yaml
 
-from marble.tools.dev.fake_sglang import FakeSglangServer
 from marble.tools.dev.mirror import build_mirror, is_current, replica_reward_options
 from marble.tools.dev.mirror_server import MirrorServer
 
@@ -96,10 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ, MARBLE_MANIFEST=str(mirror / "manifest.yaml"), HF_HUB_DISABLE_TELEMETRY="1",
                MARBLE_REWARD_OPTIONS=str(options.resolve()))
     env.setdefault("HF_TOKEN", "hf_mirror")  # the mirror's gated repo wants a bearer token, any
-    with MirrorServer(mirror, idle_s=1800) as server, FakeSglangServer(idle_s=1800) as judge:
-        env.update(HF_ENDPOINT=server.url, MARBLE_MIRROR=server.url, MARBLE_UNIFIEDREWARD_URL=judge.url)
+    # The fake UnifiedReward judge is started by the workflow itself beside each evaluation
+    # that needs it (eval.unifiedreward in .test/paper-mini.yaml), not here.
+    env.pop("MARBLE_UNIFIEDREWARD_URL", None)
+    with MirrorServer(mirror, idle_s=1800) as server:
+        env.update(HF_ENDPOINT=server.url, MARBLE_MIRROR=server.url)
         cmd = ["snakemake", "--configfile", *CONFIGS, *args.also, f"-c{args.cores}", *args.targets]
-        print(" ".join(cmd), f"(mirror {server.url}, fake sglang {judge.url})", flush=True)
+        print(" ".join(cmd), f"(mirror {server.url})", flush=True)
         Path(args.log).parent.mkdir(parents=True, exist_ok=True)
         with open(args.log, "w") as log:
             proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -113,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"test-paper: {problem}", file=sys.stderr)
     if proc.returncode == 0 and not problems:
         print(f"test-paper: passed in {wall / 60:.1f} min (snakemake log {args.log}; "
-              f"{judge.requests} fake judge requests; {len(sizes)} evaluations, {ranks} ranks each)")
+              f"{len(sizes)} evaluations, {ranks} ranks each)")
         return 0
     if problems:
         return 1

@@ -318,3 +318,20 @@ def prompt_files(raw: Path, seed: int = 0) -> None:
     from marble.data.tiny_prompts import write_tiny_raw
 
     write_tiny_raw(raw, seed=seed, n_train=24, n_test=8)
+
+
+def paddle_model_tar(path: Path, name: str, seed: int = 0) -> None:
+    """A PaddleOCR model tar in its real layout (`<name>/inference.pdmodel`, `.pdiparams`,
+    `.pdiparams.info`), random bytes inside: what marble.rewards.paddle_models extracts (no
+    Paddle here to run it; paper-mini scores OCR with an ONNX engine)."""
+    import io
+    import tarfile
+
+    g = torch.Generator().manual_seed(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w") as tar:
+        for suffix in ("pdmodel", "pdiparams", "pdiparams.info"):
+            data = bytes(torch.randint(0, 256, (256,), generator=g, dtype=torch.uint8).tolist())
+            info = tarfile.TarInfo(f"{name}/inference.{suffix}")
+            info.size, info.mtime = len(data), 0  # fixed mtime: the same bytes every build
+            tar.addfile(info, io.BytesIO(data))

@@ -10,8 +10,9 @@ import pandas as pd
 from tqdm import tqdm
 
 from marble.runtime.io import atomic_path
-from marble.tools.report import claim, figures, published, tables
-from marble.tools.report.loading import RunData, eval_samples, load_bench, load_eval_summary, load_runs
+from marble.tools.report import claim, figures, lead, published, tables
+from marble.tools.report.loading import (RunData, eval_samples, load_bench, load_eval_summary,
+                                         load_runs, read_json_file)
 from marble.tools.report.render import Figure, Section, Table, Text, to_html, to_markdown
 from marble.tools.report.verdict import RunTrend, Verdict, reward_changes, specialist_rewards, verdict
 
@@ -24,6 +25,7 @@ class ReportInputs:
     out: Path
     eval_summary: Path | None = None
     bench: Path | None = None
+    flops: Path | None = None  # `marble bench flops` JSON (counted FLOPs where no GPU ran)
     eval_dir: Path | None = None
     images_per_dataset: int = 4
     window: int | None = None  # epochs averaged at each end for the verdict (None: auto)
@@ -40,9 +42,13 @@ class Builder:
         (root / "figures").mkdir(parents=True, exist_ok=True)
         (root / "tables").mkdir(parents=True, exist_ok=True)
 
-    def section(self, title: str) -> Section:
-        self.sections.append(Section(title))
+    def section(self, title: str, collapsed: bool = False) -> Section:
+        self.sections.append(Section(title, collapsed=collapsed))
         return self.sections[-1]
+
+    def csv(self, name: str, frame: pd.DataFrame) -> str:
+        frame.to_csv(self.root / "tables" / f"{name}.csv", index=False)
+        return f"tables/{name}.csv"
 
     def table(self, section: Section, name: str, caption: str, frame: pd.DataFrame) -> None:
         frame.to_csv(self.root / "tables" / f"{name}.csv")
@@ -118,17 +124,25 @@ def _claim_json(trends, specialists, runs) -> tuple[dict, list[str], pd.DataFram
     return data, lines, pd.DataFrame(rows)
 
 
-def _verdict_section(b: Builder, runs, trends, specialists, inp: ReportInputs) -> tuple[Verdict, dict]:
+def _verdict_section(b: Builder, runs, trends, specialists) -> tuple[Verdict, dict, pd.DataFrame]:
+    """The verdict in a few lines with its numbers; the per-run detail goes to a collapsed
+    section at the end (see _verdict_details)."""
     result = verdict(trends, specialists)
     claim_data, claim_text, change_table = _claim_json(trends, specialists, runs)
     s = b.section("Verdict")
+    s.blocks.append(Text(result.text))
     for line in claim_text:
         s.blocks.append(Text(line))
+    return result, claim_data, change_table
+
+
+def _verdict_details(b: Builder, trends, specialists, inp: ReportInputs, result,
+                     change_table: pd.DataFrame) -> None:
+    s = b.section("Details: the verdict per run", collapsed=True)
     if not change_table.empty:
         b.table(s, "reward_change_by_balancer", "Training reward change per balancer, runs "
                 "(seeds) pooled: mean and standard error (the larger of the between-run spread "
                 "and the runs' own epoch-to-epoch error)", change_table)
-    s.blocks.append(Text(result.text))
     spec = ", ".join(f"`{k}` ({v:.0%} of rollouts)" for k, v in specialists.items()) or "none"
     s.blocks.append(Text(
         f"Specialist rewards (applicable to a strict subset of rollouts): {spec}. A reward's "
@@ -141,11 +155,10 @@ def _verdict_section(b: Builder, runs, trends, specialists, inp: ReportInputs) -
     if trends:
         b.table(s, "training_reward_change", "Training reward change per run",
                 tables.training_change_table(trends))
-    return result, claim_data
 
 
 def _eval_section(b: Builder, inp: ReportInputs) -> pd.DataFrame | None:
-    s = b.section("Evaluation scores (Table 1 style)")
+    s = b.section("Details: evaluation scores per run (Table 1 style)", collapsed=True)
     summary = load_eval_summary(inp.eval_summary)
     if summary is None or summary.empty:
         s.blocks.append(Text(
@@ -162,7 +175,7 @@ def _eval_section(b: Builder, inp: ReportInputs) -> pd.DataFrame | None:
 
 
 def _paper_section(b: Builder, runs: list[RunData], evals: pd.DataFrame | None) -> None:
-    s = b.section("Beside the paper")
+    s = b.section("Details: Table 1 per balancer, and as published", collapsed=True)
     s.blocks.append(Text(
         "The paper's numbers are SD3.5-M at 512 px with five model-based rewards; this run's are "
         "the tiny model with toy rewards (brightness and saturation stand in for the general "
@@ -186,9 +199,8 @@ def _training_sections(b: Builder, runs: list[RunData], inp: ReportInputs) -> No
              "No run logged `alpha/<name>` (set `balancer.diagnostics_every` > 0).")
 
 
-def _harmony_section(b: Builder, runs: list[RunData]) -> None:
+def _harmony_figures(b: Builder, runs: list[RunData], by_run: pd.DataFrame) -> None:
     s = b.section("Gradient harmony")
-    by_run = tables.harmony_by_run(runs)
     if by_run.empty or by_run["logged_steps"].sum() == 0:
         s.blocks.append(Text("Missing: no run logged `cos_min` (diagnostic steps come every "
                              "`balancer.diagnostics_every` optimizer steps; 0 turns them off)."))
@@ -197,6 +209,12 @@ def _harmony_section(b: Builder, runs: list[RunData]) -> None:
              "Worst-reward cosine min_k cos(d, g_k) per logged step", "")
     b.figure(s, figures.anti_aligned_bars(by_run, b.root / "figures" / "anti_aligned.png"),
              "Fraction of logged batches with an anti-aligned reward", "")
+
+
+def _harmony_tables(b: Builder, runs: list[RunData], by_run: pd.DataFrame) -> None:
+    if by_run.empty or by_run["logged_steps"].sum() == 0:
+        return
+    s = b.section("Details: gradient harmony per run", collapsed=True)
     b.table(s, "harmony_by_run", "Per run: mean worst-reward cosine, mean across-reward variance "
             "of the cosine, anti-aligned fraction; `applied` = the direction the balancer applied, "
             "`ws_dir` = the weighted-sum direction on the same batches; a step's `anti_aligned` is "
@@ -210,7 +228,7 @@ def _harmony_section(b: Builder, runs: list[RunData]) -> None:
 
 
 def _cost_section(b: Builder, inp: ReportInputs) -> None:
-    s = b.section("Training cost")
+    s = b.section("Details: the bench, every row", collapsed=True)
     bench = load_bench(inp.bench)
     if bench is None:
         s.blocks.append(Text(
@@ -225,12 +243,13 @@ def _cost_section(b: Builder, inp: ReportInputs) -> None:
 
 
 def _rho_section(b: Builder, runs, trends, evals) -> None:
-    s = b.section("rho ablation")
+    s = b.section("Details: rho ablation groups", collapsed=True)
     groups = tables.rho_groups(runs)
     if not groups:
         s.blocks.append(Text("Not applicable: no two MARBLE runs differ only in `balancer.alpha_ema` "
-                             "(or `balancer.exact_masking`). Configure runs such as rho_05 / rho_07 / "
-                             "rho_07_exact / rho_09 to get this table. "
+                             "(or `balancer.exact_masking`). Train the presets rho_01 / rho_03 / "
+                             "rho_05 / rho_07 / rho_09 (config/paper.yaml, `snakemake rho_ablation`) "
+                             "to get this table. "
                              "Paper: rho = 0.7 is best on every metric (0.1 worst)."))
         return
     by_name = {t.run: t for t in trends}
@@ -243,7 +262,7 @@ def _rho_section(b: Builder, runs, trends, evals) -> None:
 
 
 def _samples_section(b: Builder, runs: list[RunData], inp: ReportInputs) -> None:
-    s = b.section("Samples")
+    s = b.section("Samples", collapsed=True)
     if inp.eval_dir is None or not inp.eval_dir.is_dir():
         s.blocks.append(Text(
             f"Missing: no eval folder at `{inp.eval_dir or '(not given: --eval-dir)'}`. Evaluate "
@@ -270,11 +289,21 @@ def build_report(inp: ReportInputs) -> Verdict:
             b.section("Runs").blocks.append(Text(
                 f"Missing: no run folder with a metrics.jsonl under `{inp.runs_dir}`. Train with "
                 "`marble train --preset tiny --output-dir results/runs/<run>`."))
-        result, claim_data = _verdict_section(b, runs, trends, specialists, inp)
+        # What people look at first: the paper's tables beside ours, their figures, the
+        # curves; then the verdict in a few lines; the long per-run tables last, collapsed.
+        long_eval = load_eval_summary(inp.eval_summary)
+        toy = not runs or not all(lead.is_paper_scale(r) for r in runs)
+        frames = lead.paper_frames(runs, long_eval, load_bench(inp.bench), read_json_file(inp.flops))
+        title = lead.LEAD_TITLE + (" (toy analogues)" if toy else "")
+        b.section(title).blocks += lead.lead_blocks(frames, tmp, toy, b.csv)
+        _training_sections(b, runs, inp)
+        by_run = tables.harmony_by_run(runs)
+        _harmony_figures(b, runs, by_run)
+        result, claim_data, change_table = _verdict_section(b, runs, trends, specialists)
         evals = _eval_section(b, inp)
         _paper_section(b, runs, evals)
-        _training_sections(b, runs, inp)
-        _harmony_section(b, runs)
+        _verdict_details(b, trends, specialists, inp, result, change_table)
+        _harmony_tables(b, runs, by_run)
         _cost_section(b, inp)
         _rho_section(b, runs, trends, evals)
         _samples_section(b, runs, inp)

@@ -20,10 +20,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from marble.tools.report.published import HARMONY
 from marble.tools.report.verdict import RunTrend
 
 Z = 2.0  # "beyond the error bars": two standard errors (about 95% for a normal estimate)
-PUBLISHED_ANTI_ALIGNED = {"weighted_sum": 0.80, "marble": 0.00}
+PUBLISHED_ANTI_ALIGNED = {bal: v["anti_aligned_frac"] for bal, v in HARMONY.items()}
 INCONCLUSIVE = "inconclusive"
 
 

@@ -172,3 +172,33 @@ def image_grid(run: str, samples: dict[str, list[ScoredImage]], path: Path) -> P
                           va="center", ha="right", fontsize=9)
     fig.suptitle(f"Samples: {run}")
     return _save(fig, path)
+
+
+def ours_vs_published(table: pd.DataFrame, path: Path, title: str) -> Path | None:
+    """The headline figure of a paper table: a panel per metric, a pair of bars (ours,
+    published) per table row (per rho for the ablation). `table` is a paper_tables frame."""
+    key = "rho" if "rho" in table else "row"
+    cells = table.groupby([key, "metric"], sort=False).agg(
+        ours=("ours", "mean"), published=("published", "mean")).reset_index()
+    cells = cells[cells[["ours", "published"]].notna().any(axis=1)]
+    if cells.empty:
+        return None
+    metrics = list(dict.fromkeys(cells["metric"]))
+    fig, axes = _panels(len(metrics), width=3.4, height=2.8, max_cols=4)
+    for ax, metric in zip(axes, metrics):
+        sub = cells[cells["metric"] == metric]
+        labels = [f"{v:g}" if isinstance(v, float) else textwrap.fill(str(v), 14) for v in sub[key]]
+        x = np.arange(len(sub))
+        for offset, col, color in ((-0.2, "ours", "tab:blue"), (0.2, "published", "tab:gray")):
+            values = sub[col].to_numpy(dtype=float)
+            bars = ax.bar(x + offset, np.nan_to_num(values), 0.4, color=color, label=col)
+            # A missing value is "–", never a zero-height bar that reads as 0.
+            ax.bar_label(bars, labels=["–" if np.isnan(v) else f"{v:.3g}" for v in values],
+                         fontsize=6)
+        ax.set_xticks(x, labels, fontsize=7)
+        ax.set_title(textwrap.fill(metric, 32), fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+        ax.tick_params(axis="y", labelsize=7)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, path)

@@ -104,6 +104,13 @@ def _read_json(path: Path) -> Any:
         raise ReportInputError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg}") from exc
 
 
+def read_json_file(path: Path | None) -> Any:
+    """A JSON file's content, None when not given or absent (an optional input)."""
+    if path is None or not path.is_file():
+        return None
+    return _read_json(path)
+
+
 def load_bench(path: Path | None) -> dict | None:
     if path is None or not path.is_file():
         return None

@@ -8,8 +8,10 @@ x26 scale, UnifiedReward on 1-5; composite = mean of column-wise z-scores over t
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
+import yaml
 
 SOURCE = "published: MARBLE project page (aim-uofa.github.io/MARBLE), Table 1"
 TABLE1_COLUMNS = ["GenEval", "OCR", "PickScore", "CLIPScore", "HPSv2.1", "Aesthetic",
@@ -34,6 +36,27 @@ COST = {
     "weighted_sum": (1.00, 59.0),
     "marble": (0.97, 67.0),  # amortized, N = 10
     "mgda": (0.56, 67.0),  # "without amortization": a full solve every step
+}
+
+
+# Section E's other tables, each with its own source line (the same page).
+RHO_SOURCE = "published: MARBLE project page (aim-uofa.github.io/MARBLE), EMA decay rho ablation"
+RHO_COLUMNS = TABLE1_COLUMNS[:-1]  # the eight metrics, no composite
+RHO_ABLATION = {
+    0.1: [0.86, 0.80, 21.52, 0.261, 0.292, 5.84, 1.22, 2.98],
+    0.3: [0.88, 0.84, 21.76, 0.266, 0.312, 6.03, 1.27, 3.04],
+    0.5: [0.93, 0.95, 22.02, 0.276, 0.340, 6.14, 1.48, 3.43],
+    0.7: [0.94, 0.96, 22.83, 0.286, 0.355, 6.59, 1.53, 3.52],
+    0.9: [0.90, 0.89, 22.14, 0.272, 0.342, 6.26, 1.47, 3.40],
+}
+COST_SOURCE = ("published: MARBLE project page (aim-uofa.github.io/MARBLE), training cost, "
+               "8xH200, K = 5, relative to the weighted sum")
+HARMONY_SOURCE = "published: MARBLE project page (aim-uofa.github.io/MARBLE), gradient harmony"
+# Weighted sum -> MARBLE: share of mini-batches with an anti-aligned reward, worst-reward
+# cosine min_k cos(d, g_k), across-reward variance var_k cos(d, g_k).
+HARMONY = {
+    "weighted_sum": {"anti_aligned_frac": 0.80, "cos_min_mean": -0.13, "cos_var_mean": 0.161},
+    "marble": {"anti_aligned_frac": 0.00, "cos_min_mean": 0.37, "cos_var_mean": 0.006},
 }
 
 
@@ -67,3 +90,25 @@ def beside_paper(evals: pd.DataFrame | None, balancer_of: dict[str, str]) -> pd.
         row.update({f"published: {c}": v for c, v in zip(TABLE1_COLUMNS, published)})
         rows.append(row)
     return pd.DataFrame(rows).set_index("balancer")
+
+
+def load_published(path: Path) -> dict:
+    """Rows {name: {run, values}}; a row named as in the paper's Table 1 without `values:`
+    takes them from `marble.tools.report.published.TABLE1`, the project's one transcription."""
+    from marble.evaluation.summary import PAPER_METRICS
+
+    columns = [c for c, *_ in PAPER_METRICS]
+    path = Path(path)
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    rows = data.get("rows")
+    if not isinstance(rows, dict) or not rows:
+        raise ValueError(f"{path}: no `rows:` mapping")
+    for name, row in rows.items():
+        if isinstance(row, dict) and "values" not in row and name in TABLE1:
+            row["values"] = {c: v for c, v in zip(TABLE1_COLUMNS, TABLE1[name]) if c in columns}
+        if not isinstance(row, dict) or "run" not in row or not isinstance(row.get("values"), dict):
+            raise ValueError(f"{path}: row {name!r} needs `run:` and `values:` (or a Table 1 row name)")
+        unknown = set(row["values"]) - set(columns)
+        if unknown:
+            raise ValueError(f"{path}: row {name!r}: unknown metric(s) {sorted(unknown)}; known: {columns}")
+    return data

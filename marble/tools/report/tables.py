@@ -13,6 +13,7 @@ import pandas as pd
 from marble.evaluation.summary import composite_zscore
 from marble.tools.report.loading import RunData, latest_checkpoint_name
 from marble.tools.report.published import COST as PUBLISHED_COST
+from marble.tools.report.published import HARMONY as PUBLISHED_HARMONY
 from marble.tools.report.verdict import RunTrend
 
 # The MARBLE page's cost table (8xH200, K = 5), relative to the weighted sum.
@@ -21,11 +22,8 @@ PAPER_COST = {
     "marble": (0.97, 1.14),  # amortized, N = 10
     "mgda": (0.56, 1.14),  # full solve every micro-step
 }
-# The page's gradient-harmony numbers (weighted sum -> MARBLE).
-PAPER_HARMONY = {
-    "weighted_sum": {"anti_aligned_frac": 0.80, "cos_min_mean": -0.13, "cos_var_mean": 0.161},
-    "marble": {"anti_aligned_frac": 0.00, "cos_min_mean": 0.37, "cos_var_mean": 0.006},
-}
+# The page's gradient-harmony numbers (weighted sum -> MARBLE): one transcription.
+PAPER_HARMONY = PUBLISHED_HARMONY
 
 
 def is_count_metric(metric: str) -> bool:
@@ -94,7 +92,7 @@ def _by_step_kind(frame: pd.DataFrame) -> dict[str, float]:
             "applied_anti_aligned_frac_amortized": amortized}
 
 
-def _harmony_row(frame: pd.DataFrame) -> dict[str, float]:
+def harmony_row(frame: pd.DataFrame) -> dict[str, float]:
     applied, ws = _diag_stats(frame, ""), _diag_stats(frame, "_ws")
     row = {"logged_steps": applied["steps"]}
     row.update({f"applied_{k}": v for k, v in applied.items() if k != "steps"})
@@ -104,7 +102,7 @@ def _harmony_row(frame: pd.DataFrame) -> dict[str, float]:
 
 
 def harmony_by_run(runs: list[RunData]) -> pd.DataFrame:
-    rows = [{"run": r.name, "balancer": r.balancer, **_harmony_row(r.metrics)} for r in runs]
+    rows = [{"run": r.name, "balancer": r.balancer, **harmony_row(r.metrics)} for r in runs]
     return pd.DataFrame(rows).set_index("run") if rows else pd.DataFrame()
 
 
@@ -113,7 +111,7 @@ def harmony_by_balancer(runs: list[RunData]) -> pd.DataFrame:
     rows = []
     for balancer in sorted({r.balancer for r in runs}):
         pooled = pd.concat([r.metrics for r in runs if r.balancer == balancer], ignore_index=True)
-        row = {"balancer": balancer, **_harmony_row(pooled)}
+        row = {"balancer": balancer, **harmony_row(pooled)}
         paper = PAPER_HARMONY.get(balancer, {})
         row["published_anti_aligned_frac"] = paper.get("anti_aligned_frac", math.nan)
         row["published_cos_min"] = paper.get("cos_min_mean", math.nan)
