@@ -330,7 +330,8 @@ def heavy_dependencies(files: dict[str, Path]) -> dict[str, set[str]]:
 
 def is_entry_point(module: str) -> bool:
     """Command lines and tools import lazily so that `--help` stays fast; the library may not."""
-    return (module.split(".")[-1] in ENTRY_POINTS or module in ("marble.train", "marble.evaluate")
+    last = module.split(".")[-1]
+    return (last in ENTRY_POINTS or last.endswith("_cli") or module in ("marble.train", "marble.evaluate")
             or module.startswith("marble.tools."))
 
 
