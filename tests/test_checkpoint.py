@@ -118,13 +118,14 @@ def test_no_intact_checkpoint_is_an_error_naming_the_run(tmp_path):
         resume_checkpoint(tmp_path)
 
 
-def test_marker_without_hashes_is_accepted_with_a_warning(tmp_path, caplog):
+def test_marker_without_hashes_is_damaged_and_load_names_a_bad_file(tmp_path, caplog):
+    _save(tmp_path, 3)
     path = _save(tmp_path, 4)
-    (path / COMPLETE).write_text("ok\n")  # what markers held before hashes
-    assert damaged_files(path) is None
-    assert resume_checkpoint(tmp_path) == path
-    assert "no file hashes" in caplog.text and "checkpoint-000004" in caplog.text
-    # Unverifiable and damaged: loading names the file instead of torch's zip error.
+    (path / COMPLETE).write_text("ok\n")  # what markers held before hashes: unverifiable
+    assert damaged_files(path)[0].startswith("COMPLETE (unreadable or not JSON")
+    assert resume_checkpoint(tmp_path) == checkpoint_dir(tmp_path, 3)
+    assert "checkpoint-000004 is damaged: COMPLETE" in caplog.text
+    # load_checkpoint (called on a verified folder) still names a file torch cannot read.
     _truncate(path / "optimizer.pt")
     with pytest.raises(CheckpointError, match=r"checkpoint-000004/optimizer\.pt: unreadable"):
         load_checkpoint(path)

@@ -118,10 +118,12 @@ def test_changed_identity_is_refused_with_the_difference(tmp_path):
 
 
 def test_resolve_lora_kinds(tmp_path):
+    from marble.training.checkpoint_format import marker_text
+
     diffusers_dir = tmp_path / "run" / "checkpoints" / "checkpoint-000002" / "lora"
     diffusers_dir.mkdir(parents=True)
     (diffusers_dir / "pytorch_lora_weights.safetensors").write_bytes(b"x")
-    (diffusers_dir.parent / "COMPLETE").write_text("ok")
+    (diffusers_dir.parent / "COMPLETE").write_text(marker_text(diffusers_dir.parent))
     incomplete = tmp_path / "run" / "checkpoints" / "checkpoint-000009" / "lora"
     incomplete.mkdir(parents=True)  # no COMPLETE marker: ignored
     by_run = resolve_lora(tmp_path / "run")
@@ -137,7 +139,7 @@ def test_resolve_lora_kinds(tmp_path):
     with pytest.raises(CheckpointError, match="neither a marble checkpoint"):
         resolve_lora(tmp_path / "neither")
     (tmp_path / "empty_run" / "checkpoints").mkdir(parents=True)
-    with pytest.raises(CheckpointError, match="no complete checkpoint"):
+    with pytest.raises(CheckpointError, match="no usable checkpoint"):
         resolve_lora(tmp_path / "empty_run")
     with pytest.raises(CheckpointError, match="does not exist"):
         resolve_lora(tmp_path / "nope")

@@ -13,6 +13,15 @@ import yaml
 from test_workflow_lib import copy_workflow, snakemake
 
 
+def _usable_checkpoint(ckpt: Path) -> None:
+    """A checkpoint folder that passes the workflow's check: one file and its marker."""
+    from marble.training.checkpoint_format import COMPLETE, marker_text
+
+    ckpt.mkdir(parents=True)
+    (ckpt / "state.pt").write_bytes(b"placeholder")
+    (ckpt / COMPLETE).write_text(marker_text(ckpt))
+
+
 def _placeholders(work: Path, runs: dict[str, int]) -> None:
     """Inputs and finished runs as empty files: enough for a dry run. Every file is
     older than the model, so Snakemake's mtime rule alone would retrain every run."""
@@ -23,8 +32,7 @@ def _placeholders(work: Path, runs: dict[str, int]) -> None:
         (work / f).write_bytes(b"placeholder")
     for run, step in runs.items():
         ckpt = work / f"results/runs/{run}/checkpoints/checkpoint-{step:06d}"
-        ckpt.mkdir(parents=True)
-        (ckpt / "COMPLETE").write_text("")
+        _usable_checkpoint(ckpt)
         (work / f"results/runs/{run}/train_summary.json").write_text("{}")
     for p in (work / "results").rglob("*"):
         os.utime(p, (older, older))
@@ -120,8 +128,7 @@ def test_scanned_runs_with_one_name_stay_distinct(tmp_path):
     _placeholders(work, {"marble": 4})
     for site in ["siteA", "siteB"]:
         ckpt = tmp_path / site / "marble/checkpoints/checkpoint-000002"
-        ckpt.mkdir(parents=True)
-        (ckpt / "COMPLETE").write_text("")
+        _usable_checkpoint(ckpt)
     _set(work, runs={"marble": {"preset": "tiny", "max_steps": 4}},
          eval={"scan_dirs": [str(tmp_path / "siteA"), str(tmp_path / "siteB"),
                              str((work / "results/runs").resolve())]})

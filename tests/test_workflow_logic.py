@@ -85,11 +85,19 @@ def test_hub_sources_and_labels():
         checkpoints.hub_source("hf:a/b/c")
 
 
+def fake_checkpoint(folder, payload=b"weights"):
+    """A checkpoint folder with one file and a real marker (the trainer's format)."""
+    from marble.training.checkpoint_format import COMPLETE, marker_text
+
+    folder.mkdir(parents=True)
+    (folder / "state.pt").write_bytes(payload)
+    (folder / COMPLETE).write_text(marker_text(folder))
+    return folder
+
+
 def test_scanned_checkpoints_name_clashes_apart(tmp_path):
     for parent in ("one", "two"):
-        ck = tmp_path / parent / "marble" / "checkpoints" / "checkpoint-000004"
-        ck.mkdir(parents=True)
-        (ck / "COMPLETE").write_text("{}")
+        fake_checkpoint(tmp_path / parent / "marble" / "checkpoints" / "checkpoint-000004")
     (tmp_path / "one" / "marble" / "checkpoints" / "checkpoint-000008").mkdir()  # no marker
     found = checkpoints.scanned_checkpoints([str(tmp_path / "one"), str(tmp_path / "two")])
     assert sorted(found) == [("marble", "checkpoint-000004"), ("marble-two", "checkpoint-000004")]
@@ -173,3 +181,23 @@ def test_hub_snapshot_retries_transient_errors_only(tmp_path, monkeypatch):
     with pytest.raises(DownloadError, match="RepositoryNotFoundError"):
         hub.snapshot("o/gone", "a" * 40, tmp_path / "gone", sleep=sleeps.append)
     assert len(calls) == 1  # not retried
+
+
+def test_folder_names_with_spaces_become_wildcard_values(tmp_path):
+    assert checkpoints.checkpoint_label("data/my lora") == "my_lora"
+    assert checkpoints.checkpoint_label("data/.hidden") == "lora.hidden"
+    fake_checkpoint(tmp_path / "my run" / "checkpoints" / "checkpoint-000002")
+    assert list(checkpoints.scanned_checkpoints([str(tmp_path)])) == [("my_run", "checkpoint-000002")]
+
+
+def test_scan_skips_a_damaged_checkpoint_and_eval_input_names_it(tmp_path):
+    good = fake_checkpoint(tmp_path / "r" / "checkpoints" / "checkpoint-000002")
+    bad = fake_checkpoint(tmp_path / "r" / "checkpoints" / "checkpoint-000004")
+    (bad / "state.pt").write_bytes(b"flipped")
+    assert list(checkpoints.scanned_checkpoints([str(tmp_path)])) == [("r", "checkpoint-000002")]
+    assert checkpoints.checkpoint_input(str(good)) == str(good / "COMPLETE")
+    with pytest.raises(ValueError, match=r"checkpoint-000004 is damaged: state.pt \(sha256"):
+        checkpoints.checkpoint_input(str(bad))
+    lora = tmp_path / "bare"  # a bare LoRA (no marker): the folder itself
+    lora.mkdir()
+    assert checkpoints.checkpoint_input(str(lora)) == str(lora)

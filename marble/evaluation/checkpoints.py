@@ -2,8 +2,11 @@
 
 Accepted, in this order:
 1. a marble checkpoint folder (has `lora/`, as written by `marble.training.checkpoint.save_checkpoint`;
-   the reference's `<ckpt>/lora` peft folders have the same shape);
-2. a marble run folder (has `checkpoints/`): its latest complete checkpoint;
+   the reference's `<ckpt>/lora` peft folders have the same shape): one marble wrote (a
+   `COMPLETE` marker or `state.pt`) must be usable (marble.training.checkpoint_format: the
+   definition training resumes by), else an error naming the damaged files;
+2. a marble run folder (has `checkpoints/`): its newest usable checkpoint (damaged ones are
+   skipped with a warning, as resume skips them);
 3. a LoRA folder itself: peft (`adapter_config.json` + `adapter_model.safetensors`, or the
    `adapter_model.bin` older peft and the reference's hub LoRAs ship, read with
    `torch.load(weights_only=True)`) or diffusers (`pytorch_lora_weights.safetensors`).
@@ -15,13 +18,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from marble.training.checkpoint_format import (
+    CheckpointError,
+    damaged_files,
+    is_marble_checkpoint,
+    latest_usable,
+)
+
 # safetensors first; a .bin is only ever read with weights_only=True (no arbitrary pickles).
 PEFT_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 DIFFUSERS_WEIGHTS = ("pytorch_lora_weights.safetensors",)
-
-
-class CheckpointError(ValueError):
-    """`--checkpoint_path` is not something we can load a LoRA from."""
 
 
 @dataclass(frozen=True)
@@ -43,15 +49,20 @@ def lora_kind(folder: Path) -> str | None:
 
 
 def _latest_in_run(run_dir: Path) -> Path:
-    from marble.training.checkpoint import latest_checkpoint
-
-    latest = latest_checkpoint(run_dir)
+    latest = latest_usable(run_dir)
     if latest is None:
         raise CheckpointError(
-            f"{run_dir} is a marble run folder but {run_dir / 'checkpoints'} holds no complete "
-            "checkpoint (a checkpoint-NNNNNN folder with a COMPLETE marker)"
+            f"{run_dir} is a marble run folder but {run_dir / 'checkpoints'} holds no usable "
+            "checkpoint (a checkpoint-NNNNNN folder whose COMPLETE marker's sha256 match its files)"
         )
     return latest
+
+
+def _check_usable(folder: Path) -> None:
+    damaged = damaged_files(folder)
+    if damaged:
+        raise CheckpointError(f"--checkpoint_path {folder} is a damaged marble checkpoint: "
+                              f"{', '.join(damaged)}")
 
 
 def resolve_lora(path: str | Path) -> ResolvedLora:
@@ -61,6 +72,10 @@ def resolve_lora(path: str | Path) -> ResolvedLora:
     checkpoint = path
     if not (path / "lora").is_dir() and (path / "checkpoints").is_dir():
         checkpoint = _latest_in_run(path)
+    elif is_marble_checkpoint(path):
+        _check_usable(path)
+    elif path.name == "lora" and is_marble_checkpoint(path.parent):  # its `lora/` named directly
+        _check_usable(path.parent)
     for candidate in (checkpoint / "lora", checkpoint):
         kind = lora_kind(candidate)
         if kind is not None:

@@ -15,6 +15,7 @@ float reduction order and may move a pixel by a level or two (tested).
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from pathlib import Path
@@ -33,10 +34,11 @@ from marble.models.loading import load_text_to_image
 from marble.models.lora import load_lora_into_pipeline
 from marble.rewards import build_scorers, reward_device
 from marble.runtime import distributed as dist
-from marble.runtime.io import append_jsonl
+from marble.runtime.io import append_jsonl, remove_atomic_leftovers
 from marble.runtime.precision import DTYPES, enable_tf32
 
 RESULTS_FILE = "evaluation_results.jsonl"
+log = logging.getLogger(__name__)
 
 
 def load_eval_pipeline(model_path: str, mixed_precision: str, device, lora: str | Path | None,
@@ -192,6 +194,10 @@ def run(samples: list[EvalSample], reward_names: list[str], reward_options: dict
     info = dist.world()
     output_dir = Path(args.output_dir)
     results_path = output_dir / RESULTS_FILE
+    if info.is_main:  # before the broadcast: no rank writes yet
+        for stale in [*remove_atomic_leftovers(output_dir),
+                      *remove_atomic_leftovers(output_dir / "images")]:
+            log.warning("removed %s (left by a killed write)", stale)
     previous = dist.broadcast_object(read_results(results_path) if info.is_main else None)
     todo = pending_samples(samples, previous, reward_names, args)
     mine = batches(shard(todo, info.rank, info.world_size), args.batch_size)

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -25,6 +26,19 @@ def _fsync_dir(path: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def fsync_tree(root: str | os.PathLike, files: bool = True) -> None:
+    """fsync every file (unless files=False) and every folder under `root`, `root` last:
+    a later marker or rename then never outlives the data it vouches for."""
+    root = Path(root)
+    for path in sorted(root.rglob("*"), reverse=True):
+        if path.is_dir():
+            _fsync_dir(path)
+        elif files and path.is_file():
+            with open(path, "rb") as fh:
+                os.fsync(fh.fileno())
+    _fsync_dir(root)
 
 
 @contextlib.contextmanager
@@ -61,6 +75,21 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+# The temporary `atomic_path` makes: `.<name>.<8 random characters>.tmp`.
+_ATOMIC_TMP_RE = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
+
+
+def remove_atomic_leftovers(folder: str | os.PathLike) -> list[Path]:
+    """Remove the temporaries of atomic writes that a kill -9 interrupted in `folder`
+    (not recursive); returns them. Only for a folder that no other process writes now."""
+    folder = Path(folder)
+    found = [p for p in sorted(folder.iterdir()) if _ATOMIC_TMP_RE.match(p.name)] \
+        if folder.is_dir() else []
+    for path in found:
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    return found
+
+
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:
     with atomic_path(path) as tmp:
         tmp.write_bytes(data)
@@ -75,13 +104,47 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 
 
 def append_jsonl(path: str | os.PathLike, record: dict) -> None:
-    """Append one JSON line and flush it (metrics logs: a crash loses at most a line)."""
+    """Append one JSON line and fsync it (a crash loses at most the line in flight).
+
+    A torn tail that an earlier crash or full disk left is repaired first (`repair_tail`):
+    appended after a fragment, the new line would glue onto it and block every later read.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(record, allow_nan=True) + "\n")
+    line = (json.dumps(record, allow_nan=True) + "\n").encode("utf-8")
+    with open(path, "ab+") as fh:
+        repair_tail(fh, path)
+        fh.write(line)
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def repair_tail(fh, path: Path) -> None:
+    """Make the file open in `fh` (binary, "ab+") end at a line boundary.
+
+    A last line without its newline is a torn append: cut off with a warning naming
+    file and line, unless it parses as JSON (the write lost only its newline: kept,
+    newline added).
+    """
+    size = fh.seek(0, os.SEEK_END)
+    if size == 0:
+        return
+    fh.seek(size - 1)
+    if fh.read(1) == b"\n":
+        return
+    fh.seek(0)
+    data = fh.read()  # only on the rare torn file
+    keep = data.rfind(b"\n") + 1
+    fragment = data[keep:]
+    try:
+        json.loads(fragment.decode("utf-8"))
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError
+        lineno = data.count(b"\n", 0, keep) + 1
+        warnings.warn(f"{path}:{lineno}: cutting off a torn last line ({len(fragment)} bytes, "
+                      "left by a crash or a full disk) before appending")
+        fh.truncate(keep)
+    else:
+        fh.write(b"\n")
 
 
 def read_jsonl(path: str | os.PathLike, error: type[Exception] = ValueError,

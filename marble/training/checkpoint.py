@@ -5,67 +5,58 @@ Layout of `RUN/checkpoints/checkpoint-{step:06d}/`:
   adapters.safetensors   online "default" and "old" adapter states (keys `<adapter>::<name>`)
   optimizer.pt           AdamW state_dict
   state.pt               step, epoch, RNG states, sampler, balancer, EMA, GradScaler
-  COMPLETE               written last; a folder without it is ignored. JSON:
+  COMPLETE               written last, after every file and folder is fsynced; JSON:
                          {"format": 2, "sha256": {relative path: hex digest}} of every
-                         other file (markers of older versions hold "ok" and no hashes)
+                         other file (marble.training.checkpoint_format: the one definition
+                         of a usable checkpoint; a bad marker makes the folder damaged)
 
 The folder is assembled under a temporary name and renamed into place, so a crash
-leaves either no checkpoint or a complete one. A file damaged later (a truncated copy,
-a full disk on a sync, bit rot) is caught on resume by its hash: `resume_checkpoint`
-warns naming the file and falls back to the previous complete checkpoint. Everything in
+leaves either no checkpoint or a complete one (and a `.checkpoint-*.tmp` folder that the
+next start removes). A file damaged later (a truncated copy, a full disk on a sync, bit
+rot) or an empty marker is caught on resume: `resume_checkpoint` warns naming the file
+and falls back to the previous usable checkpoint. Everything in
 the .pt files is tensors and primitives, so they load with `torch.load(weights_only=True)`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
+import os
 import random
-import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from marble.runtime.io import atomic_path, sha256_file
+from marble.runtime.io import atomic_path, fsync_tree
+from marble.training.checkpoint_format import (  # noqa: F401  (re-exported: one definition)
+    COMPLETE,
+    MARKER_FORMAT,
+    CheckpointError,
+    checkpoint_name,
+    checkpoint_root,
+    damaged_files,
+    file_hashes,
+    list_checkpoints,
+    marker_text,
+    remove_stale_temporaries,
+    usable_checkpoints,
+)
 
-CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
-COMPLETE = "COMPLETE"
-MARKER_FORMAT = 2
 log = logging.getLogger(__name__)
 
 
-class CheckpointError(RuntimeError):
-    """No usable checkpoint where one is needed; the message names the run folder."""
-
-
-def checkpoint_root(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
-
-
 def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
-    return checkpoint_root(run_dir) / f"checkpoint-{step:06d}"
-
-
-def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints of a run, oldest first."""
-    root = checkpoint_root(run_dir)
-    if not root.is_dir():
-        return []
-    found = []
-    for child in root.iterdir():
-        match = CKPT_RE.match(child.name)
-        if match and child.is_dir() and (child / COMPLETE).is_file():
-            found.append((int(match.group(1)), child))
-    return sorted(found)
+    return checkpoint_root(run_dir) / checkpoint_name(step)
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint folder, or None."""
-    found = list_checkpoints(run_dir)
+    """The newest usable checkpoint folder (marker parses, every hash matches), or None."""
+    found = usable_checkpoints(run_dir, warn=False)
     return found[-1][1] if found else None
 
 
@@ -158,18 +149,28 @@ def save_checkpoint(
         if optimizer_state is not None:
             torch.save(optimizer_state, tmp / "optimizer.pt")
         torch.save(state, tmp / "state.pt")
-        marker = {"format": MARKER_FORMAT, "sha256": file_hashes(tmp)}
-        (tmp / COMPLETE).write_text(json.dumps(marker, indent=1) + "\n", encoding="utf-8")
+        # Every file and folder on disk before the marker that vouches for them: after a
+        # node crash a marker never names a zero-length file.
+        fsync_tree(tmp)
+        with open(tmp / COMPLETE, "w", encoding="utf-8") as fh:
+            fh.write(marker_text(tmp))
+            fh.flush()
+            os.fsync(fh.fileno())
+        fsync_tree(tmp, files=False)
     if keep is not None and keep > 0:
         prune_checkpoints(ckpt_dir.parent.parent, keep)
     return ckpt_dir
 
 
 def prune_checkpoints(run_dir: str | Path, keep: int) -> list[Path]:
-    """Delete all but the newest `keep` complete checkpoints; returns what was removed."""
-    found = list_checkpoints(run_dir)
+    """Delete all but the newest `keep` usable checkpoints, and damaged ones older than
+    the oldest kept; returns what was removed."""
+    usable = usable_checkpoints(run_dir, warn=False)
+    if keep <= 0 or len(usable) <= keep:
+        return []
+    oldest_kept = usable[-keep][0]
     removed = []
-    for _, path in found[:-keep] if keep > 0 else []:
+    for _, path in [(s, p) for s, p in list_checkpoints(run_dir) if s < oldest_kept]:
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed
@@ -204,51 +205,20 @@ def _read(path: Path, reader: Callable[[Path], Any]) -> Any:
                               f"{exc})") from exc
 
 
-# ------------------------------------------------------------------ integrity
-
-
-def file_hashes(ckpt_dir: str | Path) -> dict[str, str]:
-    """sha256 of every file under a checkpoint folder but the marker, by relative path."""
-    root = Path(ckpt_dir)
-    return {p.relative_to(root).as_posix(): sha256_file(p)
-            for p in sorted(root.rglob("*")) if p.is_file() and p.name != COMPLETE}
-
-
-def damaged_files(ckpt_dir: str | Path) -> list[str] | None:
-    """Files of a complete checkpoint that are missing or differ from the hashes in its
-    marker ([] when intact); None when the marker records no hashes (an older marble)."""
-    ckpt_dir = Path(ckpt_dir)
-    try:
-        marker = json.loads((ckpt_dir / COMPLETE).read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError):
-        marker = None
-    if not isinstance(marker, dict) or not isinstance(marker.get("sha256"), dict):
-        return None
-    bad = []
-    for rel, digest in sorted(marker["sha256"].items()):
-        path = ckpt_dir / rel
-        if not path.is_file():
-            bad.append(f"{rel} (missing)")
-        elif sha256_file(path) != digest:
-            bad.append(f"{rel} (sha256 differs from {COMPLETE})")
-    return bad
+# ------------------------------------------------------------------ resume
 
 
 def resume_checkpoint(run_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint whose files match their recorded hashes.
+    """The newest usable checkpoint (marble.training.checkpoint_format).
 
-    A damaged one is skipped with a warning naming its files; a marker without hashes
-    is accepted with a warning. None when the run has no complete checkpoint; a
-    CheckpointError naming the run folder when it has some and none is intact (resuming
-    from nothing would silently restart a run that has trained).
+    A damaged one (bad marker, missing or changed file) is skipped with a warning naming
+    its files. None when the run has no checkpoint with a marker; a CheckpointError naming
+    the run folder when it has some and none is usable (resuming from nothing would
+    silently restart a run that has trained).
     """
     found = list_checkpoints(run_dir)
     for _, path in reversed(found):
         damaged = damaged_files(path)
-        if damaged is None:
-            log.warning("%s: %s has no file hashes (written by an older marble); resuming "
-                        "from it unverified", path, COMPLETE)
-            return path
         if not damaged:
             return path
         log.warning("%s is damaged: %s; falling back to the previous complete checkpoint",

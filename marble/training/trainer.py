@@ -8,6 +8,7 @@ state, so N steps straight equal k steps + resume + N-k steps bitwise on the CPU
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from pathlib import Path
@@ -52,6 +53,7 @@ from marble.training.checkpoint import (
     checkpoint_dir,
     latest_checkpoint,
     load_checkpoint,
+    remove_stale_temporaries,
     restore_rng_state,
     resume_checkpoint,
     save_checkpoint,
@@ -71,6 +73,8 @@ from marble.training.rollout import (
 )
 from marble.training.run_dir import check_run_dir
 from marble.training.stopping import StopRequest
+
+log = logging.getLogger(__name__)
 
 
 def autocast_factory(mixed_precision: str, device: torch.device) -> Precision:
@@ -172,6 +176,8 @@ class Trainer:
         choice = None
         if self.info.is_main:
             try:
+                for stale in remove_stale_temporaries(self.out_dir):
+                    log.warning("removed %s (left by a killed checkpoint save)", stale)
                 choice = ("path", resume_checkpoint(self.out_dir))
             except CheckpointError as exc:
                 choice = ("error", str(exc))
@@ -184,6 +190,9 @@ class Trainer:
         """Load the newest intact complete checkpoint of the run folder, if any."""
         path = self._choose_checkpoint()
         if path is None:
+            # No checkpoint yet: lines an earlier attempt logged are steps no one will
+            # resume from (they would be logged twice).
+            self.metrics.truncate_after(0)
             return None
         # CPU first: RNG states must stay CPU tensors; the optimizer and adapters move
         # their tensors to the parameters' device on load.

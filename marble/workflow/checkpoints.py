@@ -1,6 +1,9 @@
-"""Which checkpoints the workflow evaluates: configured runs' final checkpoints, complete
+"""Which checkpoints the workflow evaluates: configured runs' final checkpoints, usable
 marble checkpoints found under `eval.scan_dirs`, and `eval.checkpoints` entries (a folder,
-`hf:owner/repo[@revision]`, or `base`). Keys are `(name, label)` = the `{run}/{ckpt}` wildcards."""
+`hf:owner/repo[@revision]`, or `base`). Keys are `(name, label)` = the `{run}/{ckpt}` wildcards.
+
+"Usable" is marble.training.checkpoint_format's definition (marker parses, every sha256
+matches), the one training resumes by; verdicts are cached per parse (cache=True)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,11 @@ import re
 from pathlib import Path
 
 from marble.assets.hub_ref import is_hub_ref, parse_hub_ref
+from marble.training.checkpoint_format import (
+    COMPLETE,
+    damaged_files,
+    is_marble_checkpoint,
+)
 
 BASE = "base"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -24,6 +32,13 @@ def hub_source(source: str) -> tuple[str, str] | None:
     return repo, revision or "main"
 
 
+def wildcard_name(text: str, default: str) -> str:
+    """`text` as a `{run}`/`{ckpt}` wildcard value (letters, digits, `_.-`; a folder
+    named `my lora` is `my_lora`), so any folder name can be evaluated."""
+    name = _UNSAFE.sub("_", text)
+    return name if name[:1].isalnum() else f"{default}{name}" if name else default
+
+
 def checkpoint_label(source: str) -> str:
     """The `{ckpt}` folder name of an eval.checkpoints entry."""
     if source == BASE:
@@ -31,7 +46,7 @@ def checkpoint_label(source: str) -> str:
     hub = hub_source(source)
     if hub:
         return _UNSAFE.sub("_", f"hub-{hub[1]}")
-    return Path(source).name or "lora"
+    return wildcard_name(Path(source).name, "lora")
 
 
 def named_checkpoints(entries: dict) -> dict:
@@ -49,18 +64,22 @@ def _run_dir_of(folder: Path) -> Path:
 
 
 def scanned_checkpoints(scan_dirs: list) -> dict:
-    """{(run, ckpt): folder} of complete marble checkpoints under `scan_dirs`.
+    """{(run, ckpt): folder} of usable marble checkpoints under `scan_dirs`.
 
-    Globbed at every parse, so re-running a target picks up checkpoints saved since. Two
+    Globbed at every parse, so re-running a target picks up checkpoints saved since; a
+    damaged one (a kill mid-copy, a changed file) is left out, never scored. Two
     folders with one run name (e.g. two scan dirs, each holding a `marble` run) get distinct
     names: the second is `<run>-<parent folder>` (never silently dropped).
     """
     found: dict = {}
     for root in scan_dirs:
-        for marker in sorted(glob.glob(f"{root}/**/checkpoint-*/COMPLETE", recursive=True)):
+        pattern = f"{glob.escape(str(root))}/**/checkpoint-*/{COMPLETE}"
+        for marker in sorted(glob.glob(pattern, recursive=True)):
             folder = Path(marker).parent
+            if not is_usable(folder):
+                continue
             run_dir = _run_dir_of(folder)
-            name = run_dir.name
+            name = wildcard_name(run_dir.name, "run")
             same = found.get((name, folder.name))
             # One of our own runs scanned through another spelling (absolute path).
             if same is not None and os.path.samefile(same, folder):
@@ -69,7 +88,7 @@ def scanned_checkpoints(scan_dirs: list) -> dict:
                 base = _UNSAFE.sub("_", run_dir.parent.name) or "root"
                 name, n = f"{name}-{base}", 2
                 while (name, folder.name) in found:
-                    name, n = f"{run_dir.name}-{base}{n}", n + 1
+                    name, n = f"{wildcard_name(run_dir.name, 'run')}-{base}{n}", n + 1
             found[(name, folder.name)] = str(folder)
     return found
 
@@ -86,3 +105,21 @@ def merge_catalogue(final: dict, *others: dict) -> dict:
                                  f"{old} and {folder}; rename one in eval.checkpoints")
             catalogue.setdefault(key, folder)
     return catalogue
+
+
+def is_usable(folder: str | os.PathLike) -> bool:
+    """A usable marble checkpoint folder (hash verdicts cached for this process)."""
+    return os.path.isdir(folder) and not damaged_files(folder, cache=True)
+
+
+def checkpoint_input(folder: str) -> str:
+    """The input an evaluation of a local checkpoint folder waits for: its marker when it is
+    a marble checkpoint (which must be usable: else an error naming what is damaged), the
+    folder itself for a bare LoRA (peft or diffusers)."""
+    if is_marble_checkpoint(folder) and os.path.exists(os.path.join(folder, COMPLETE)):
+        damaged = damaged_files(folder, cache=True)
+        if damaged:
+            raise ValueError(f"checkpoint {folder} is damaged: {', '.join(damaged)}; "
+                             "restore it or remove it from eval.checkpoints")
+        return os.path.join(folder, COMPLETE)
+    return folder

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 
 from marble.config import load_config
+from marble.training import checkpoint_format
 
 
 def run_overrides(spec: dict, model_dir: str, dataset_dir: str, embed_dir: str | None) -> list[str]:
@@ -27,8 +28,14 @@ def final_step(spec: dict, overrides: list[str]) -> int:
 
 
 def checkpoint_name(step: int) -> str:
-    """The checkpoint folder name of an optimizer step (marble.training.checkpoint's format)."""
-    return f"checkpoint-{step:06d}"
+    """The checkpoint folder name of an optimizer step (marble.training.checkpoint_format)."""
+    return checkpoint_format.checkpoint_name(step)
+
+
+def option(flag: str, value) -> str:
+    """`flag VALUE` shell-quoted, or "" for an empty value (an optional input)."""
+    value = " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value or "")
+    return f"{flag} {shlex.quote(value)}" if value else ""
 
 
 def train_args(spec: dict, overrides: list[str]) -> str:

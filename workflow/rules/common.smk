@@ -1,5 +1,6 @@
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -90,14 +91,16 @@ def hub_loras():
 def final_checkpoints(only_trained=False):
     """{(run, ckpt): folder} of each configured run's final checkpoint.
 
-    only_trained: just the runs whose final checkpoint is complete (its COMPLETE marker and
-    the training summary), so `eval_only` never asks for training, whatever changed in `runs:`.
+    only_trained: just the runs whose final checkpoint is usable (marker and hashes, the
+    definition resume uses) and whose training summary exists, so `eval_only` never asks
+    for training, whatever changed in `runs:`.
     """
     out = {}
     for run in RUNS:
         folder = f"results/runs/{run}/checkpoints/{final_ckpt(run)}"
-        done = os.path.exists(f"{folder}/COMPLETE") and os.path.exists(
-            f"results/runs/{run}/train_summary.json"
+        done = only_trained and (
+            os.path.exists(f"results/runs/{run}/train_summary.json")
+            and wf_ckpts.is_usable(folder)
         )
         if only_trained and not done:
             continue
@@ -167,8 +170,7 @@ def eval_inputs(wildcards):
         return {}
     if wf_ckpts.hub_source(folder):
         return {"ready": f"{LORA_DIR}/{wildcards.run}"}
-    marker = Path(folder) / "COMPLETE"
-    return {"ready": str(marker) if marker.exists() else folder}
+    return {"ready": wf_ckpts.checkpoint_input(folder)}
 
 
 def eval_source_args(wildcards):
@@ -192,9 +194,13 @@ def eval_launcher():
 
 def eval_args(wildcards):
     expected = wf_eval.row_settings(EVAL, wildcards.run, MODEL_DIR)
-    if wildcards.settings != expected:  # a folder of another protocol: never mislabel results
-        raise ValueError(f"{wildcards.run} is evaluated under results/eval/{expected}, "
-                         f"not results/eval/{wildcards.settings}")
+    if (
+        wildcards.settings != expected
+    ):  # a folder of another protocol: never mislabel results
+        raise ValueError(
+            f"{wildcards.run} is evaluated under results/eval/{expected}, "
+            f"not results/eval/{wildcards.settings}"
+        )
     return wf_eval.evaluate_args(row_protocol(wildcards.run), wildcards.dataset)
 
 
@@ -212,7 +218,7 @@ def summary_inputs(wildcards):
 def summary_dirs():
     """--eval-dir arguments of the summary: every settings folder the evaluations land in."""
     dirs = wf_eval.eval_dirs(eval_outputs(summary_keys())) or [EVAL_DIR]
-    return " ".join(f"--eval-dir {d}" for d in dirs)
+    return " ".join(f"--eval-dir {shlex.quote(d)}" for d in dirs)
 
 
 # ------------------------------------------------------------------ the paper's tables

@@ -46,7 +46,7 @@ rule embed_prompts:
     shell:
         "marble data embed --table {input.train:q} --table {input.test:q}"
         " --model {input.model:q} --out {output:q}"
-        " --device {params.device} --dtype {params.dtype} > {log:q} 2>&1"
+        " --device {params.device:q} --dtype {params.dtype:q} > {log:q} 2>&1"
 
 
 if MODE == "tiny":

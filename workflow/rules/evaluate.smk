@@ -31,9 +31,9 @@ rule evaluate_ckpt:
         args=eval_args,
         launcher=eval_launcher(),
         service=lambda wc: wf_eval.service_prefix(EVAL, wc.dataset),
-        ckpts=f"MARBLE_REWARD_CKPTS={config['reward_ckpt_dir']}",
+        reward_ckpts=config["reward_ckpt_dir"],
     shell:
-        "{params.ckpts} {params.service} {params.launcher} {params.source}"
+        "MARBLE_REWARD_CKPTS={params.reward_ckpts:q} {params.service} {params.launcher} {params.source}"
         " --model_path {input.model:q} --dataset {wildcards.dataset}"
         " --data_dir {input.raw:q} --output_dir {params.out_dir:q} {params.args}"
         " >> {log:q} 2>&1"
@@ -74,7 +74,9 @@ rule fetch_hub_model:
         MARBLE_ENV
     params:
         ref=lambda wc: wf_eval.hub_models(EVAL)[wc.hubmodel][0],
-        pipeline=lambda wc: "--pipeline" if wf_eval.hub_models(EVAL)[wc.hubmodel][1] else "",
+        pipeline=lambda wc: (
+            "--pipeline" if wf_eval.hub_models(EVAL)[wc.hubmodel][1] else ""
+        ),
     shell:
         "python -m marble.assets.hub {params.ref:q} --out {output:q} --require-commit {params.pipeline}"
         " > {log:q} 2>&1"
@@ -92,8 +94,10 @@ rule eval_summary:
         "benchmarks/eval/summary.tsv"
     conda:
         MARBLE_ENV
+    params:
+        eval_dirs=summary_dirs(),
     shell:
-        f"python -m marble.evaluation.summary {summary_dirs()}"
+        "python -m marble.evaluation.summary {params.eval_dirs}"
         " --out-csv {output.csv:q} --out-md {output.table:q} > {log:q} 2>&1"
 
 

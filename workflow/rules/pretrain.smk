@@ -24,5 +24,5 @@ if MODE == "tiny":
             seed=config["pretrain"]["seed"],
         shell:
             "marble models pretrain --table {input.table:q} --out {output:q}"
-            " --vae-steps {params.vae} --flow-steps {params.flow} --seed {params.seed}"
+            " --vae-steps {params.vae:q} --flow-steps {params.flow:q} --seed {params.seed:q}"
             " --threads {threads} > {log:q} 2>&1"

@@ -28,10 +28,10 @@ rule bench_step:
     params:
         preset=config["bench"]["preset"],
         repeats=config["bench"]["repeats"],
-        model=lambda wc, input: f"--model {input.model}" if input.model else "",
+        model=lambda wc, input: wf_runs.option("--model", input.model),
     shell:
-        "marble bench step --preset {params.preset:q} {params.model} --repeats {params.repeats}"
-        " --threads {threads}"
+        "marble bench step --preset {params.preset:q} {params.model} --repeats {params.repeats:q}"
+        " --threads {threads:q}"
         " --json {output:q}"
         " > {log:q} 2>&1"
 

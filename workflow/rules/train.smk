@@ -31,11 +31,11 @@ if not EVAL_ONLY:
             args=train_args,
             gpus=TRAIN["gpus_per_node"],
             port=TRAIN["port"],
-            ckpts=f"MARBLE_REWARD_CKPTS={config['reward_ckpt_dir']}",
+            reward_ckpts=config["reward_ckpt_dir"],
         shell:
-            "{params.ckpts} MARBLE_GPUS_PER_NODE={params.gpus} MARBLE_RDZV_PORT={params.port}"
-            " MARBLE_NODES={resources.nodes} MARBLE_TASKS={resources.tasks}"
-            " MARBLE_CPUS_PER_TASK={resources.cpus_per_task}"
+            "MARBLE_REWARD_CKPTS={params.reward_ckpts:q} MARBLE_GPUS_PER_NODE={params.gpus:q} MARBLE_RDZV_PORT={params.port:q}"
+            " MARBLE_NODES={resources.nodes:q} MARBLE_TASKS={resources.tasks:q}"
+            " MARBLE_CPUS_PER_TASK={resources.cpus_per_task:q}"
             " bash workflow/scripts/train_launch.sh {resources.mpi:q} --"
             " --preset {params.preset:q} --output-dir {params.run_dir:q} {params.args}"
             " >> {log:q} 2>&1"
