@@ -90,7 +90,7 @@ def _reward_row(name: str, options: dict) -> Check:
         return Check(f"reward {name}", FAIL, f"missing module(s) {', '.join(missing)}",
                      f"install the {extra!r} environment (docs/cluster.md, workflow/envs/)")
     try:
-        cls = rewards._reward_class(name)
+        cls = rewards.reward_class(name)
         if name.startswith("toy_"):
             rewards.build(name, **options)  # cheap: proves the whole build path
     except Exception as exc:  # any import or build error is this row's failure

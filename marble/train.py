@@ -5,8 +5,9 @@
     torchrun --nproc_per_node 2 -m marble.train --preset tiny --output-dir runs/tiny
 
 DIR/config.yaml holds the resolved config; a DIR that already has one must agree with
-the requested config on every key that changes the result (see RESULT_NEUTRAL_KEYS),
-otherwise the run refuses to start rather than silently mixing two experiments.
+the requested config on every key that changes the result (marble.training.run_dir:
+RESULT_NEUTRAL_KEYS lists the others), otherwise the run refuses to start rather than
+silently mixing two experiments.
 Errors are one line on stderr and exit status 2. SIGUSR1 or SIGTERM stop the run after
 the current optimizer step with a checkpoint and exit status 75 (marble.training.stopping:
 EXIT_REQUEUE), which the SLURM wrapper turns into a requeue; the handlers are installed
@@ -23,26 +24,11 @@ import re
 import sys
 from pathlib import Path
 
-import yaml
-
-from marble.config import ConfigError, RunConfig, dump_yaml, load_config, to_dict
+from marble.config import ConfigError, RunConfig, load_config
 from marble.training import run_lock
+from marble.training.run_dir import TrainError, check_run_dir
 
-# Keys that may differ between a run folder's config.yaml and a resumed invocation:
-# they change how long / how often, not what is computed.
-RESULT_NEUTRAL_KEYS = {
-    "preset", "train.max_steps", "train.save_every", "train.log_every", "train.keep_checkpoints",
-    "sampling.eval_num_steps", "data.test", "data.embed_cache",
-    "logging.backends",  # trackers watch a run; a folder from before the key resumes too
-}
-# Keys holding file or folder paths: compared resolved on resume, so `data/x` and its
-# absolute spelling are the same run, not a config change.
-PATH_KEYS = {"model.path", "data.train", "data.test", "data.embed_cache"}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-class TrainError(RuntimeError):
-    """A user-facing problem (bad folder, mismatched config); one clear line."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,67 +51,6 @@ def resolve_config(args: argparse.Namespace) -> RunConfig:
     if args.max_steps is not None:
         overrides.append(f"train.max_steps={args.max_steps}")
     return load_config(args.preset, args.config, overrides)
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in d.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict) and key != "options":
-            out.update(_flat(value, path + "."))
-        else:
-            out[path] = value
-    return out
-
-
-def comparable(key: str, value):
-    """A value as resume compares it: path keys resolved against the working folder."""
-    if key in PATH_KEYS and isinstance(value, str) and value and not value.startswith("random:"):
-        return str(Path(value).expanduser().resolve())
-    return value
-
-
-def config_differences(saved: dict, wanted: dict) -> list[str]:
-    """Keys (dotted) whose values differ and that change the result."""
-    a, b = _flat(saved), _flat(wanted)
-    keys = sorted(set(a) | set(b))
-    return [k for k in keys if k not in RESULT_NEUTRAL_KEYS
-            and comparable(k, a.get(k, "<absent>")) != comparable(k, b.get(k, "<absent>"))]
-
-
-def check_run_dir(out_dir: Path, cfg: RunConfig) -> None:
-    """Refuse a run folder whose config.yaml disagrees with `cfg` on keys that matter."""
-    saved_path = out_dir / "config.yaml"
-    if not saved_path.is_file():
-        return
-    try:
-        saved = yaml.safe_load(saved_path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise TrainError(f"{saved_path}: unreadable config ({exc})") from exc
-    # Round-trip through YAML so tuples/lists and floats compare like the saved file.
-    wanted = yaml.safe_load(dump_yaml(cfg))
-    diff = config_differences(saved, wanted)
-    if diff:
-        # Every differing key with both values: the saved run's and the requested one.
-        shown = "; ".join(f"{k}: {_flat(saved).get(k, '<absent>')!r} in the run folder, "
-                          f"{_flat(wanted).get(k, '<absent>')!r} requested" for k in diff)
-        raise TrainError(
-            f"{saved_path} was written by a different training config; differing keys: "
-            f"{shown}. Use another --output-dir or the same config (only train.max_steps "
-            f"and logging/checkpoint cadence may change on resume)."
-        )
-    check_max_steps(out_dir, cfg)
-
-
-def check_max_steps(out_dir: Path, cfg: RunConfig) -> None:
-    """A run folder already past `train.max_steps` is an error, not a silent "done"."""
-    from marble.training.checkpoint import list_checkpoints
-
-    steps = [step for step, _ in list_checkpoints(out_dir)]
-    if steps and steps[-1] > cfg.train.max_steps:
-        raise TrainError(
-            f"{out_dir}: its last checkpoint is step {steps[-1]}, past `train.max_steps` = "
-            f"{cfg.train.max_steps}; give max_steps >= {steps[-1]} or another --output-dir")
 
 
 def check_model_path(cfg: RunConfig) -> None:
@@ -191,12 +116,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(args: argparse.Namespace, cfg: RunConfig, stop) -> dict:
+    from marble.runtime.oserrors import describe_write_failure
     from marble.training.checkpoint import CheckpointError
     from marble.training.trainer import (
         run_training,  # heavy imports only once the config is sound
     )
-
-    from marble.runtime.oserrors import describe_write_failure
 
     try:
         return run_training(cfg, args.output_dir, device=args.device,
@@ -213,9 +137,6 @@ def _train(args: argparse.Namespace, cfg: RunConfig, stop) -> dict:
         print(f"marble train: error: {message}", file=sys.stderr)
         raise SystemExit(2) from None
 
-
-__all__ = ["RESULT_NEUTRAL_KEYS", "TrainError", "build_parser", "check_run_dir",
-           "config_differences", "main", "resolve_config", "to_dict"]
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -70,7 +70,8 @@ def test_bench_rows_run_what_they_name(tiny_model_dir):
 
     from marble.models import load_pipeline
     from marble.models.lora import add_lora_adapters, trainable_lora_parameters
-    from marble.tools.bench import ROWS, make_balancers, one_micro_step, synthetic_batch
+    from marble.tools.bench import ROWS, make_balancers, synthetic_batch
+    from marble.tools.micro_step_call import one_micro_step
     from marble.training.trainer import autocast_factory
 
     cfg = load_config("tiny", overrides=["sampling.resolution=32", "train.batch_size=3"])

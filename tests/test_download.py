@@ -8,16 +8,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from marble.assets.download import (
-    AccessDenied,
-    DownloadError,
-    Entry,
-    download,
-    load_manifest,
-)
-from marble.assets.download import (
-    main as download_main,
-)
+from marble.assets.download import download
+from marble.assets.download import main as download_main
+from marble.assets.manifest import AccessDenied, DownloadError, Entry, load_manifest
 
 PAYLOAD = bytes(range(256)) * 400  # 102,400 bytes
 SHA = hashlib.sha256(PAYLOAD).hexdigest()

@@ -6,7 +6,6 @@ import torch
 
 from marble.maths.ema import (
     WeightEMA,
-    blend_params_,
     ema_decay,
     old_policy_decay,
     update_alpha_cache,
@@ -60,12 +59,6 @@ def test_old_policy_decay_types():
     assert old_policy_decay(1000, 2, 0.95) == pytest.approx(0.999)
     with pytest.raises(ValueError, match="decay_type"):
         old_policy_decay(1, 3, 0.5)
-
-
-def test_blend_params():
-    old = [torch.tensor([1.0, 1.0])]
-    blend_params_(old, [torch.tensor([3.0, -1.0])], decay=0.25)
-    torch.testing.assert_close(old[0], torch.tensor([2.5, -0.5]))
 
 
 def _reference_ema_sequence(param_values, max_decay):

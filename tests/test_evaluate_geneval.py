@@ -30,7 +30,7 @@ class FakeGenEval:
 
 
 def test_geneval_detail_and_official_overall(tiny_model_dir, raw_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(runner, "build_rewards", lambda names, options: {"geneval": FakeGenEval()})
+    monkeypatch.setattr(runner, "build_scorers", lambda specs, device=None: {"geneval": FakeGenEval()})
     out = tmp_path / "geneval"
     argv = ["--model_path", str(tiny_model_dir), "--dataset", "geneval", "--data_dir", str(raw_dir),
             "--output_dir", str(out), "--resolution", "64", "--num_inference_steps", "2", "--batch_size", "3"]

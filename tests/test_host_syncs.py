@@ -63,7 +63,7 @@ CASES = [
 @pytest.mark.parametrize("method,diag,amortized,mode,expected", CASES)
 def test_micro_step_reads_nothing_back_but_the_qp_gram(setup, method, diag, amortized, mode,
                                                        expected):
-    from marble.tools.bench import one_micro_step
+    from marble.tools.micro_step_call import one_micro_step
     from marble.training.metrics import StepAverager
     from marble.training.trainer import autocast_factory
 

@@ -14,10 +14,10 @@ import torch
 
 from marble.balancers import build_balancer
 from marble.config import SD3_LORA_TARGETS, BalancerConfig, TrainConfig
+from marble.maths.flow import forward_process
 from marble.models import load_pipeline
 from marble.models.lora import adapter_state, add_lora_adapters, load_adapter_state, trainable_lora_parameters
 from marble.runtime.precision import make_precision
-from marble.maths.flow import forward_process
 from marble.training.microstep import MicroBatch, build_micro_step
 
 B, K = 6, 3
@@ -56,14 +56,14 @@ def _batch(tr) -> MicroBatch:
         advantages=adv, avg_advantage=avg)
 
 
-def test_noised_is_the_flow_forward_process_by_hand():
+def test_forward_process_by_hand_per_sample():
     """x_t = (1 - sigma) x0 + sigma eps per sample (spec §4): hand values, not the helper.
 
     sigma = 0 is the clean latent, sigma = 1 pure noise; 0.25 weighs x0 by 3/4. Swapping
     sigma and 1 - sigma (the other flow convention) fails all three rows."""
     x0 = torch.tensor([[2.0, -4.0], [2.0, -4.0], [2.0, -4.0]]).view(3, 1, 1, 2)
     eps = torch.tensor([[10.0, 6.0], [10.0, 6.0], [10.0, 6.0]]).view(3, 1, 1, 2)
-    x_t = noised(x0, eps, torch.tensor([0.0, 1.0, 0.25]))
+    x_t = forward_process(x0, eps, torch.tensor([0.0, 1.0, 0.25]))
     expected = torch.tensor([[2.0, -4.0], [10.0, 6.0], [0.75 * 2 + 2.5, 0.75 * -4 + 1.5]])
     assert torch.equal(x_t.view(3, 2), expected)
 

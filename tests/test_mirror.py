@@ -10,7 +10,7 @@ import shutil
 import pytest
 import yaml
 
-from marble.assets.download import AccessDenied, DownloadError, group_dirs, load_manifest
+from marble.assets.manifest import AccessDenied, DownloadError, group_dirs, load_manifest
 from marble.assets.download import main as download_main
 from marble.tools.dev.mirror import build_mirror
 from marble.tools.dev.mirror_server import MirrorServer

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from marble.assets.download import load_manifest
+from marble.assets.manifest import load_manifest
 from marble.rewards import build
 from marble.tools.dev import replicas
 

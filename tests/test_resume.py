@@ -87,7 +87,8 @@ def test_resume_with_a_changed_training_key_fails_naming_it(straight, tiny_model
     assert "train.log_every:" not in err and "train.max_steps:" not in err  # may change
     assert (straight / "config.yaml").read_text() == saved
     # The library entry point refuses too, before it touches the folder.
-    from marble.train import TrainError, build_parser, resolve_config
+    from marble.train import build_parser, resolve_config
+    from marble.training.run_dir import TrainError
     from marble.training.trainer import run_training
 
     cfg = resolve_config(build_parser().parse_args(

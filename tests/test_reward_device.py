@@ -10,7 +10,8 @@ import torch
 
 from marble.config import ConfigError, load_config
 from marble.training.rollout import RewardScorer
-from marble.training.trainer import _takes_device, reward_device
+from marble.rewards import takes_device
+from marble.training.trainer import reward_device
 
 
 def test_reward_device_resolution(monkeypatch):
@@ -28,8 +29,8 @@ def test_reward_device_resolution(monkeypatch):
 
 
 def test_device_option_goes_to_scorers_that_take_one():
-    assert _takes_device("pickscore") and _takes_device("hpsv2")
-    assert not _takes_device("toy_brightness")
+    assert takes_device("pickscore") and takes_device("hpsv2")
+    assert not takes_device("toy_brightness")
 
 
 def test_scorer_threads_set_their_cuda_device(monkeypatch):
@@ -104,11 +105,13 @@ def test_evaluation_puts_scorers_on_the_requested_device(tmp_path):
     none; run_info's record says where each ran."""
     from rewards_tiny_clip import save_tiny_clip
 
-    from marble.evaluation.runner import build_rewards, describe_scorers
+    from marble.config import RewardSpec
+    from marble.evaluation.runner import build_scorers, describe_scorers
 
     clip = str(save_tiny_clip(tmp_path / "clip"))
-    rewards = build_rewards(["clipscore", "pickscore", "toy_brightness"],
-                            {"clipscore": {"model": clip}, "pickscore": {"model": clip, "device": "cpu"}}, "meta")
+    rewards = build_scorers([RewardSpec(name="clipscore", options={"model": clip}),
+                             RewardSpec(name="pickscore", options={"model": clip, "device": "cpu"}),
+                             RewardSpec(name="toy_brightness")], "meta")
     assert next(rewards["clipscore"].model.parameters()).device.type == "meta"
     assert next(rewards["pickscore"].model.parameters()).device.type == "cpu"
     described = describe_scorers(rewards)

@@ -140,11 +140,10 @@ def test_colours_classified_once_and_strict_only():
     assert math.isnan(s["accuracy"]) and s["score"] == d["score"] == 1.0
 
 
-def test_per_tag_lists_and_means():
+def test_per_tag_means_skip_unscorable_and_absent_values():
     details = [{"tag": "counting", "accuracy": 1.0}, {"tag": "counting", "accuracy": 0.0},
-               {"tag": "colors", "accuracy": 1.0}]
-    lists = R.per_tag_lists(details)
-    assert lists["counting"] == [1.0, 0.0, R.TAG_FILLER] and lists["colors"] == [R.TAG_FILLER] * 2 + [1.0]
+               {"tag": "colors", "accuracy": 1.0}, {"tag": "colors", "accuracy": float("nan")},
+               {"tag": "position", "accuracy": None}, {"tag": "position"}]
     assert R.per_tag_means(details) == {"counting": 0.5, "colors": 1.0}
 
 
@@ -279,8 +278,10 @@ def test_reference_numbers_on_a_fixed_set_through_the_scorer_class():
     assert [d["strict_accuracy"] for d in details] == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     assert [d["accuracy"] for d in details] == [1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
     assert [d["tag"] for d in details] == [m["tag"] for m in metadata]
-    lists = R.per_tag_lists(details, "strict_accuracy")
-    assert lists["single_object"] == [1.0] + [R.TAG_FILLER] * 5
+    # one sample per tag here: each tag's mean is that sample's value
+    assert R.per_tag_means(details, "accuracy") == {
+        "single_object": 1.0, "counting": 0.0, "colors": 1.0, "position": 0.0, "two_object": 0.0,
+        "color_attr": 0.0}
     # The training path: strict only, the partial credit as the reward.
     reward.detector = StandInDetector(detections)
     prompts = [""] * 6

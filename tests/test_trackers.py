@@ -110,7 +110,7 @@ def test_trackers_do_not_block_a_resume():
     """A run folder written before logging.backends existed (or with other trackers)
     resumes: watching a run does not change its result."""
     from marble.config import to_dict
-    from marble.train import config_differences
+    from marble.training.run_dir import config_differences
 
     wanted = to_dict(load_config("tiny", overrides=['logging.backends=["jsonl", "dvclive"]']))
     saved = {k: v for k, v in to_dict(load_config("tiny")).items() if k != "logging"}

@@ -151,7 +151,7 @@ def _inject_overflow(monkeypatch, at_step: int) -> None:
     import dataclasses
     import functools
 
-    from marble.training import microstep
+    from marble.training import microstep, trainer
 
     real = microstep.build_micro_step
 
@@ -163,7 +163,7 @@ def _inject_overflow(monkeypatch, at_step: int) -> None:
         return real(transformer, batch, train_cfg, params, autocast, scale=scale,
                     global_step=global_step, micro_index=micro_index, grad_scaler=grad_scaler)
 
-    monkeypatch.setattr(microstep, "build_micro_step", build)
+    monkeypatch.setattr(trainer, "build_micro_step", build)  # where the trainer calls it
 
 
 def test_fp16_gradscaler_skips_overflow_and_resumes_bitwise(monkeypatch, tiny_model_dir,

@@ -20,6 +20,19 @@ import shutil
 import sys
 from pathlib import Path
 
+from marble.assets.manifest import (
+    DOWNLOAD_HINT,
+    MANIFEST,
+    AccessDenied,
+    DownloadError,
+    load_manifest,
+    present,
+)
+from marble.assets.hub_ref import HubRefError, parse_hub_ref, pinned_revision
+from marble.assets.manifest import ckpt_dir as resolve_ckpt_dir
+from marble.assets.verify import HashCache
+from marble.runtime.io import sha256_file
+
 OFFICIAL_ENDPOINT = "https://huggingface.co"
 STAGING = ".marble-download"
 # Hub ids as the scorers (and third-party code such as ImageReward) spell them.
@@ -55,8 +68,6 @@ def git_blob_sha1(path: Path) -> str:
 
 def _check(entry, staged: Path, sibling) -> str:
     """Verify one staged file; on any mismatch remove it and raise naming the file."""
-    from marble.assets.download import DownloadError, sha256_file
-
     def fail(what: str):
         staged.unlink(missing_ok=True)
         raise DownloadError(f"{entry.repo}/{entry.remote} -> {entry.path}: {what}; checksum error, file removed")
@@ -110,9 +121,6 @@ def fetch_repo(entries: list, out: Path) -> list[tuple[str, object]]:
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
-
-    from marble.assets.download import AccessDenied, DownloadError, present
-    from marble.assets.verify import HashCache
 
     first = entries[0]
     cache = HashCache(out)
@@ -178,8 +186,6 @@ def fetch_repo(entries: list, out: Path) -> list[tuple[str, object]]:
 
 def _model_folders(manifest=None) -> dict[str, str]:
     """repo id -> folder (relative to the reward-checkpoint dir) of the rewards' hub models."""
-    from marble.assets.download import MANIFEST, load_manifest
-
     folders = {}
     for e in load_manifest(manifest or MANIFEST):
         if e.group == "rewards" and e.repo and e.path != e.remote:
@@ -191,9 +197,6 @@ def local_model(model: str, ckpt_dir: str | os.PathLike | None = None, manifest=
     """Where a scorer loads `model` from: an existing folder as given; a hub id the manifest
     lists, its downloaded folder under the reward-checkpoint dir (an error naming the download
     command when it is missing); any other id unchanged (the user's explicit choice)."""
-    from marble.rewards.base import DOWNLOAD_HINT
-    from marble.rewards.base import ckpt_dir as resolve_ckpt_dir
-
     if Path(model).expanduser().is_dir():
         return str(Path(model).expanduser())
     repo = ALIASES.get(model, model)
@@ -241,7 +244,6 @@ def pipeline_snapshot(repo_id: str, revision: str | None, out: str | os.PathLike
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import HfHubHTTPError
 
-    from marble.assets.download import DownloadError
 
     try:
         index = hf_hub_download(repo_id, "model_index.json", revision=revision, token=os.environ.get("HF_TOKEN"))
@@ -269,7 +271,6 @@ def snapshot(repo_id: str, revision: str | None, out: str | os.PathLike | None =
         RevisionNotFoundError,
     )
 
-    from marble.assets.download import AccessDenied, DownloadError
 
     sleep = sleep or time.sleep
     dest = Path(out) if out is not None else None
@@ -307,8 +308,6 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m marble.assets.hub hf:owner/repo@commit --out DIR` (the workflow's fetch rules)."""
     import argparse
 
-    from marble.assets.download import DownloadError
-    from marble.assets.hub_ref import HubRefError, parse_hub_ref, pinned_revision
 
     p = argparse.ArgumentParser(prog="python -m marble.assets.hub", description=main.__doc__)
     p.add_argument("ref", help="hf:owner/repo@commit")

@@ -14,7 +14,6 @@ from typing import Any, Callable, Optional
 import torch
 
 from marble.maths.nft import amortized_coefficients, weighted_loss
-from marble.runtime import distributed as dist
 
 __all__ = ["MicroStep", "reward_losses", "reward_loss", "weighted_sum_loss", "amortized_loss"]
 
@@ -113,11 +112,6 @@ def flat_grad(loss: torch.Tensor, params: list, retain: bool = True) -> torch.Te
         (g if g is not None else torch.zeros_like(p)).reshape(-1).float()
         for g, p in zip(grads, params)
     ])
-
-
-def all_reduce_mean_(vec: torch.Tensor) -> torch.Tensor:
-    """Mean over ranks, in place (no copy of a gradient-sized vector); identity on one process."""
-    return dist.all_reduce_mean_(vec)
 
 
 def zero_nonfinite(vec: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,7 +16,6 @@ import torch
 
 from marble.balancers.common import (
     MicroStep,
-    all_reduce_mean_,
     cosines,
     flat_grad,
     flat_zeros,
@@ -28,6 +27,7 @@ from marble.balancers.common import (
     zero_nonfinite,
 )
 from marble.maths.qp import min_norm_weights
+from marble.runtime.distributed import all_reduce_mean_
 
 __all__ = ["gradient_passes", "reduce_reward_grads", "host_gram", "combine", "cosine_metrics"]
 

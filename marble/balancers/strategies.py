@@ -19,7 +19,6 @@ import torch
 from marble.balancers.common import (
     MicroStep,
     add_into_grads,
-    all_reduce_mean_,
     amortized_loss,
     loss_scale,
     reward_loss,
@@ -30,6 +29,7 @@ from marble.balancers.common import (
 from marble.balancers.solve import combine, cosine_metrics, gradient_passes, reduce_reward_grads
 from marble.config import BalancerConfig
 from marble.maths.ema import update_alpha_cache
+from marble.runtime.distributed import all_reduce_mean_
 
 __all__ = ["Balancer", "WeightedSum", "EqualAlpha", "MGDA", "Marble"]
 

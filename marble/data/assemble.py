@@ -171,15 +171,3 @@ def write_assembled(out_dir: str | Path, parts: Sequence[Assembled]) -> list[Pat
             part.summary.to_csv(tmp, index=False)
         written += [table, summary]
     return written
-
-
-def build_rewards(names: Sequence[str], specs: Sequence | None = None) -> dict[str, object]:
-    """Weight-free reward objects that answer `applies(prompt, metadata)`, honouring a
-    spec's `applies_to` override and the options that change a mask (the OCR
-    `reference_rules` target rule); other scoring options play no part in a mask."""
-    from marble import rewards as registry
-
-    by_name = {s.name: s for s in specs or []}
-    return {name: registry.applicability(name, getattr(by_name.get(name), "applies_to", None),
-                                         getattr(by_name.get(name), "options", None))
-            for name in names}

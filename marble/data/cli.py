@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from marble.data.assemble import SPLITS
 from marble.data.records import DataError
 
 
@@ -16,7 +17,7 @@ def _parser() -> argparse.ArgumentParser:
     a = sub.add_parser("assemble", help="raw prompt files -> {split}.parquet with reward masks")
     a.add_argument("--raw-dir", required=True)
     a.add_argument("--out-dir", required=True)
-    a.add_argument("--split", choices=["train", "test", "all"], default="all")
+    a.add_argument("--split", choices=[*SPLITS, "all"], default="all")
     a.add_argument("--rewards", help="comma-separated reward names (default: the config's rewards)")
     a.add_argument("--sources", help="comma-separated sources that must exist (default: all present)")
     a.add_argument("--config", action="append", default=[], help="config YAML (repeatable)")
@@ -45,24 +46,25 @@ def _csv(value: str | None) -> list[str] | None:
     return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
 
 
-def _reward_setup(args) -> tuple[list[str], list]:
-    specs = []
-    if args.preset or args.config:
-        from marble.config import load_config
+def _reward_specs(args) -> list:
+    """The rewards whose masks the tables get: --rewards names (with the config's spec of each
+    where it has one: its applies_to and mask options), else the config's rewards."""
+    from marble.config import RewardSpec, load_config
 
-        specs = load_config(args.preset, args.config).rewards
+    specs = load_config(args.preset, args.config).rewards if args.preset or args.config else []
+    by_name = {s.name: s for s in specs}
     names = _csv(args.rewards) or [s.name for s in specs]
     if not names:
         raise DataError("name the rewards: --rewards a,b,... or --preset/--config")
-    return names, specs
+    return [by_name.get(name) or RewardSpec(name=name) for name in names]
 
 
 def cmd_assemble(args) -> int:
-    from marble.data.assemble import assemble_split, build_rewards, write_assembled
+    from marble.data.assemble import assemble_split, write_assembled
+    from marble.rewards import build_masks
 
-    names, specs = _reward_setup(args)
-    rewards = build_rewards(names, specs)
-    splits = ["train", "test"] if args.split == "all" else [args.split]
+    rewards = build_masks(_reward_specs(args))
+    splits = list(SPLITS) if args.split == "all" else [args.split]
     parts = [assemble_split(args.raw_dir, s, rewards, _csv(args.sources)) for s in splits]
     for path in write_assembled(args.out_dir, parts):
         print(f"wrote {path}")

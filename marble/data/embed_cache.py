@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -22,6 +21,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from marble.data.records import load_table
+from marble.models import load_pipeline
+from marble.models.encode import encode_prompts
 from marble.runtime.io import atomic_path, write_json
 
 INDEX = "index.json"
@@ -52,21 +54,11 @@ def model_identity(model: str) -> str:
 
 def unique_prompts(tables: Iterable[str | Path]) -> list[str]:
     """Unique prompts of assembled tables, in first-seen order."""
-    from marble.data.records import load_table
-
     seen: dict[str, None] = {}
     for table in tables:
         for prompt in load_table(table)["prompt"]:
             seen.setdefault(str(prompt), None)
     return list(seen)
-
-
-def _encode_fn():
-    try:
-        from marble.models import encode_prompts
-    except ImportError:  # re-export not there yet: the function itself
-        from marble.models.encode import encode_prompts
-    return encode_prompts
 
 
 class EmbeddingCache:
@@ -155,14 +147,11 @@ def build_cache(
     if not todo:
         return stats  # nothing to do: the pipeline is never loaded
     if pipe is None:
-        from marble.models import load_pipeline
-
         pipe = load_pipeline(model, dtype=getattr(torch, dtype), device=device)
-    encode = _encode_fn()
     bar = tqdm(total=len(todo), desc="embed prompts", unit="prompt")
     for start in range(0, len(todo), shard_size):
         chunk = todo[start : start + shard_size]
-        parts = [encode(pipe, chunk[i : i + batch_size], max_sequence_length) for i in range(0, len(chunk), batch_size)]
+        parts = [encode_prompts(pipe, chunk[i : i + batch_size], max_sequence_length) for i in range(0, len(chunk), batch_size)]
         for p in parts:
             bar.update(len(p[0]))
         shard = f"shard-{len(index['shards']):05d}.safetensors"
@@ -179,23 +168,3 @@ def build_cache(
         write_json(out / INDEX, index)  # after the shard: a crash leaves a consistent index
     bar.close()
     return stats
-
-
-def time_lookup_vs_encode(pipe, cache: EmbeddingCache, prompts: Sequence[str], repeats: int = 3) -> dict:
-    """Seconds to get the embeddings of `prompts` by encoding vs from the cache (best of n)."""
-    encode = _encode_fn()
-    prompts = list(prompts)
-
-    def best(fn):
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            result = fn()
-            times.append(time.perf_counter() - start)
-        return min(times), result
-
-    encode_s, (e_enc, p_enc) = best(lambda: encode(pipe, prompts, cache.max_sequence_length))
-    lookup_s, (e_hit, p_hit) = best(lambda: cache.lookup(prompts))
-    diff = max(float((e_enc.float().cpu() - e_hit.float()).abs().max()), float((p_enc.float().cpu() - p_hit.float()).abs().max()))
-    return {"prompts": len(prompts), "encode_s": encode_s, "lookup_s": lookup_s,
-            "speedup": encode_s / max(lookup_s, 1e-9), "max_abs_diff": diff}

@@ -12,6 +12,7 @@ import json
 import random
 from pathlib import Path
 
+from marble.rewards.geneval_rules import COLORS  # the one list of GenEval colour names
 from marble.runtime.io import write_text
 
 SUBJECTS = ["a red fox", "an old lighthouse", "a cyborg cat", "a tiny robot", "a koi pond",
@@ -28,7 +29,6 @@ SIGN_TEXTS = ["Open Late", "Hello World", "Fresh Bread", "Go Team", "No Parking"
               "Good Vibes", "Welcome Home", "Stay Curious", "Best Coffee", "Moon Base", "Exit 12"]
 CLASSES = ["cat", "dog", "bicycle", "umbrella", "cup", "banana", "chair", "clock", "bench",
            "laptop", "vase", "apple", "bird", "car", "book", "teddy bear"]
-COLORS = ["red", "orange", "yellow", "green", "blue", "purple", "pink", "brown", "black", "white"]
 POSITIONS = ["left of", "right of", "above", "below"]
 NUMBERS = {2: "two", 3: "three", 4: "four"}
 DRAWBENCH = ["{s} made of {m}.", "A sign that says '{t}'.", "{s} riding {s2}.",

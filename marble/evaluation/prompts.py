@@ -11,12 +11,12 @@ the file and line (such a record would silently drop out of the GenEval score).
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from marble.data.assemble import read_geneval, read_text_prompts
 from marble.data.records import prompt_id as make_prompt_id
+from marble.runtime.seeds import stable_seed
 
 DATASETS = ("geneval", "ocr", "pickscore", "drawbench")
 _SIX = ["imagereward", "pickscore", "aesthetic", "clipscore", "hpsv2"]
@@ -81,9 +81,9 @@ def load_samples(data_dir: str | Path, dataset: str) -> list[EvalSample]:
 
 
 def sample_seed(global_seed: int, prompt_id: str, repeat: int = 0) -> int:
-    """A 63-bit seed from (global seed, prompt id, repeat index): independent of sharding."""
-    payload = f"{int(global_seed)}\0{prompt_id}\0{int(repeat)}".encode("utf-8")
-    return int.from_bytes(hashlib.sha256(payload).digest()[:8], "big") & ((1 << 63) - 1)
+    """A 63-bit seed from (global seed, prompt id, repeat index): independent of sharding.
+    marble's one seed scheme (`marble.runtime.seeds.stable_seed`)."""
+    return stable_seed(int(global_seed), str(prompt_id), int(repeat))
 
 
 def shard(items: list, rank: int, world_size: int) -> list:

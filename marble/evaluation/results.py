@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterable
 
 from marble.rewards.geneval_rules import TAGS as GENEVAL_TAGS  # the one definition of the six tags
+from marble.rewards.geneval_rules import per_tag_means
 from marble.runtime.io import read_jsonl
 
 GENEVAL_DETAIL_KEYS = ("accuracy", "strict_accuracy")
@@ -95,15 +96,13 @@ def geneval_summary(rows: list[dict]) -> dict[str, float]:
         values = [float(r["scores"][key]) for r in rows if finite((r.get("scores") or {}).get(key))]
         if values:
             out[key] = _mean(values)
-    tag_acc = []
-    for tag in GENEVAL_TAGS:
-        tagged = [r for r in rows if (r.get("metadata") or {}).get("tag") == tag]
+    details = [{**(r.get("scores") or {}), "tag": (r.get("metadata") or {}).get("tag")} for r in rows]
+    means = {key: per_tag_means(details, key) for key in GENEVAL_DETAIL_KEYS}
+    for tag in GENEVAL_TAGS:  # the summary's key order: tag by tag
         for key in GENEVAL_DETAIL_KEYS:
-            values = [float(r["scores"][key]) for r in tagged if finite(r["scores"].get(key))]
-            if values:
-                out[f"{tag}_{key}"] = _mean(values)
-                if key == "accuracy":
-                    tag_acc.append(out[f"{tag}_{key}"])
+            if tag in means[key]:
+                out[f"{tag}_{key}"] = means[key][tag]
+    tag_acc = [means["accuracy"][tag] for tag in GENEVAL_TAGS if tag in means["accuracy"]]
     # The official overall needs every tag; a --limit subset leaves it undefined (NaN).
     out["geneval_overall"] = _mean(tag_acc) if len(tag_acc) == len(GENEVAL_TAGS) else float("nan")
     out["geneval_tags_present"] = len(tag_acc)

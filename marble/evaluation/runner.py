@@ -23,13 +23,20 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from marble import rewards as registry
+from marble.config import RewardSpec
 from marble.evaluation import images as image_io
 from marble.evaluation.prompts import EvalSample, batches, sample_seed, shard
 from marble.evaluation.results import is_scored, json_scores, read_results
+from marble.models import load_pipeline
+from marble.models.encode import decode_latents
+from marble.models.loading import load_text_to_image
+from marble.models.lora import load_lora_into_pipeline
+from marble.rewards import build_scorers, reward_device
 from marble.runtime import distributed as dist
 from marble.runtime.io import append_jsonl, remove_atomic_leftovers
+from marble.runtime.precision import DTYPES, enable_tf32
 
-DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 RESULTS_FILE = "evaluation_results.jsonl"
 log = logging.getLogger(__name__)
 
@@ -37,15 +44,9 @@ log = logging.getLogger(__name__)
 def load_eval_pipeline(model_path: str, mixed_precision: str, device, lora: str | Path | None,
                        model_type: str = "sd3"):
     if model_type == "generic":  # a base row through its own pipeline (no LoRA: parse_args)
-        from marble.models.loading import load_text_to_image
-
         return load_text_to_image(model_path, dtype=DTYPES[mixed_precision], device=device)
-    from marble.models import load_pipeline
-
     pipe = load_pipeline(model_path, dtype=DTYPES[mixed_precision], device=device)
     if lora is not None:
-        from marble.models.lora import load_lora_into_pipeline
-
         load_lora_into_pipeline(pipe, str(lora))
     pipe.set_progress_bar_config(disable=True)
     return pipe
@@ -54,8 +55,6 @@ def load_eval_pipeline(model_path: str, mixed_precision: str, device, lora: str 
 @torch.no_grad()
 def generate_images(pipe, samples: list[EvalSample], args) -> torch.Tensor:
     """8-bit-quantised images [N, 3, H, W] in [0, 1] on the CPU."""
-    from marble.models.encode import decode_latents
-
     generators = [torch.Generator("cpu").manual_seed(sample_seed(args.seed, s.prompt_id, s.repeat))
                   for s in samples]
     if getattr(args, "model_type", "sd3") == "generic":
@@ -84,21 +83,6 @@ def _sd3_latents(pipe, samples, generators, args):
     ).images
 
 
-def build_rewards(names: list[str], options: dict[str, dict], device: str = "cpu") -> dict:
-    """The scorers; those taking a `device` get `device` (the rank's GPU) unless the reward's
-    own options name one (training's rule: marble.training.trainer.build_rewards)."""
-    from marble import rewards
-    from marble.training.trainer import _takes_device
-
-    out = {}
-    for name in names:
-        opts = dict(options.get(name, {}))
-        if "device" not in opts and _takes_device(name):
-            opts["device"] = device
-        out[name] = rewards.build(name, **opts)
-    return out
-
-
 def describe_scorers(rewards: dict) -> dict:
     """{reward: {class, device, engine}} for run_info.json: where each scorer ran and with what
     (the OCR engine says whether it is the paper's PaddleOCR or an ONNX stand-in)."""
@@ -115,8 +99,6 @@ def describe_scorers(rewards: dict) -> dict:
 def precision_setup(device: torch.device, mixed_precision: str) -> dict:
     """The reference evaluation's numerics on CUDA: TF32 matmuls/convolutions on, and the
     pipeline call under autocast in the chosen half precision. Returns what was set."""
-    from marble.runtime.precision import enable_tf32
-
     cuda = device.type == "cuda"
     enable_tf32(device, True)  # training's switch: on CUDA only
     autocast = cuda and mixed_precision != "no"
@@ -127,8 +109,6 @@ def precision_setup(device: torch.device, mixed_precision: str) -> dict:
 def score_images(rewards: dict, images: torch.Tensor, samples: list[EvalSample]) -> tuple[list[dict], list[list[str]]]:
     """Per sample: {reward: float (NaN = unscorable/not applicable)} (GenEval adds its detail),
     and the rewards whose request failed for it (NaN too, but retried by the next run)."""
-    from marble import rewards as registry
-
     prompts = [s.prompt for s in samples]
     metadata = [dict(s.metadata) for s in samples]
     detailed = {n: r for n, r in rewards.items() if hasattr(r, "evaluate_detail")}
@@ -226,14 +206,13 @@ def run(samples: list[EvalSample], reward_names: list[str], reward_options: dict
     totals = {"generation_s": 0.0, "scoring_s": 0.0, "generated": 0, "pending": len(todo)}
     if rounds == 0:
         return totals
-    from marble.training.trainer import reward_device
-
     scorer_device = reward_device(getattr(args, "reward_device", "auto"), info.local_rank,
                                   cuda=info.device.type == "cuda")
     totals["numerics"] = precision_setup(info.device, args.mixed_precision)
     pipe = None if args.skip_generation else load_eval_pipeline(
         args.model_path, args.mixed_precision, info.device, lora, getattr(args, "model_type", "sd3"))
-    rewards = {} if args.no_score else build_rewards(reward_names, reward_options, scorer_device)
+    specs = [RewardSpec(name=name, options=dict(reward_options.get(name, {}))) for name in reward_names]
+    rewards = {} if args.no_score else build_scorers(specs, scorer_device)
     totals["scorers"] = describe_scorers(rewards)
     for index in tqdm(range(rounds), desc=f"evaluate {args.dataset}", disable=not info.is_main):
         batch = mine[index] if index < len(mine) else []

@@ -88,9 +88,10 @@ nan_mean_reward = nan_weighted_mean
 def combine_advantages(advantages: torch.Tensor, alpha) -> torch.Tensor:
     """The reference's amortized advantage A~_i = sum_k alpha_k nan_to_num(A_ki, 0)
     (docs/algorithm.md §7.4)."""
-    a = torch.as_tensor(np.asarray(alpha, dtype=np.float64)).to(advantages)
+    a = torch.as_tensor(alpha, dtype=torch.float64, device=advantages.device).reshape(-1)
     if advantages.dim() != 2 or a.numel() != advantages.shape[1]:
         raise ValueError(
             f"advantages [B, K] and alpha [K] disagree: {tuple(advantages.shape)} vs {a.numel()}"
         )
-    return (torch.nan_to_num(advantages, nan=0.0) * a).sum(1)
+    # In the advantages' dtype, like the reference (the product is rounded there, then summed).
+    return (torch.nan_to_num(advantages, nan=0.0) * a.to(advantages.dtype)).sum(1)

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 __all__ = [
-    "ema_decay", "WeightEMA", "update_alpha_cache", "old_policy_decay", "blend_params_",
+    "ema_decay", "WeightEMA", "update_alpha_cache", "old_policy_decay",
 ]
 
 
@@ -105,13 +105,3 @@ def old_policy_decay(step: int, decay_type: int, cap: float = 0.5) -> float:
     if decay_type == 2:
         return 0.0 if step < 75 else min(0.0075 * (step - 75), 0.999)
     raise ValueError(f"decay_type must be 0, 1 or 2, got {decay_type}")
-
-
-@torch.no_grad()
-def blend_params_(targets: Iterable[torch.Tensor], sources: Iterable[torch.Tensor], decay: float):
-    """In place: target <- decay target + (1 - decay) source (the old-policy update)."""
-    targets, sources = list(targets), list(sources)
-    if len(targets) != len(sources):
-        raise ValueError(f"{len(targets)} targets but {len(sources)} sources")
-    for t, s in zip(targets, sources):
-        t.lerp_(s.detach().to(t), 1.0 - float(decay))

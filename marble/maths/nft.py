@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from marble.maths.advantages import combine_advantages
+
 __all__ = ["optimality_prob", "nft_terms", "nft_loss_from_terms", "nft_loss", "kl_loss",
            "amortized_coefficients", "weighted_loss"]
 
@@ -108,8 +110,7 @@ def amortized_coefficients(advantages: torch.Tensor, alpha, adv_clip: float = 5.
         raise ValueError(f"alpha has {a.numel()} values for {k} rewards")
     if not exact_masking:
         # Same arithmetic as the reference: combine in the advantages' dtype, then clip + map.
-        combined = (torch.nan_to_num(advantages, nan=0.0) * a.to(advantages.dtype)).sum(1)
-        r = optimality_prob(combined, adv_clip)
+        r = optimality_prob(combine_advantages(advantages, a), adv_clip)
         return r, torch.full_like(r, 1.0 / max(b, 1))
     valid = torch.isfinite(advantages)
     r_k = optimality_prob(torch.nan_to_num(advantages, nan=0.0), adv_clip).double()

@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 def _pretrain(args) -> int:
     import torch
 
+    from marble.data import load_table, records
     from marble.models.pretrain import PretrainSettings, pretrain
 
     if args.threads:
@@ -56,7 +57,10 @@ def _pretrain(args) -> int:
     settings = PretrainSettings(vae_steps=args.vae_steps, flow_steps=args.flow_steps,
                                 batch_size=args.batch_size, resolution=args.resolution,
                                 seed=args.seed)
-    summary = pretrain(args.model, args.table, args.out, settings)
+    table = records(load_table(args.table))
+    if not table:
+        raise SystemExit(f"marble models pretrain: {args.table}: no prompts to pretrain on")
+    summary = pretrain(args.model, [(r.prompt, r.metadata) for r in table], args.out, settings)
     print(f"pretrained {args.model} on {summary['prompts']} prompts -> {args.out}: "
           f"VAE loss {summary['vae_loss']}, flow loss {summary['flow_loss']}")
     return 0

@@ -13,6 +13,14 @@ from pathlib import Path
 
 import torch
 
+from marble.models.tiny import (
+    SD35M_TEXT_WIDTHS,
+    SD35M_TRANSFORMER_CONFIG,
+    SD35M_VAE_CONFIG,
+    TINY_TEXT_WIDTHS,
+    build_tiny_pipeline,
+)
+
 RANDOM_PREFIX = "random:"
 RANDOM_MODELS = ("random:tiny", "random:sd35m")
 
@@ -40,14 +48,6 @@ def build_random_pipeline(name: str, dtype: torch.dtype = torch.float32, device=
                           transformer_dtype: torch.dtype | None = None, text_encoders: bool = True):
     """`random:tiny` or `random:sd35m`, built in memory from configs."""
     from diffusers import AutoencoderKL, SD3Transformer2DModel
-
-    from marble.models.tiny import (
-        SD35M_TEXT_WIDTHS,
-        SD35M_TRANSFORMER_CONFIG,
-        SD35M_VAE_CONFIG,
-        TINY_TEXT_WIDTHS,
-        build_tiny_pipeline,
-    )
 
     if name not in RANDOM_MODELS:
         raise ModelNotFoundError(f"unknown in-memory model {name!r}; choose one of {RANDOM_MODELS}")

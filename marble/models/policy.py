@@ -13,6 +13,10 @@ import random
 import numpy as np
 import torch
 
+from marble.models.loading import load_pipeline
+from marble.models.lora import add_lora_adapters, trainable_lora_parameters
+from marble.runtime.precision import base_weight_dtype, text_encoder_dtype, upcast_lora_
+
 __all__ = ["seed_everything", "load_policy"]
 
 
@@ -26,10 +30,6 @@ def load_policy(model_cfg, seed: int, device, text_encoders: bool = True,
                 path: str | None = None):
     """(pipe, trainable LoRA parameters) for `model_cfg` (a `ModelConfig`) on `device`;
     `path` overrides `model_cfg.path` (its revision then does not apply)."""
-    from marble.models.loading import load_pipeline
-    from marble.models.lora import add_lora_adapters, trainable_lora_parameters
-    from marble.runtime.precision import base_weight_dtype, text_encoder_dtype, upcast_lora_
-
     m, dev = model_cfg, torch.device(device)
     pipe = load_pipeline(
         path or m.path, revision=None if path else m.revision,

@@ -10,21 +10,25 @@ mix with the named colour vary from picture to picture, so the pretrained model 
 a spread of images per prompt: the within-group variance the RL advantages need, and
 headroom in every toy reward.
 
-Pure functions of (table, seed, settings): the same inputs give the same model.
+Pure functions of (prompts, seed, settings): the same inputs give the same model.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
+from marble.maths.flow import forward_process
+from marble.models.encode import encode_prompts, velocity
+from marble.models.loading import load_pipeline
 from marble.rewards.base import quoted_target
 from marble.rewards.toy import GENEVAL_COLORS, first_named_color
+from marble.runtime.io import atomic_path, write_json
+from marble.runtime.seeds import SEED_BITS, stable_seed
 
 
 @dataclass(frozen=True)
@@ -43,8 +47,9 @@ class PretrainSettings:
 
 
 def prompt_hue(prompt: str) -> float:
-    """A stable hue in [0, 1) from the prompt text (sha1, not Python's salted hash)."""
-    return int(hashlib.sha1(prompt.encode("utf-8")).hexdigest()[:8], 16) / 2**32
+    """A stable hue in [0, 1) from the prompt text (marble's seed scheme, not Python's salted
+    hash)."""
+    return stable_seed("pretrain_hue", prompt) / 2**SEED_BITS
 
 
 def hsv_to_rgb(h: float, s: float, v: float) -> torch.Tensor:
@@ -131,9 +136,6 @@ def normalise_latents(vae, images: torch.Tensor) -> torch.Tensor:
 
 def train_flow(transformer, latents, embeds, pooled, index, s: PretrainSettings) -> list[float]:
     """Flow matching x_t = (1 - sigma) x0 + sigma eps, target eps - x0, SD3's shift-3 sigmas."""
-    from marble.maths.flow import forward_process
-    from marble.models.encode import velocity
-
     gen = torch.Generator().manual_seed(s.seed + 2)
     transformer.requires_grad_(True).train()
     opt = torch.optim.AdamW(transformer.parameters(), lr=s.flow_lr, weight_decay=0.0)
@@ -155,26 +157,18 @@ def train_flow(transformer, latents, embeds, pooled, index, s: PretrainSettings)
     return losses
 
 
-def table_records(table) -> list[tuple[str, dict]]:
-    """(prompt, metadata) of every row of an assembled table."""
-    return [(p, json.loads(m) if isinstance(m, str) else dict(m or {}))
-            for p, m in zip(table["prompt"], table["metadata"])]
-
-
-def pretrain(model_dir: str | Path, table_path: str | Path, out: str | Path,
+def pretrain(model_dir: str | Path, records: Sequence[tuple[str, dict]], out: str | Path,
              s: PretrainSettings = PretrainSettings()) -> dict:
-    """Pretrain the tiny pipeline at `model_dir` on `table_path`'s prompts; save to `out`."""
-    from marble.data import load_table
-    from marble.models.encode import encode_prompts
-    from marble.models.loading import load_pipeline
-    from marble.runtime.io import atomic_path, write_json
+    """Pretrain the tiny pipeline at `model_dir` on (prompt, metadata) `records`; save to `out`.
 
+    The records come from an assembled table (`marble models pretrain --table`): reading the
+    table is the data layer's job, so this module does not import it."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(s.seed)
         pipe = load_pipeline(str(model_dir))
-        records = table_records(load_table(str(table_path)))
+        records = list(records)
         if not records:
-            raise ValueError(f"{table_path}: no prompts to pretrain on")
+            raise ValueError("no prompts to pretrain on")
         small, _ = picture_set(records, s.pictures, s.seed + 7, s.vae_resolution)
         vae_losses = train_vae(pipe.vae, small, s)
         images, index = picture_set(records, s.pictures, s.seed, s.resolution)

@@ -104,7 +104,7 @@ def tiny_corpus() -> list[str]:
     return lines + _TEXTS
 
 
-def _train_clip_tokenizer():
+def train_clip_tokenizer():
     from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
     from transformers import CLIPTokenizer
 
@@ -145,7 +145,7 @@ def _bpe_merges(bpe) -> list[tuple[str, str]]:
     return [tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1)) for m in merges]
 
 
-def _train_t5_tokenizer():
+def train_t5_tokenizer():
     import sentencepiece as spm
     from transformers import T5Tokenizer
 
@@ -168,7 +168,7 @@ TINY_TEXT_WIDTHS = (CLIP_HIDDEN, CLIP_HIDDEN, T5_WIDTH)
 SD35M_TEXT_WIDTHS = (768, 1280, 4096)
 
 
-def _text_encoders(clip_tok, t5_tok, widths=TINY_TEXT_WIDTHS):
+def tiny_text_encoders(clip_tok, t5_tok, widths=TINY_TEXT_WIDTHS):
     from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
     def clip(width):
@@ -206,11 +206,11 @@ def build_tiny_pipeline(seed: int = 0, text_widths=TINY_TEXT_WIDTHS):
     """The tiny SD3 pipeline, fully deterministic given `seed`, in fp32 on the CPU."""
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
 
-    clip_tok, t5_tok = _train_clip_tokenizer(), _train_t5_tokenizer()
+    clip_tok, t5_tok = train_clip_tokenizer(), train_t5_tokenizer()
     # Forked RNG: building a model must not perturb the caller's global torch stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        text_l, text_g, t5 = _text_encoders(clip_tok, t5_tok, text_widths)
+        text_l, text_g, t5 = tiny_text_encoders(clip_tok, t5_tok, text_widths)
         transformer = SD3Transformer2DModel(**TINY_TRANSFORMER_CONFIG)
         vae = _tiny_vae()
     pipe = StableDiffusion3Pipeline(

@@ -7,6 +7,7 @@ only when the reward that needs them is built.
 from __future__ import annotations
 
 import importlib
+import inspect
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Mapping, Sequence
@@ -27,7 +28,7 @@ def available() -> list[str]:
     return sorted(REGISTRY)
 
 
-def _reward_class(name: str) -> type[Reward]:
+def reward_class(name: str) -> type[Reward]:
     if name not in REGISTRY:
         raise KeyError(f"unknown reward {name!r} (available: {', '.join(available())})")
     module, cls = REGISTRY[name].split(":")
@@ -43,7 +44,7 @@ def applicability(name: str, applies_to=None, options: Mapping | None = None) ->
     rule); the rest are scoring options and play no part in a mask. Use `build` for a
     reward that scores.
     """
-    cls = _reward_class(name)
+    cls = reward_class(name)
     reward = cls.__new__(cls)
     Reward.__init__(reward, applies_to=applies_to)
     for key in set(options or {}) & set(cls.MASK_OPTIONS):
@@ -52,7 +53,45 @@ def applicability(name: str, applies_to=None, options: Mapping | None = None) ->
 
 
 def build(name: str, **options) -> Reward:
-    return _reward_class(name)(**options)
+    return reward_class(name)(**options)
+
+
+def takes_device(name: str) -> bool:
+    """Whether the reward's constructor takes `device` (read from its signature: nothing loads)."""
+    return "device" in inspect.signature(reward_class(name).__init__).parameters
+
+
+def reward_device(setting: str, local_rank: int, cuda: bool | None = None) -> str:
+    """`train.reward_device` / `marble evaluate --reward_device`: auto -> cuda:{LOCAL_RANK} when CUDA is there (`cuda`: the
+    run trains on CUDA; default torch.cuda.is_available()), else cpu."""
+    if setting == "auto":
+        cuda = torch.cuda.is_available() if cuda is None else cuda
+        setting = "cuda" if cuda else "cpu"
+    return f"cuda:{local_rank}" if setting == "cuda" else setting
+
+
+def build_scorers(specs: Sequence, device: str | None = None) -> dict[str, Reward]:
+    """The scorers of `specs` (`marble.config.RewardSpec`s: name, applies_to, options), by name.
+
+    The one builder of scoring rewards, for training and evaluation. With `device` (training:
+    `train.reward_device`), a reward whose constructor takes one gets it unless its options
+    set it; without, each reward keeps its own default (evaluation).
+    """
+    out = {}
+    for spec in specs:
+        options = dict(spec.options or {})
+        if spec.applies_to is not None:
+            options["applies_to"] = spec.applies_to
+        if device is not None and "device" not in options and takes_device(spec.name):
+            options["device"] = device
+        out[spec.name] = build(spec.name, **options)
+    return out
+
+
+def build_masks(specs: Sequence) -> dict[str, Reward]:
+    """Weight-free rewards that answer `applies(prompt, metadata)` (dataset assembly), by name:
+    each spec's `applies_to` override and the options that change a mask (`applicability`)."""
+    return {spec.name: applicability(spec.name, spec.applies_to, spec.options) for spec in specs}
 
 
 def score_all(
@@ -114,7 +153,11 @@ __all__ = [
     "applicability",
     "available",
     "build",
+    "build_masks",
+    "build_scorers",
     "quoted_target",
     "register",
+    "reward_device",
     "score_all",
+    "takes_device",
 ]

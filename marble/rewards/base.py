@@ -18,10 +18,14 @@ from typing import Sequence
 
 import torch
 
-_QUOTED = re.compile(r'"([^"]+)"')
+# Where the downloaded checkpoints live is the assets' business; the scorers read it here.
+from marble.assets.manifest import DEFAULT_CKPT_DIR, DOWNLOAD_HINT, ckpt_dir  # noqa: F401
 
-DEFAULT_CKPT_DIR = "data/reward_ckpts"
-DOWNLOAD_HINT = "marble download rewards --out {dir}"
+_QUOTED = re.compile(r'"([^"]+)"')
+# OpenAI CLIP's pixel normalisation (per RGB channel), shared by the CLIP-based scorers.
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
 
 
 class RewardServiceError(RuntimeError):
@@ -47,11 +51,6 @@ def reference_quoted_target(prompt: str) -> str | None:
     if len(parts) < 2 or not parts[1].replace(" ", ""):
         return None
     return parts[1]
-
-
-def ckpt_dir(option: str | None) -> Path:
-    """The reward-checkpoint folder: the option, else $MARBLE_REWARD_CKPTS, else data/reward_ckpts."""
-    return Path(option or os.environ.get("MARBLE_REWARD_CKPTS") or DEFAULT_CKPT_DIR)
 
 
 def require_file(reward: str, path: str | os.PathLike, folder: str | os.PathLike | None = None) -> Path:

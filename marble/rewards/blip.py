@@ -28,9 +28,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from marble.rewards.base import CLIP_MEAN, CLIP_STD
+
 MEAN, STD = 0.16717362830052426, 1.0333394966054072  # ImageReward's reward normalisation
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 MAX_TOKENS = 35
 HEAD_DIM = 64  # BLIP's ViTs use 64-dim heads (ViT-L: 1024/16, ViT-B: 768/12)
 log = logging.getLogger(__name__)

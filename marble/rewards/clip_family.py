@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from marble.assets.hub import local_model
 from marble.rewards.base import Reward, require_file, to_pil
 from marble.rewards.base import ckpt_dir as resolve_ckpt_dir
 
@@ -20,7 +21,7 @@ OPENAI_L14 = "openai/clip-vit-large-patch14"
 AESTHETIC_HEAD = "sac+logos+ava1-l14-linearMSE.pth"
 
 
-def _projected(out) -> torch.Tensor:
+def projected_features(out) -> torch.Tensor:
     """transformers 4 returns the projected features; 5 returns an output whose pooler_output is."""
     return out if isinstance(out, torch.Tensor) else out.pooler_output
 
@@ -28,8 +29,6 @@ def _projected(out) -> torch.Tensor:
 def load_clip(model: str, processor: str | None, device: str, ckpt_dir: str | None = None):
     """CLIP model + processor; manifest hub ids resolve to their downloaded folders (offline nodes)."""
     from transformers import CLIPModel, CLIPProcessor
-
-    from marble.assets.hub import local_model
 
     model = local_model(model, ckpt_dir)
     processor = local_model(processor, ckpt_dir) if processor else model
@@ -51,13 +50,13 @@ class _ClipReward(Reward):
 
     def image_embeds(self, images: torch.Tensor) -> torch.Tensor:
         inputs = self.processor(images=to_pil(images), return_tensors="pt").to(self.device)
-        return nn.functional.normalize(_projected(self.model.get_image_features(**inputs)).float(), dim=-1)
+        return nn.functional.normalize(projected_features(self.model.get_image_features(**inputs)).float(), dim=-1)
 
     def text_embeds(self, prompts: list[str]) -> torch.Tensor:
         max_len = self.model.config.text_config.max_position_embeddings
         inputs = self.processor(text=prompts, padding=True, truncation=True, max_length=max_len,
                                 return_tensors="pt").to(self.device)
-        return nn.functional.normalize(_projected(self.model.get_text_features(**inputs)).float(), dim=-1)
+        return nn.functional.normalize(projected_features(self.model.get_text_features(**inputs)).float(), dim=-1)
 
     def score_chunk(self, images, prompts) -> torch.Tensor:
         raise NotImplementedError
@@ -126,7 +125,7 @@ class ClipScore(_ClipReward):
 
     def image_embeds(self, images: torch.Tensor) -> torch.Tensor:
         pixels = clip_pixel_values(images, self.processor.image_processor.to_dict()).to(self.device)
-        return nn.functional.normalize(_projected(self.model.get_image_features(pixel_values=pixels)).float(), dim=-1)
+        return nn.functional.normalize(projected_features(self.model.get_image_features(pixel_values=pixels)).float(), dim=-1)
 
     def score_chunk(self, images, prompts):
         return (self.image_embeds(images) * self.text_embeds(prompts)).sum(-1)

@@ -17,7 +17,9 @@ import torch
 from marble.rewards import geneval_rules as rules
 from marble.rewards.base import Reward, require_file, to_uint8_hwc
 from marble.rewards.base import ckpt_dir as resolve_ckpt_dir
+from marble.rewards.clip_family import load_clip, projected_features
 from marble.rewards.geneval_names import detector_class_names
+from marble.rewards.geneval_stub import OBJECT_NAMES, StubDetector, read_object_names
 
 DETECTOR_CKPT = "mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco_20220504_001756-743b7d99.pth"
 DETECTOR_CONFIG = "mask2former/mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco.py"  # in mmdet 2.x's configs
@@ -90,22 +92,18 @@ class ClipColorClassifier:
 
     def __init__(self, model: str = "openai/clip-vit-large-patch14", device: str = "cpu", batch_size: int = 16,
                  ckpt_dir: str | None = None):
-        from marble.rewards.clip_family import load_clip
-
         # The hub id resolves to its downloaded folder under the reward-checkpoint dir.
         self.model, self.processor = load_clip(model, None, device, ckpt_dir)
         self.device, self.batch_size = device, batch_size
         self._classifiers: dict[str, torch.Tensor] = {}
 
     def _classifier(self, classname: str) -> torch.Tensor:
-        from marble.rewards.clip_family import _projected
-
         if classname not in self._classifiers:
             weights = []
             for color in rules.COLORS:
                 texts = [t.format(c=color, cls=classname) for t in COLOR_TEMPLATES]
                 tok = self.processor(text=texts, padding=True, return_tensors="pt").to(self.device)
-                emb = torch.nn.functional.normalize(_projected(self.model.get_text_features(**tok)).float(), dim=-1)
+                emb = torch.nn.functional.normalize(projected_features(self.model.get_text_features(**tok)).float(), dim=-1)
                 weights.append(torch.nn.functional.normalize(emb.mean(0), dim=-1))
             self._classifiers[classname] = torch.stack(weights, dim=1)  # [D, 10]
         return self._classifiers[classname]
@@ -124,12 +122,10 @@ class ClipColorClassifier:
         return out
 
     def __call__(self, image_rgb: np.ndarray, objects, classname: str) -> list[str]:
-        from marble.rewards.clip_family import _projected
-
         crops, logits = self.crops(image_rgb, objects), []
         for i in range(0, len(crops), self.batch_size):
             pix = self.processor(images=crops[i : i + self.batch_size], return_tensors="pt").to(self.device)
-            emb = torch.nn.functional.normalize(_projected(self.model.get_image_features(**pix)).float(), dim=-1)
+            emb = torch.nn.functional.normalize(projected_features(self.model.get_image_features(**pix)).float(), dim=-1)
             logits.append(emb @ self._classifier(classname))
         return [rules.COLORS[k] for k in torch.cat(logits).argmax(1).tolist()]
 
@@ -152,8 +148,6 @@ class GenEvalReward(Reward):
         self.ckpt_dir = ckpt_dir
         folder = resolve_ckpt_dir(ckpt_dir)
         if detector == "stub":
-            from marble.rewards.geneval_stub import OBJECT_NAMES, StubDetector, read_object_names
-
             detector = StubDetector(read_object_names(require_file(self.name, OBJECT_NAMES, folder)))
         elif detector == "mmdet":
             detector = None
@@ -162,7 +156,7 @@ class GenEvalReward(Reward):
         self.detector, self.color_classifier = detector, color_classifier
         if detector is None:  # fail at build time, not after the first rollout
             self.detector_ckpt = require_file(self.name, detector_ckpt or DETECTOR_CKPT, folder)
-            self.detector_config = detector_config or _mmdet_config(DETECTOR_CONFIG)
+            self.detector_config = detector_config or mmdet_config_path(DETECTOR_CONFIG)
 
     def applies_by_content(self, prompt, metadata):
         return isinstance(metadata.get("include"), list) and bool(metadata["include"])
@@ -190,7 +184,7 @@ class GenEvalReward(Reward):
         return torch.tensor([d["score"] for d in details], dtype=torch.float32)
 
 
-def _mmdet_config(relative: str) -> Path:
+def mmdet_config_path(relative: str) -> Path:
     """A config shipped inside the installed mmdet package (`.mim/configs`), else a clear error."""
     try:
         import mmdet

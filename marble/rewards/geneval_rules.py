@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
+import math
+
 import numpy as np
 
 THRESHOLD = 0.3
@@ -26,7 +28,6 @@ POSITION_MARGIN = 0.1
 # The one definition of GenEval's six tags (metadata `tag`), in the reference's order.
 TAGS = ("single_object", "two_object", "counting", "colors", "position", "color_attr")
 COLORS = ("red", "orange", "yellow", "green", "blue", "purple", "pink", "brown", "black", "white")
-TAG_FILLER = -10.0  # the reference's per-tag filler for samples of another tag
 
 
 @dataclass
@@ -184,16 +185,17 @@ def evaluate_detail(objects: Objects, metadata: Mapping, colors_of: ColorsOf, st
             "tag": metadata.get("tag"), "reasons": reasons}
 
 
-def per_tag_lists(details: Sequence[Mapping], key: str = "accuracy") -> dict[str, list[float]]:
-    """The reference's per-tag lists: the sample's value under its tag, TAG_FILLER elsewhere."""
-    return {tag: [d[key] if d["tag"] == tag else TAG_FILLER for d in details] for tag in TAGS}
-
-
 def per_tag_means(details: Sequence[Mapping], key: str = "accuracy") -> dict[str, float]:
-    """Mean of `key` per tag over the samples of that tag (the GenEval overall is their mean)."""
+    """Mean of `key` per tag over the samples of that tag with a finite value (NaN: unscorable,
+    None: absent); a tag without one is left out. The official GenEval overall is the mean of
+    the six (`marble.evaluation.results.geneval_summary`)."""
     out = {}
     for tag in TAGS:
-        vals = [d[key] for d in details if d["tag"] == tag and d[key] == d[key]]
+        vals = [float(d[key]) for d in details if d.get("tag") == tag and _finite(d.get(key))]
         if vals:
             out[tag] = sum(vals) / len(vals)
     return out
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

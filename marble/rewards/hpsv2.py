@@ -9,12 +9,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from marble.rewards.base import Reward, require_file
+from marble.rewards.base import CLIP_MEAN, CLIP_STD, Reward, require_file
 from marble.rewards.base import ckpt_dir as resolve_ckpt_dir
 
 HPS_CKPT = "HPS_v2.1_compressed.pt"
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 def import_open_clip():

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import torch
 
+from marble.assets.hub import local_model
 from marble.rewards.base import DOWNLOAD_HINT, Reward, require_file, to_pil
 from marble.rewards.base import ckpt_dir as resolve_ckpt_dir
+from marble.rewards.blip import load_imagereward
 
 IMAGEREWARD_CKPT = "ImageReward.pt"
 MED_CONFIG = "med_config.json"
@@ -30,7 +32,6 @@ class ImageRewardScorer(Reward):
     def __init__(self, ckpt: str | None = None, med_config: str | None = None, tokenizer: str | None = None,
                  ckpt_dir: str | None = None, device: str = "cpu", batch_size: int = 16, **kw):
         super().__init__(**kw)
-        from marble.rewards.blip import load_imagereward
 
         folder = resolve_ckpt_dir(ckpt_dir)
         ckpt_path = require_file(self.name, ckpt or IMAGEREWARD_CKPT, folder)
@@ -39,8 +40,6 @@ class ImageRewardScorer(Reward):
         if not tokenizer_dir.is_absolute() and not tokenizer_dir.is_dir():
             tokenizer_dir = folder / tokenizer_dir
         if tokenizer is None and not tokenizer_dir.is_dir():
-            from marble.assets.hub import local_model
-
             # `marble download rewards` puts BERT under hub/<repo id>: the id maps to it.
             tokenizer_dir = Path(local_model(TOKENIZER_DIR, folder))
         if not tokenizer_dir.is_dir():

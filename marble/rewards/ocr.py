@@ -22,6 +22,8 @@ import numpy as np
 import torch
 
 from marble.rewards.base import Reward, quoted_target, reference_quoted_target, to_uint8_hwc
+from marble.rewards.base import ckpt_dir as resolve_ckpt_dir
+from marble.rewards.paddle_models import model_dirs
 
 log = logging.getLogger(__name__)
 BACKENDS = ("auto", "paddle", "rapidocr", "rapidocr_onnxruntime")
@@ -120,8 +122,6 @@ class _Paddle:
         except ImportError as err:
             raise ImportError("ocr backend 'paddle' needs `pip install marble[paddle]` (see docs/rewards.md)") from err
         require_paddleocr_2(getattr(paddleocr, "__version__", "0"))
-        from marble.rewards.base import ckpt_dir as resolve_ckpt_dir
-        from marble.rewards.paddle_models import model_dirs
 
         # The reference's settings: English, no angle classifier, CPU; its default en models,
         # read from the reward-checkpoint folder (fetched on the login node).

@@ -12,20 +12,13 @@ from __future__ import annotations
 import torch
 
 from marble.rewards.base import Reward, quoted_target
+from marble.rewards.geneval_rules import COLORS
 
-# Fixed RGB (0-255) table of the 10 GenEval colours (CSS values).
-GENEVAL_COLORS: dict[str, tuple[int, int, int]] = {
-    "red": (255, 0, 0),
-    "orange": (255, 165, 0),
-    "yellow": (255, 255, 0),
-    "green": (0, 128, 0),
-    "blue": (0, 0, 255),
-    "purple": (128, 0, 128),
-    "pink": (255, 192, 203),
-    "brown": (139, 69, 19),
-    "black": (0, 0, 0),
-    "white": (255, 255, 255),
-}
+# Fixed RGB (0-255) of the GenEval colours (CSS values), in the order of their one list,
+# geneval_rules.COLORS: red, orange, yellow, green, blue, purple, pink, brown, black, white.
+_CSS_RGB = ((255, 0, 0), (255, 165, 0), (255, 255, 0), (0, 128, 0), (0, 0, 255), (128, 0, 128),
+            (255, 192, 203), (139, 69, 19), (0, 0, 0), (255, 255, 255))
+GENEVAL_COLORS: dict[str, tuple[int, int, int]] = dict(zip(COLORS, _CSS_RGB, strict=True))
 
 _LUMA = torch.tensor([0.299, 0.587, 0.114], dtype=torch.float64)  # Rec. 601 weights
 
@@ -66,14 +59,6 @@ def rms_contrast(images: torch.Tensor) -> torch.Tensor:
     """Standard deviation of the luma over the image, in [0, 0.5]: legible text on a
     background raises it; smooth in the pixels (unlike an edge count)."""
     return luminance(images).flatten(1).std(dim=1, unbiased=False).float()
-
-
-def edge_density(images: torch.Tensor) -> torch.Tensor:
-    """(mean |dx| + mean |dy|) / 2 of the luma, in [0,1]: high for sharp, high-contrast strokes."""
-    y = luminance(images)
-    dx = (y[:, :, 1:] - y[:, :, :-1]).abs().mean(dim=(1, 2))
-    dy = (y[:, 1:, :] - y[:, :-1, :]).abs().mean(dim=(1, 2))
-    return ((dx + dy) / 2).float()
 
 
 class ToyBrightness(Reward):

@@ -111,11 +111,6 @@ def all_reduce_mean_(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
-    """Out-of-place mean over ranks."""
-    return all_reduce_mean_(tensor.clone())
-
-
 def all_reduce_sum_(tensor: torch.Tensor) -> torch.Tensor:
     if _active():
         staged = _to_comm(tensor)

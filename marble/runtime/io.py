@@ -8,6 +8,7 @@ file or the new one, never a torn one, which is what makes every step resumable.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -173,3 +174,14 @@ def read_jsonl(path: str | os.PathLike, error: type[Exception] = ValueError,
                 break
             raise error(f"{path}:{lineno}: invalid JSON line: {exc.msg}") from exc
     return out
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in `chunk`-byte blocks (the one definition: downloads,
+    checkpoint integrity and the dev mirror all pin files with it)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(chunk), b""):
+            digest.update(block)
+    return digest.hexdigest()
+

@@ -41,10 +41,6 @@ class Precision:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=DTYPES[self.mixed_precision])
 
-    @property
-    def compute_dtype(self) -> torch.dtype:
-        return DTYPES[self.mixed_precision]
-
 
 def make_precision(mixed_precision: str, device: torch.device) -> Precision:
     """fp16 gets a GradScaler on the same device type; bf16 and fp32 need none."""

@@ -23,6 +23,7 @@ from pathlib import Path
 from marble.tools.bench_memory import MemoryProbe, fix_malloc
 from marble.tools.bench_rollout import bench_rollout
 from marble.tools.bench_switch import time_adapter_switch
+from marble.tools.micro_step_call import one_micro_step
 
 # Row -> (method, balancer overrides, micro_index, prime the alpha cache, what it is).
 ROWS = {
@@ -110,21 +111,6 @@ def make_balancers(cfg, rows=tuple(ROWS)):
                                  "last_alpha": None})
         out[row] = bal
     return out
-
-
-def one_micro_step(pipe, cfg, batch, balancer, params, autocast, micro_index: int = 1) -> dict:
-    """The trainer's micro-step (`marble.training.microstep.run_micro_step`) on the
-    synthetic batch; its metrics (device scalars). `autocast` is a `marble.runtime.precision.Precision`:
-    under fp16 its GradScaler scales the backward passes as in training."""
-    from marble.training.microstep import MicroBatch, run_micro_step
-
-    micro = MicroBatch(x0=batch["x0"], x_t=batch["x_t"], sigma=batch["sigma"],
-                       prompt_embeds=batch["embeds"], pooled=batch["pooled"],
-                       advantages=batch["adv"], avg_advantage=batch["avg_adv"],
-                       reward_present=batch.get("present"))
-    return run_micro_step(pipe.transformer, micro, cfg.train, params, autocast, balancer,
-                          scale=1.0, global_step=1, micro_index=micro_index,
-                          grad_scaler=getattr(autocast, "scaler", None))
 
 
 def _interleaved(run, probe: MemoryProbe, repeats: int, warmup: int, rows: tuple) -> dict:

@@ -168,7 +168,7 @@ def count_row(cfg, transformer, params, batch, row: str) -> dict:
     """FLOPs, passes and live-tensor peak of one micro-step of `row`."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from marble.tools.bench import one_micro_step
+    from marble.tools.micro_step_call import one_micro_step
     from marble.tools.counting import LiveTensorMemory, PassCounter
 
     for p in params:

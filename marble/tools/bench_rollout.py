@@ -12,11 +12,10 @@ def bench_rollout(cfg, table: str, repeats: int = 3, device: str | None = None,
                   model_path: str | None = None, cache_dir: str | None = None) -> dict:
     """One rollout batch (embeddings + old-policy sampling + decode), encoding the prompts
     vs reading them from the embedding cache (built in a temp folder when not given)."""
+    import dataclasses
     import tempfile
 
     import torch
-
-    import dataclasses
 
     from marble.data import load_table
     from marble.data.embed_cache import EmbeddingCache, build_cache

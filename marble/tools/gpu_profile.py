@@ -51,8 +51,9 @@ def profile_micro_steps(cfg, device: str, model_path: str | None = None) -> dict
 
     from marble.models.policy import load_policy
     from marble.runtime.precision import make_precision
-    from marble.tools.bench import make_balancers, one_micro_step, synthetic_batch
+    from marble.tools.bench import make_balancers, synthetic_batch
     from marble.tools.counting import HostSyncCounter
+    from marble.tools.micro_step_call import one_micro_step
 
     dev = torch.device(device)
     mp = cfg.model.mixed_precision if dev.type == "cuda" else "no"

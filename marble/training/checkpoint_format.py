@@ -13,13 +13,14 @@ marker is exactly what a node crash leaves of an unsynced write.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import re
 import shutil
 from pathlib import Path
+
+from marble.runtime.io import sha256_file
 
 CHECKPOINTS = "checkpoints"
 COMPLETE = "COMPLETE"
@@ -53,14 +54,6 @@ def checkpoint_step(name: str) -> int | None:
 
 def checkpoint_root(run_dir: str | Path) -> Path:
     return Path(run_dir) / CHECKPOINTS
-
-
-def sha256_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def file_hashes(ckpt_dir: str | Path) -> dict[str, str]:

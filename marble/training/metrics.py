@@ -7,15 +7,13 @@ counted, never averaged in as zeros.
 from __future__ import annotations
 
 import math
-import time
 from collections import defaultdict
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
 from marble.runtime.io import append_jsonl, read_jsonl, write_text
+from marble.training.trackers import TrackerFanout, open_trackers
 
 
 def reward_stats(name: str, rewards: torch.Tensor, applicable: torch.Tensor) -> dict[str, float]:
@@ -100,24 +98,6 @@ class StepAverager:
         return out
 
 
-class Timer:
-    """Named wall-clock accumulators: `with timer("rollout"): ...`."""
-
-    def __init__(self):
-        self.totals: dict[str, float] = defaultdict(float)
-
-    @contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.totals[name] += time.perf_counter() - start
-
-    def add(self, name: str, seconds: float) -> None:
-        self.totals[name] += seconds
-
-
 class MetricsLog:
     """The run's metrics.jsonl: append per step; drop lines past a resumed step.
 
@@ -137,8 +117,6 @@ class MetricsLog:
             self.trackers().log(_jsonable(record))
 
     def trackers(self):
-        from marble.training.trackers import TrackerFanout, open_trackers
-
         if self._trackers is None:
             wanted = self.backends if self.enabled else []
             self._trackers = TrackerFanout(open_trackers(wanted, self.path.parent))

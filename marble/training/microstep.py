@@ -20,7 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
+from marble.balancers import MicroStep
 from marble.maths.nft import kl_loss, nft_loss_from_terms, nft_terms, optimality_prob
+from marble.models.encode import velocity
+from marble.models.lora import adapters_disabled, use_adapter
 
 __all__ = ["MicroBatch", "predict", "reference_velocities", "theta_velocity",
            "build_micro_step", "logged_losses", "run_micro_step"]
@@ -43,9 +46,6 @@ class MicroBatch:
 
 def reference_velocities(transformer, batch: MicroBatch, autocast) -> tuple:
     """(v_old, v_ref) in fp32, without a graph: the "old" adapter and the frozen base."""
-    from marble.models.encode import velocity
-    from marble.models.lora import adapters_disabled, use_adapter
-
     args = (batch.x_t, batch.sigma, batch.prompt_embeds, batch.pooled)
     with torch.no_grad(), autocast():
         with use_adapter(transformer, "old"):
@@ -57,9 +57,6 @@ def reference_velocities(transformer, batch: MicroBatch, autocast) -> tuple:
 
 def theta_velocity(transformer, batch: MicroBatch, autocast) -> torch.Tensor:
     """v_theta in fp32 with the trainable "default" adapter; carries the graph."""
-    from marble.models.encode import velocity
-    from marble.models.lora import use_adapter
-
     args = (batch.x_t, batch.sigma, batch.prompt_embeds, batch.pooled)
     with use_adapter(transformer, "default"), autocast():
         return velocity(transformer, *args).float()
@@ -78,8 +75,6 @@ def build_micro_step(transformer, batch: MicroBatch, train_cfg, params: list, au
     `train_cfg` is a `TrainConfig` (nft_beta, kl_beta, adv_clip); `autocast` a zero-arg
     context factory (a `marble.runtime.precision.Precision`); `grad_scaler` the fp16 scaler.
     """
-    from marble.balancers import MicroStep
-
     t = train_cfg
     beta, clip = t.nft_beta, t.adv_clip
     v_old, v_ref = reference_velocities(transformer, batch, autocast)

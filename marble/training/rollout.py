@@ -8,7 +8,6 @@ global batch then gives the same rollouts whether it runs on 1 process or on N
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,20 +19,16 @@ from tqdm.auto import tqdm
 
 from marble.config import RunConfig
 from marble.maths.advantages import group_advantages, nan_weighted_mean
+from marble.models.encode import decode_latents, encode_prompts, latent_shape
+from marble.models.lora import use_adapter
+from marble.models.sampling import sample_latents
 from marble.runtime import distributed as dist
+from marble.runtime.seeds import keyed_generator
 from marble.training.metrics import advantage_std, reward_stats
 
 # Streams of the keyed generators: one per use, so changing one never shifts another.
 # STREAM_TIMESTEPS draws a sample's timestep subset, then its fresh training noise.
 STREAM_ROLLOUT_NOISE, STREAM_SHUFFLE, STREAM_TIMESTEPS = 1, 2, 3
-
-
-def keyed_generator(*key: int, device: str | torch.device = "cpu") -> torch.Generator:
-    """A torch.Generator seeded from an integer tuple (stable across runs and platforms)."""
-    digest = hashlib.blake2b(json.dumps([int(k) for k in key]).encode(), digest_size=8).digest()
-    gen = torch.Generator(device=device)
-    gen.manual_seed(int.from_bytes(digest, "little") & ((1 << 63) - 1))
-    return gen
 
 
 @dataclass
@@ -146,8 +141,6 @@ class RolloutEngine:
 
     def embed(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Prompt embeddings: the cache when configured, else the text encoders."""
-        from marble.models.encode import encode_prompts
-
         device = self.info.device
         if self.embed_cache is not None:
             embeds, pooled = self.embed_cache.lookup(prompts)
@@ -170,10 +163,6 @@ class RolloutEngine:
 
     @torch.no_grad()
     def sample_batch(self, epoch: int, batch_i: int):
-        from marble.models.encode import decode_latents, latent_shape
-        from marble.models.lora import use_adapter
-        from marble.models.sampling import sample_latents
-
         s = self.cfg.sampling
         self.sampler.set_epoch(epoch * s.num_batches_per_epoch + batch_i)
         rows = torch.as_tensor(self.sampler.batch(), dtype=torch.long)

@@ -20,6 +20,8 @@ import signal
 import threading
 from pathlib import Path
 
+from marble.runtime.io import write_text
+
 # No torch here: `marble train` installs the handlers before its heavy imports, so a stop
 # signal that arrives while torch, the model and the rewards load is flagged too.
 
@@ -81,8 +83,6 @@ def write_requeue_file(step: int, reason: str | None) -> Path | None:
     target = os.environ.get(REQUEUE_FILE_ENV)
     if not target:
         return None
-    from marble.runtime.io import write_text
-
     path = Path(target)
     write_text(path, f"step {step} {reason or 'stop'}\n")
     return path

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import time
 from pathlib import Path
 
@@ -18,8 +17,22 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from marble.balancers import build_balancer
 from marble.config import RunConfig, dump_yaml, grad_accumulation, training_timesteps
+from marble.data import load_table
+from marble.data.embed_cache import EmbeddingCache
+from marble.data.sampler import StratifiedKRepeatSampler
 from marble.maths.ema import WeightEMA, old_policy_decay
+from marble.maths.flow import forward_process
+from marble.models.lora import (
+    adapter_state,
+    blend_adapter,
+    load_adapter_state,
+    save_lora_diffusers,
+)
+from marble.models.policy import load_policy
+from marble.models.sampling import sigma_schedule
+from marble.rewards import build_scorers, reward_device
 from marble.runtime import distributed as dist
 from marble.runtime.io import write_json, write_text
 from marble.runtime.precision import (
@@ -28,6 +41,7 @@ from marble.runtime.precision import (
     make_precision,
     optimizer_update,
 )
+from marble.runtime.seeds import keyed_generator
 from marble.training.checkpoint import (
     CheckpointError,
     capture_rng_state,
@@ -39,8 +53,19 @@ from marble.training.checkpoint import (
     resume_checkpoint,
     save_checkpoint,
 )
+from marble.training.geometry import check_geometry
 from marble.training.metrics import MetricsLog, StepAverager
-from marble.training.rollout import STREAM_SHUFFLE, STREAM_TIMESTEPS, RolloutEngine, Rollouts, keyed_generator
+from marble.training.microstep import (
+    MicroBatch,
+    run_micro_step,
+)
+from marble.training.rollout import (
+    STREAM_SHUFFLE,
+    STREAM_TIMESTEPS,
+    RolloutEngine,
+    Rollouts,
+)
+from marble.training.run_dir import check_run_dir
 from marble.training.stopping import StopRequest
 
 log = logging.getLogger(__name__)
@@ -51,54 +76,15 @@ def autocast_factory(mixed_precision: str, device: torch.device) -> Precision:
     return make_precision(mixed_precision, device)
 
 
-def reward_device(setting: str, local_rank: int, cuda: bool | None = None) -> str:
-    """`train.reward_device`: auto -> cuda:{LOCAL_RANK} when CUDA is there (`cuda`: the
-    run trains on CUDA; default torch.cuda.is_available()), else cpu."""
-    if setting == "auto":
-        cuda = torch.cuda.is_available() if cuda is None else cuda
-        setting = "cuda" if cuda else "cpu"
-    return f"cuda:{local_rank}" if setting == "cuda" else setting
-
-
-def _takes_device(name: str) -> bool:
-    import inspect
-
-    from marble import rewards as registry
-
-    cls = type(registry.applicability(name))  # the class, without loading weights
-    return "device" in inspect.signature(cls.__init__).parameters
-
-
-def build_rewards(cfg: RunConfig, device: str = "cpu") -> dict:
-    """The configured scorers; those taking a `device` get `device` unless set per reward."""
-    from marble import rewards as registry
-
-    out = {}
-    for spec in cfg.rewards:
-        options = dict(spec.options)
-        if "device" not in options and _takes_device(spec.name):
-            options["device"] = device
-        out[spec.name] = registry.build(spec.name, applies_to=spec.applies_to, **options)
-    return out
-
-
 class Trainer:
     """Owns the model, adapters, optimizer, EMA, balancer and sampler of one run."""
 
     def __init__(self, cfg: RunConfig, out_dir: str | Path, device: str | None = None,
                  progress: bool = True):
-        from marble.balancers import build_balancer
-        from marble.data import load_table
-        from marble.data.sampler import StratifiedKRepeatSampler
-        from marble.models.policy import load_policy
-        from marble.models.sampling import sigma_schedule
-
         self.cfg, self.out_dir, self.progress = cfg, Path(out_dir), progress
         self.info = dist.init_distributed(device)
         dev = self.info.device
         t, m, s = cfg.train, cfg.model, cfg.sampling
-        from marble.training.geometry import check_geometry
-
         geometry = check_geometry(self.info.world_size, s, t)  # refuses a silent change of batch
         if self.info.is_main:
             print(geometry, flush=True)
@@ -123,7 +109,7 @@ class Trainer:
         self.reward_device = reward_device(t.reward_device, self.info.local_rank,
                                            cuda=dev.type == "cuda")
         self.rollouts = RolloutEngine(self.pipe, cfg, self.table,
-                                      build_rewards(cfg, self.reward_device), self.sampler,
+                                      build_scorers(cfg.rewards, self.reward_device), self.sampler,
                                       self.sigmas, self.info, self.autocast,
                                       self._embed_cache(), progress,
                                       reward_device=self.reward_device)
@@ -134,22 +120,17 @@ class Trainer:
     def _embed_cache(self):
         if not self.cfg.data.embed_cache:
             return None
-        from marble.data.embed_cache import EmbeddingCache
 
         return EmbeddingCache(self.cfg.data.embed_cache)
 
     # ------------------------------------------------------------ state
 
     def _adapter_states(self) -> dict:
-        from marble.models.lora import adapter_state
-
         tr = self.pipe.transformer
         return {"default": adapter_state(tr, "default"), "old": adapter_state(tr, "old")}
 
     def save(self) -> Path:
         """Checkpoint on the main rank (all ranks hold identical state); others wait."""
-        from marble.models.lora import adapter_state, save_lora_diffusers
-
         path = checkpoint_dir(self.out_dir, self.step)
         if self.info.is_main:
             with self.ema.swapped():
@@ -187,8 +168,6 @@ class Trainer:
 
     def resume(self) -> Path | None:
         """Load the newest intact complete checkpoint of the run folder, if any."""
-        from marble.models.lora import load_adapter_state
-
         path = self._choose_checkpoint()
         if path is None:
             # No checkpoint yet: lines an earlier attempt logged are steps no one will
@@ -235,7 +214,6 @@ class Trainer:
         record["time/step_s"] = time.perf_counter() - t0
         decay = old_policy_decay(self.step, self.cfg.train.old_decay_type,
                                  self.cfg.train.old_decay_cap)
-        from marble.models.lora import blend_adapter
 
         blend_adapter(self.pipe.transformer, dst="old", src="default", decay=decay)
         record["old_decay"] = decay
@@ -266,9 +244,6 @@ class Trainer:
     def _micro_step(self, ro: Rollouts, idx, present, t_index, eps, scale: float,
                     micro: int) -> dict:
         """One micro-step: metrics stay device scalars (read once, at the step's end)."""
-        from marble.maths.flow import forward_process
-        from marble.training.microstep import MicroBatch, run_micro_step
-
         x0, sig = ro.x0[idx], self.sigmas[t_index]
         batch = MicroBatch(x0=x0, x_t=forward_process(x0, eps, sig), sigma=sig,
                            prompt_embeds=ro.prompt_embeds[idx], pooled=ro.pooled[idx],
@@ -370,8 +345,6 @@ def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
     `stop`: an already active StopRequest (`marble train` installs it before loading);
     without one the handlers are installed here, before the model loads.
     """
-    from marble.train import check_run_dir
-
     out_dir = Path(out_dir)
     check_run_dir(out_dir, cfg)  # before config.yaml is replaced: refuse a changed config
     info = dist.init_distributed(device)

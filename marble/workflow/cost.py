@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from marble.config import grad_accumulation, training_timesteps
+
 # NVIDIA H200 datasheet: 989 TFLOP/s dense FP16/BF16 tensor-core peak (the paper's GPUs).
 H200_PEAK_FLOPS = 989e12
 # An assumption, not a measurement: 40% model-FLOP utilisation for a 2 B DiT at 1024 tokens.
@@ -52,8 +54,6 @@ class RunShape:
 
 def run_shape(cfg) -> RunShape:
     """A RunShape from a marble.config.RunConfig."""
-    from marble.config import grad_accumulation, training_timesteps
-
     s, t = cfg.sampling, cfg.train
     images = s.batch_size * s.num_batches_per_epoch  # per GPU (batch sizes are per process)
     cfg_passes = 2 if (s.guidance_scale or 1.0) > 1.0 else 1

@@ -8,6 +8,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from marble.assets.download import load_manifest
+from marble.config import load_config
+from marble.runtime.io import sha256_file
+
 # The import names each scorer needs beyond torch (its own module imports lazily), and the
 # environment (docs/cluster.md, workflow/envs/) that provides them.
 REWARD_MODULES: dict[str, tuple[str, ...]] = {
@@ -47,7 +51,6 @@ def merge(dst: dict, src: dict) -> dict:
 
 def configured_rewards(config: dict) -> dict[str, dict]:
     """{reward: options} over every run's preset and every evaluated dataset."""
-    from marble.config import load_config
     from marble.evaluation.prompts import DEFAULT_REWARDS
 
     out: dict[str, dict] = {}
@@ -75,8 +78,6 @@ def wants_gpu(config: dict) -> bool:
 
 def verify_group(group: str, folder: Path) -> tuple[list[str], int]:
     """(files missing or not matching the manifest, files without a pinned sha256)."""
-    from marble.assets.download import load_manifest, sha256_file
-
     bad, unpinned = [], 0
     for entry in (e for e in load_manifest() if e.group == group):
         path = folder / entry.path

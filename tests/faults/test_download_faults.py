@@ -12,7 +12,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from marble.assets import verify
-from marble.assets.download import DownloadError, Entry, download, load_manifest, main as download_main
+from marble.assets.download import download
+from marble.assets.download import main as download_main
+from marble.assets.manifest import DownloadError, Entry, load_manifest
 
 PAYLOAD = b"pinned bytes\n" * 1000
 SHA = hashlib.sha256(PAYLOAD).hexdigest()

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import yaml
 
-from marble.assets.download import MANIFEST, load_manifest
+from marble.assets.manifest import MANIFEST, load_manifest
+from marble.runtime.io import sha256_file
 from marble.tools.dev import replicas
 
 # open_clip architecture of the HPS replica (pass it as the hpsv2 reward's model_config/arch).
@@ -96,7 +97,7 @@ def url_path(url: str) -> str:
 
 
 def _digest(path: Path) -> tuple[int, str]:
-    return path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest()
+    return path.stat().st_size, sha256_file(path)
 
 
 def build_mirror(out: str | Path, seed: int = 0, manifest: str | Path = MANIFEST) -> Path:

@@ -51,9 +51,9 @@ model = dict(
 
 def write_config(out: str | os.PathLike, base: str | os.PathLike | None = None) -> Path:
     """The tiny config: `_base_` is the installed mmdet's own GenEval config (or `base`)."""
-    from marble.rewards.geneval import DETECTOR_CONFIG, _mmdet_config
+    from marble.rewards.geneval import DETECTOR_CONFIG, mmdet_config_path
 
-    base = Path(base) if base else _mmdet_config(DETECTOR_CONFIG)
+    base = Path(base) if base else mmdet_config_path(DETECTOR_CONFIG)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     header = f"# Tiny random Mask2Former for tests (marble.tools.dev.mmdet_replica): sizes only.\n_base_ = [{str(base)!r}]\n"

@@ -15,9 +15,9 @@ import torch
 from marble.models.tiny import (
     CLIP_HIDDEN,
     T5_WIDTH,
-    _text_encoders,
-    _train_clip_tokenizer,
-    _train_t5_tokenizer,
+    tiny_text_encoders,
+    train_clip_tokenizer,
+    train_t5_tokenizer,
 )
 
 TIME_EMBED = 8  # SD-XL's added time ids embedding width (tiny)
@@ -41,10 +41,10 @@ def build_sdxl(seed: int = 0):
         UNet2DConditionModel,
     )
 
-    clip_tok = _train_clip_tokenizer()
+    clip_tok = train_clip_tokenizer()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        text_l, text_g, _ = _text_encoders(clip_tok, _train_t5_tokenizer())
+        text_l, text_g, _ = tiny_text_encoders(clip_tok, train_t5_tokenizer())
         unet = UNet2DConditionModel(
             sample_size=16, in_channels=4, out_channels=4, layers_per_block=1,
             block_out_channels=(16, 32), down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
@@ -73,10 +73,10 @@ def build_flux(seed: int = 0):
     )
     from transformers import CLIPTextModel
 
-    clip_tok, t5_tok = _train_clip_tokenizer(), _train_t5_tokenizer()
+    clip_tok, t5_tok = train_clip_tokenizer(), train_t5_tokenizer()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        text_l, _, t5 = _text_encoders(clip_tok, t5_tok)
+        text_l, _, t5 = tiny_text_encoders(clip_tok, t5_tok)
         transformer = FluxTransformer2DModel(
             patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16,
             num_attention_heads=2, joint_attention_dim=T5_WIDTH, pooled_projection_dim=CLIP_HIDDEN,

@@ -78,7 +78,7 @@ def _anti_aligned_by_step_kind(by_bal: pd.DataFrame) -> dict[str, dict]:
     """{balancer: full-solve / amortized anti-aligned fractions} for balancers that solve."""
     if "solve_steps" not in by_bal:
         return {}
-    num = claim._json_num
+    num = claim.json_number
     return {bal: {"full_solve": num(row["applied_anti_aligned_frac_solve"]),
                   "amortized": num(row["applied_anti_aligned_frac_amortized"]),
                   "solve_steps": int(row["solve_steps"])}
@@ -105,7 +105,7 @@ def _claim_json(trends, specialists, runs) -> tuple[dict, list[str], pd.DataFram
     kinds = _anti_aligned_by_step_kind(by_bal)
     answers, lines = claim.claim_lines(by_balancer, list(specialists), pooled,
                                        anti_ws_direction=pooled_ws, anti_by_step_kind=kinds)
-    num = claim._json_num  # NaN -> null: verdict.json stays strict JSON
+    num = claim.json_number  # NaN -> null: verdict.json stays strict JSON
     data = {
         **answers,
         "anti_aligned": {r: num(v) for r, v in applied.items()},
@@ -171,9 +171,6 @@ def _eval_section(b: Builder, inp: ReportInputs) -> pd.DataFrame | None:
     wide = tables.eval_table(summary)
     b.table(s, "eval_scores", "Per-reward eval scores of each run's latest evaluated checkpoint; "
             "composite = mean of column-wise z-scores (population std) over these rows", wide)
-    if tables.composite_function() is None:
-        s.blocks.append(Text("Composite unavailable: `marble.evaluation.summary.composite_zscore` "
-                             "could not be imported."))
     return wide
 
 

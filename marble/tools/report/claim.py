@@ -35,10 +35,10 @@ class Change:
     runs: int
 
     def pair(self) -> list:
-        return [_json_num(self.mean), _json_num(self.se)]
+        return [json_number(self.mean), json_number(self.se)]
 
 
-def _json_num(x: float):
+def json_number(x: float):
     return float(x) if math.isfinite(x) else None
 
 

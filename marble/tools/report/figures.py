@@ -15,7 +15,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from marble.tools.report.loading import EvalSample, RunData  # noqa: E402
+from marble.tools.report.loading import ScoredImage, RunData  # noqa: E402
 
 DPI = 110
 STYLES = {"weighted_sum": "--", "equal_alpha": ":", "mgda": "-.", "marble": "-"}
@@ -149,7 +149,7 @@ def anti_aligned_bars(harmony: pd.DataFrame, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def image_grid(run: str, samples: dict[str, list[EvalSample]], path: Path) -> Path | None:
+def image_grid(run: str, samples: dict[str, list[ScoredImage]], path: Path) -> Path | None:
     """Rows = eval datasets, columns = the first images, captioned with prompt and scores."""
     if not samples:
         return None

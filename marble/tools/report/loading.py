@@ -144,13 +144,16 @@ def latest_checkpoint_name(names: list[str]) -> str:
 
 
 @dataclass
-class EvalSample:
+class ScoredImage:
+    """One evaluated image of a run for the report's grid: its file, prompt and finite scores
+    (what `marble evaluate` wrote; its inputs are `marble.evaluation.prompts.EvalSample`)."""
+
     image_path: Path
     prompt: str
     scores: dict[str, float]
 
 
-def eval_samples(eval_dir: Path, run: str, limit: int) -> dict[str, list[EvalSample]]:
+def eval_samples(eval_dir: Path, run: str, limit: int) -> dict[str, list[ScoredImage]]:
     """First `limit` images per dataset of the run's latest evaluated checkpoint."""
     run_dir = eval_dir / run
     if not run_dir.is_dir():
@@ -159,7 +162,7 @@ def eval_samples(eval_dir: Path, run: str, limit: int) -> dict[str, list[EvalSam
     if not ckpts:
         return {}
     ckpt_dir = run_dir / latest_checkpoint_name(ckpts)
-    out: dict[str, list[EvalSample]] = {}
+    out: dict[str, list[ScoredImage]] = {}
     for ds_dir in sorted(p for p in ckpt_dir.iterdir() if p.is_dir()):
         samples = _dataset_samples(ds_dir, limit)
         if samples:
@@ -167,7 +170,7 @@ def eval_samples(eval_dir: Path, run: str, limit: int) -> dict[str, list[EvalSam
     return out
 
 
-def _dataset_samples(ds_dir: Path, limit: int) -> list[EvalSample]:
+def _dataset_samples(ds_dir: Path, limit: int) -> list[ScoredImage]:
     by_image: dict[str, tuple[str, dict]] = {}
     results = ds_dir / "evaluation_results.jsonl"
     if results.is_file():
@@ -182,7 +185,7 @@ def _dataset_samples(ds_dir: Path, limit: int) -> list[EvalSample]:
     samples = []
     for img in images[:limit]:
         prompt, scores = by_image.get(img.name, ("", {}))
-        samples.append(EvalSample(img, prompt, scores))
+        samples.append(ScoredImage(img, prompt, scores))
     return samples
 
 

@@ -17,9 +17,8 @@ from marble.evaluation.summary import wide_table
 from marble.tools.report import published
 from marble.tools.report.loading import RunData, latest_checkpoint_name
 from marble.tools.report.tables import (
-    _harmony_row,
     exact_masking,
-    is_count_metric,
+    harmony_row,
     rho_groups,
 )
 from marble.tools.report.verdict import reward_changes
@@ -105,7 +104,7 @@ def harmony(runs: list[RunData]) -> pd.DataFrame:
     rows = []
     for balancer in sorted({r.balancer for r in runs}):
         mine = [r for r in runs if r.balancer == balancer]
-        stats = _harmony_row(pd.concat([r.metrics for r in mine], ignore_index=True))
+        stats = harmony_row(pd.concat([r.metrics for r in mine], ignore_index=True))
         steps = stats["logged_steps"]
         basis = (f"{len(mine)} run(s), {steps} logged diagnostic steps" if steps
                  else f"{NOT_MEASURED}: no `cos_min` logged (balancer.diagnostics_every)")

@@ -10,6 +10,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from marble.evaluation.summary import composite_zscore
 from marble.tools.report.loading import RunData, latest_checkpoint_name
 from marble.tools.report.published import COST as PUBLISHED_COST
 from marble.tools.report.published import HARMONY as PUBLISHED_HARMONY
@@ -23,16 +24,6 @@ PAPER_COST = {
 }
 # The page's gradient-harmony numbers (weighted sum -> MARBLE): one transcription.
 PAPER_HARMONY = PUBLISHED_HARMONY
-
-
-def composite_function() -> Callable[[pd.DataFrame], pd.Series] | None:
-    """marble.evaluation.summary.composite_zscore, or None when that module is absent."""
-    # The evaluation engineer owns the composite: one definition for table.md and the report.
-    try:
-        from marble.evaluation.summary import composite_zscore
-    except ImportError:
-        return None
-    return composite_zscore
 
 
 def is_count_metric(metric: str) -> bool:
@@ -56,8 +47,9 @@ def eval_table(summary: pd.DataFrame, composite: Callable | None = None) -> pd.D
     wide = wide.reindex(sorted(wide.columns), axis=1)
     wide.columns.name = None
     table = wide.copy()
-    composite = composite or composite_function()
-    table["composite"] = composite(wide) if composite is not None and len(wide) else np.nan
+    # One definition of the composite for table.md (the eval summary) and the report.
+    composite = composite or composite_zscore
+    table["composite"] = composite(wide) if len(wide) else np.nan
     table.insert(0, "checkpoint", latest.reindex(table.index))
     return table
 
@@ -100,7 +92,7 @@ def _by_step_kind(frame: pd.DataFrame) -> dict[str, float]:
             "applied_anti_aligned_frac_amortized": amortized}
 
 
-def _harmony_row(frame: pd.DataFrame) -> dict[str, float]:
+def harmony_row(frame: pd.DataFrame) -> dict[str, float]:
     applied, ws = _diag_stats(frame, ""), _diag_stats(frame, "_ws")
     row = {"logged_steps": applied["steps"]}
     row.update({f"applied_{k}": v for k, v in applied.items() if k != "steps"})
@@ -110,7 +102,7 @@ def _harmony_row(frame: pd.DataFrame) -> dict[str, float]:
 
 
 def harmony_by_run(runs: list[RunData]) -> pd.DataFrame:
-    rows = [{"run": r.name, "balancer": r.balancer, **_harmony_row(r.metrics)} for r in runs]
+    rows = [{"run": r.name, "balancer": r.balancer, **harmony_row(r.metrics)} for r in runs]
     return pd.DataFrame(rows).set_index("run") if rows else pd.DataFrame()
 
 
@@ -119,7 +111,7 @@ def harmony_by_balancer(runs: list[RunData]) -> pd.DataFrame:
     rows = []
     for balancer in sorted({r.balancer for r in runs}):
         pooled = pd.concat([r.metrics for r in runs if r.balancer == balancer], ignore_index=True)
-        row = {"balancer": balancer, **_harmony_row(pooled)}
+        row = {"balancer": balancer, **harmony_row(pooled)}
         paper = PAPER_HARMONY.get(balancer, {})
         row["published_anti_aligned_frac"] = paper.get("anti_aligned_frac", math.nan)
         row["published_cos_min"] = paper.get("cos_min_mean", math.nan)

@@ -1,0 +1,95 @@
+"""A run folder's identity: which config keys may change on resume, and the refusal when others do.
+
+DIR/config.yaml holds the resolved config of the run that created DIR. Resuming into DIR with
+a config that differs on a key that changes the result would silently mix two experiments,
+so `check_run_dir` refuses it (TrainError, one line naming every differing key with both
+values). The keys in RESULT_NEUTRAL_KEYS change how long or how often, not what is computed.
+Both the CLI (`marble.train`, before any heavy import) and `run_training` (for library
+callers) run the check.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from marble.config import RunConfig, dump_yaml
+
+# Keys that may differ between a run folder's config.yaml and a resumed invocation:
+# they change how long / how often, not what is computed.
+RESULT_NEUTRAL_KEYS = {
+    "preset", "train.max_steps", "train.save_every", "train.log_every", "train.keep_checkpoints",
+    "sampling.eval_num_steps", "data.test", "data.embed_cache",
+    "logging.backends",  # trackers watch a run; a folder from before the key resumes too
+}
+# Keys holding file or folder paths: compared resolved on resume, so `data/x` and its
+# absolute spelling are the same run, not a config change.
+PATH_KEYS = {"model.path", "data.train", "data.test", "data.embed_cache"}
+
+
+class TrainError(RuntimeError):
+    """A user-facing problem (bad folder, mismatched config); one clear line."""
+
+
+def flat_config(d: dict, prefix: str = "") -> dict:
+    """Nested config dict -> {dotted key: value}; a reward's `options` mapping stays one value."""
+    out = {}
+    for key, value in d.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and key != "options":
+            out.update(flat_config(value, path + "."))
+        else:
+            out[path] = value
+    return out
+
+
+def comparable(key: str, value):
+    """A value as resume compares it: path keys resolved against the working folder."""
+    if key in PATH_KEYS and isinstance(value, str) and value and not value.startswith("random:"):
+        return str(Path(value).expanduser().resolve())
+    return value
+
+
+def config_differences(saved: dict, wanted: dict) -> list[str]:
+    """Keys (dotted) whose values differ and that change the result."""
+    a, b = flat_config(saved), flat_config(wanted)
+    keys = sorted(set(a) | set(b))
+    return [k for k in keys if k not in RESULT_NEUTRAL_KEYS
+            and comparable(k, a.get(k, "<absent>")) != comparable(k, b.get(k, "<absent>"))]
+
+
+def check_run_dir(out_dir: Path, cfg: RunConfig) -> None:
+    """Refuse a run folder whose config.yaml disagrees with `cfg` on keys that matter."""
+    saved_path = Path(out_dir) / "config.yaml"
+    if not saved_path.is_file():
+        return
+    try:
+        saved = yaml.safe_load(saved_path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise TrainError(f"{saved_path}: unreadable config ({exc})") from exc
+    # Round-trip through YAML so tuples/lists and floats compare like the saved file.
+    wanted = yaml.safe_load(dump_yaml(cfg))
+    diff = config_differences(saved, wanted)
+    if diff:
+        # Every differing key with both values: the saved run's and the requested one.
+        old, new = flat_config(saved), flat_config(wanted)
+        shown = "; ".join(f"{k}: {old.get(k, '<absent>')!r} in the run folder, "
+                          f"{new.get(k, '<absent>')!r} requested" for k in diff)
+        raise TrainError(
+            f"{saved_path} was written by a different training config; differing keys: "
+            f"{shown}. Use another --output-dir or the same config (only "
+            f"{', '.join(sorted(RESULT_NEUTRAL_KEYS))} may change on resume)."
+        )
+    check_max_steps(out_dir, cfg)
+
+
+def check_max_steps(out_dir: Path, cfg: RunConfig) -> None:
+    """A run folder already past `train.max_steps` is an error, not a silent "done"."""
+    from marble.training.checkpoint import list_checkpoints  # torch: not at the CLI's startup
+
+    steps = [step for step, _ in list_checkpoints(out_dir)]
+    if steps and steps[-1] > cfg.train.max_steps:
+        raise TrainError(
+            f"{out_dir}: its last checkpoint is step {steps[-1]}, past `train.max_steps` = "
+            f"{cfg.train.max_steps}; give max_steps >= {steps[-1]} or another --output-dir")

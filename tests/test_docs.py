@@ -1,0 +1,273 @@
+"""README.md and docs/*.md name only things that exist.
+
+Checked in every document:
+- each path `marble/...` (a file, a folder, or a glob such as `marble/presets/*.yaml`), and
+  each `workflow/...`, `config/...`, `slurm/...`, `tests/...`, `docs/...` path in code;
+- each dotted name `marble.a.b[.attr]`: the module exists, and a trailing attribute is defined
+  (or imported) at module level there, so a renamed constant or function fails here;
+- each `python -m marble...` / `-m marble...`: the module exists and runs under `-m`;
+- each `marble <cmd> [sub] [--flag ...]` in code (inline or fenced): the command is in
+  `marble.cli.COMMANDS`, the subcommand is one of its choices, and each flag is one its
+  `--help` lists.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from pathlib import Path
+
+import pytest
+
+from marble.cli import COMMANDS
+from marble.cli import main as marble_main
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PATH = re.compile(r"(?<![\w/.-])marble/[\w./*-]*")
+DOTTED = re.compile(r"(?<![\w/.-])marble(?:\.\w+)+")
+PYTHON_M = re.compile(r"-m\s+(marble(?:\.\w+)*)")
+PATH_NAME = re.compile(r"(?<![\w/.-])(marble/[\w/]+\.py): ?([A-Za-z_]\w*)")
+CODE_SPAN = re.compile(r"`([^`\n]+)`")
+COMMAND = re.compile(r"(?:^|[\s(|;&])marble\s+([a-z][\w-]*)((?:\s+[^\s`|;&]+)*)")
+
+
+def doc_text(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def code_fragments(text: str) -> list[str]:
+    """Inline code spans and the lines of fenced blocks: where commands are written."""
+    fenced, rest, inside = [], [], False
+    for line in text.splitlines():
+        if line.strip().startswith("```"):
+            inside = not inside
+            continue
+        (fenced if inside else rest).append(line)
+    return fenced + CODE_SPAN.findall("\n".join(rest))
+
+
+def module_file(dotted: str) -> Path | None:
+    base = ROOT.joinpath(*dotted.split("."))
+    for candidate in (base / "__init__.py", base.with_suffix(".py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def module_names(path: Path) -> frozenset[str]:
+    """Names bound at module level: defs, classes, assignments, imports."""
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.If, ast.Try, ast.For)):  # e.g. a registry loop
+            names.update(n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))
+    return frozenset(names)
+
+
+def dotted_problem(dotted: str) -> str | None:
+    """None when `marble.a.b[.attr[.attr2]]` exists, else what is missing."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        path = module_file(".".join(parts[:cut]))
+        if path is None:
+            continue
+        rest = parts[cut:]
+        if rest and rest[0] not in module_names(path):
+            return f"{'.'.join(parts[:cut])} defines no {rest[0]!r}"
+        return None
+    return "no such module"
+
+
+def runs_under_m(dotted: str) -> bool:
+    path = module_file(dotted)
+    if path is None:
+        return False
+    if path.name == "__init__.py":
+        return (path.parent / "__main__.py").is_file()
+    return "__main__" in path.read_text(encoding="utf-8")
+
+
+def all_docs_findings(pattern: re.Pattern, where=doc_text) -> list[tuple[str, str]]:
+    out = []
+    for doc in DOCS:
+        text = where(doc)
+        chunks = text if isinstance(text, list) else [text]
+        for chunk in chunks:
+            out += [(doc.name, m.group(1) if m.groups() else m.group(0)) for m in pattern.finditer(chunk)]
+    return out
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_marble_path_exists(doc):
+    missing = []
+    for match in PATH.finditer(doc_text(doc)):
+        rel = match.group(0).rstrip(".,:;)")
+        if not (list(ROOT.glob(rel)) if "*" in rel else (ROOT / rel).exists()):
+            missing.append(rel)
+    assert not missing, f"{doc.name} names paths that do not exist: {sorted(set(missing))}"
+    # `marble/x.py: name` points at a definition in that file
+    undefined = [f"{rel}: {name}" for rel, name in PATH_NAME.findall(doc_text(doc))
+                 if (ROOT / rel).is_file() and name not in module_names(ROOT / rel)]
+    assert not undefined, f"{doc.name} names definitions that do not exist: {undefined}"
+
+
+REPO_PATH = re.compile(r"`((?:workflow|config|slurm|tests|docs)/[\w./*-]*)`?")
+
+
+@pytest.mark.parametrize("doc", [d for d in DOCS if d.name != "algorithm.md"], ids=lambda p: p.name)
+def test_every_repository_path_exists(doc):
+    """Workflow, config, SLURM, test and doc paths too (algorithm.md also names the reference's
+    own files, `config/nft.py` and the like, so it is left out)."""
+    missing = []
+    for match in REPO_PATH.finditer(doc_text(doc)):
+        rel = match.group(1).rstrip(".,:;)")
+        if not (list(ROOT.glob(rel)) if "*" in rel else (ROOT / rel).exists()):
+            missing.append(rel)
+    assert not missing, f"{doc.name} names paths that do not exist: {sorted(set(missing))}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_dotted_marble_name_exists(doc):
+    bad = {}
+    for match in DOTTED.finditer(doc_text(doc)):
+        problem = dotted_problem(match.group(0))
+        if problem:
+            bad[match.group(0)] = problem
+    assert not bad, f"{doc.name}: {bad}"
+
+
+def test_every_python_m_module_runs():
+    found = all_docs_findings(PYTHON_M)
+    assert found, "the docs name no `python -m marble...`: the pattern is broken"
+    bad = sorted({f"{doc}: {mod}" for doc, mod in found if not runs_under_m(mod)})
+    assert not bad, f"`python -m` of a module that does not run: {bad}"
+
+
+def commands_in_docs() -> dict[tuple[str, ...], set[str]]:
+    """(command, subcommand or '') -> flags named with it anywhere in the docs' code."""
+    out: dict[tuple[str, ...], set[str]] = {}
+    for doc in DOCS:
+        for fragment in code_fragments(doc_text(doc)):
+            for match in COMMAND.finditer(fragment):
+                cmd, tail = match.group(1), match.group(2).split()
+                sub = tail[0] if tail and re.fullmatch(r"[a-z][\w-]*", tail[0]) else ""
+                flags = {re.split(r"[=\[\]]", t)[0] for t in tail if t.startswith("--")}
+                out.setdefault((doc.name, cmd, sub), set()).update(flags)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def help_text(*argv: str) -> str:
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), pytest.raises(SystemExit):
+        marble_main([*argv, "--help"])
+    return buf.getvalue()
+
+
+def subcommands(cmd: str) -> set[str] | None:
+    """A command's subcommand choices from its usage line, None when it has none."""
+    usage = help_text(cmd).split("\n\n")[0]
+    match = re.search(r"\{([\w,-]+)\}", usage)
+    return set(match.group(1).split(",")) if match else None
+
+
+def test_every_marble_command_flag_and_subcommand_exists():
+    found = commands_in_docs()
+    assert any(cmd == "train" for _, cmd, _ in found), "no `marble train` found: the pattern is broken"
+    bad = []
+    for (doc, cmd, sub), flags in sorted(found.items()):
+        if cmd not in COMMANDS:
+            bad.append(f"{doc}: `marble {cmd}` is no command ({sorted(COMMANDS)})")
+            continue
+        choices = subcommands(cmd)
+        if choices is not None and sub and sub not in choices:
+            bad.append(f"{doc}: `marble {cmd} {sub}`: not one of {sorted(choices)}")
+            continue
+        text = help_text(cmd, sub) if choices is not None and sub in choices else help_text(cmd)
+        bad += [f"{doc}: `marble {cmd} {sub}`: no flag {flag}" for flag in sorted(flags)
+                if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text)]
+    assert not bad, "\n".join(bad)
+
+
+def layout_rows(text: str) -> list[tuple[list[str], list[str]]]:
+    """ARCHITECTURE.md's tables: (paths of the first cell, code spans of the last cell) per row."""
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        if len(cells) >= 3:
+            paths = [m.group(0) for m in PATH.finditer(cells[0])]
+            if paths:
+                rows.append((paths, CODE_SPAN.findall(cells[-1])))
+    return rows
+
+
+def names_under(rel: str) -> set[str]:
+    """Module-level names of a module path, or of every module of a package folder."""
+    target = ROOT / rel.rstrip("/")
+    files = sorted(target.rglob("*.py")) if target.is_dir() else [target] if target.is_file() else []
+    return set().union(*(module_names(f) for f in files)) if files else set()
+
+
+def test_architecture_names_only_existing_functions_and_constants():
+    """The public-API column of each layout row names things its module(s) define."""
+    rows = layout_rows(doc_text(ROOT / "docs" / "ARCHITECTURE.md"))
+    assert len(rows) > 10, "the layout table was not found"
+    bad = []
+    for paths, spans in rows:
+        defined = set().union(*(names_under(p) for p in paths))
+        for span in spans:
+            name = re.match(r"([A-Za-z_]\w*)", span)
+            if not name or span.startswith(("marble ", "python ", "torchrun ", "make ", "--")):
+                continue
+            if name.group(1) not in defined:
+                bad.append(f"{paths}: `{span}` ({name.group(1)} is not defined there)")
+    assert not bad, "\n".join(bad)
+
+
+def test_readme_lists_exactly_the_result_neutral_keys():
+    """The keys README says may change on resume are the ones `check_run_dir` lets change."""
+    from marble.training.run_dir import RESULT_NEUTRAL_KEYS
+
+    text = " ".join(doc_text(ROOT / "README.md").split())
+    match = re.search(r"may change on resume:([^.]*(?:\.[\w]+[^.]*)*?)\.(?:\s|$)", text)
+    assert match, "README.md: no list after 'may change on resume:'"
+    listed = {span for span in CODE_SPAN.findall(match.group(1)) if not span.startswith("marble.")}
+    assert listed == RESULT_NEUTRAL_KEYS, (f"README lists {sorted(listed - RESULT_NEUTRAL_KEYS)} too many, "
+                                           f"misses {sorted(RESULT_NEUTRAL_KEYS - listed)}")
+
+
+def test_architecture_names_every_module():
+    """Every module under marble/ has its row (or its folder's) in ARCHITECTURE.md."""
+    text = doc_text(ROOT / "docs" / "ARCHITECTURE.md")
+    named = {m.group(0).rstrip(".,:;)") for m in PATH.finditer(text)}
+    missing = []
+    for path in sorted((ROOT / "marble").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if path.name in ("__init__.py", "__main__.py"):
+            continue  # a package is named by its folder, its `python -m` by the CLI's row
+        if rel not in named:
+            missing.append(rel)
+    assert not missing, f"docs/ARCHITECTURE.md has no row for: {missing}"
+
+
+def test_the_checks_catch_a_false_name(tmp_path):
+    """The checkers themselves: a renamed constant, a missing module, an unknown command."""
+    assert dotted_problem("marble.training.stopping.EXIT_REQUEUE") is None
+    assert dotted_problem("marble.training.stopping.EXIT_REQUEUED") is not None
+    assert dotted_problem("marble.nowhere.thing") is not None
+    assert dotted_problem("marble.nowhere") == "marble defines no 'nowhere'"
+    assert runs_under_m("marble.data") and not runs_under_m("marble.maths")
+    fragments = code_fragments("run `marble train --preset tiny` then\n```\nmarble data assemble --raw-dir x\n```\n")
+    assert [m.group(1) for f in fragments for m in COMMAND.finditer(f)] == ["data", "train"]

@@ -1,0 +1,66 @@
+"""One definition per concept: the copies that used to drift now share one implementation."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from marble import rewards as registry
+from marble.config import RewardSpec
+from marble.data import tiny_prompts
+from marble.rewards import geneval_rules
+from marble.rewards.base import Reward
+from marble.rewards.toy import GENEVAL_COLORS
+from marble.runtime.io import sha256_file
+
+
+def test_one_list_of_geneval_colours():
+    # the tiny prompt generator, the toy colour reward and the GenEval rules name the same colours
+    assert tiny_prompts.COLORS is geneval_rules.COLORS
+    assert tuple(GENEVAL_COLORS) == geneval_rules.COLORS
+    # a hand-checked pair of CSS values: the zip kept names and RGB aligned
+    assert GENEVAL_COLORS["orange"] == (255, 165, 0) and GENEVAL_COLORS["white"] == (255, 255, 255)
+
+
+def test_file_sha256_matches_hashlib_across_chunk_boundaries(tmp_path):
+    payload = bytes(range(256)) * 9000  # 2.3 MB: more than two 1 MiB blocks
+    path = tmp_path / "blob.bin"
+    path.write_bytes(payload)
+    assert sha256_file(path) == hashlib.sha256(payload).hexdigest()
+    assert sha256_file(path, chunk=7) == hashlib.sha256(payload).hexdigest()
+
+
+class DeviceProbe(Reward):
+    """A registry entry with a `device` argument, like the model-based scorers."""
+
+    def __init__(self, device: str = "cpu", scale: float = 1.0, **options):
+        super().__init__(**options)
+        self.device, self.scale = device, scale
+
+    def score(self, images, prompts, metadata):  # never called here
+        raise NotImplementedError
+
+
+def test_build_scorers_gives_the_device_only_where_asked(monkeypatch):
+    monkeypatch.setitem(registry.REGISTRY, "probe", f"{__name__}:DeviceProbe")
+    specs = [RewardSpec(name="probe", applies_to=["ocr"], options={"scale": 2.0}),
+             RewardSpec(name="toy_brightness")]
+    trained = registry.build_scorers(specs, device="cuda:3")  # training: train.reward_device
+    assert trained["probe"].device == "cuda:3" and trained["probe"].scale == 2.0
+    assert trained["probe"].applies("p", {"source": "ocr"})
+    assert not trained["probe"].applies("p", {"source": "pickscore"})  # the applies_to override
+    assert set(trained) == {"probe", "toy_brightness"}
+    evaluated = registry.build_scorers(specs)  # evaluation: each reward's own default device
+    assert evaluated["probe"].device == "cpu"
+    pinned = registry.build_scorers([RewardSpec(name="probe", options={"device": "cpu"})], device="cuda:0")
+    assert pinned["probe"].device == "cpu"  # an explicit option wins
+
+
+def test_build_masks_loads_nothing_and_honours_the_override(monkeypatch):
+    monkeypatch.setitem(registry.REGISTRY, "probe", f"{__name__}:DeviceProbe")
+    masks = registry.build_masks([RewardSpec(name="probe", applies_to=["geneval"])])
+    assert not hasattr(masks["probe"], "device")  # the constructor (weights) never ran
+    assert masks["probe"].applies("p", {"source": "geneval"})
+    with pytest.raises(KeyError, match="unknown reward"):
+        registry.build_masks([RewardSpec(name="nope")])

@@ -1,0 +1,25 @@
+"""A run folder refuses a resumed config that differs on a key that changes the result."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from marble.config import dump_yaml, load_config
+from marble.training.run_dir import RESULT_NEUTRAL_KEYS, TrainError, check_run_dir
+
+
+def test_neutral_keys_may_change_others_are_named_with_both_values(tmp_path):
+    saved = yaml.safe_load(dump_yaml(load_config("tiny")))
+    saved["train"]["max_steps"] += 5  # neutral: resuming for longer
+    saved["logging"]["backends"] = ["tensorboard"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved), encoding="utf-8")
+    check_run_dir(tmp_path, load_config("tiny"))  # no error
+    saved["train"]["lr"] = 123.0
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved), encoding="utf-8")
+    with pytest.raises(TrainError) as err:
+        check_run_dir(tmp_path, load_config("tiny"))
+    message = str(err.value)
+    assert "train.lr: 123.0 in the run folder" in message and "train.max_steps:" not in message
+    # the message names exactly the keys that may change (README lists the same set)
+    assert all(key in message for key in RESULT_NEUTRAL_KEYS)
