@@ -22,7 +22,8 @@ from marble.assets.verify import HashCache, problem
 MANIFEST = Path(__file__).with_name("manifest.yaml")
 GROUPS = ("model", "rewards", "datasets")
 GROUP_KEYS = {"dir", "files", "hub"}
-FILE_KEYS = {"path", "url", "size", "sha256", "git_blob", "sha256_prefix", "auth", "page"}
+FILE_KEYS = {"path", "url", "size", "sha256", "git_blob", "sha256_prefix", "unpinned_reason", "auth",
+             "page"}
 HUB_KEYS = {"repo", "revision", "gated", "page", "into", "files"}
 HUB_FILE_KEYS = {"path", "size", "sha256"}
 
@@ -50,6 +51,9 @@ class Entry:
     gated: bool = False
     git_blob: str | None = None  # the file's git blob id in the pinned commit (pins size too)
     sha256_prefix: str | None = None  # all that is published for some checkpoints (openmmlab's)
+    # Why no digest is recorded yet (a file no one could hash here): said, never silent; the
+    # download prints the sha256 it got, to be recorded here.
+    unpinned_reason: str | None = None
 
     @property
     def pinned(self) -> bool:
@@ -95,7 +99,8 @@ def load_manifest(path: str | Path = MANIFEST) -> list[Entry]:
             _keys(f"{path}: groups.{group}.files[{i}]", f, FILE_KEYS, ("path", "url"))
             entries.append(Entry(group, f["path"], f["url"], f.get("size"), f.get("sha256"),
                                  f.get("auth"), f.get("page"), git_blob=f.get("git_blob"),
-                                 sha256_prefix=f.get("sha256_prefix")))
+                                 sha256_prefix=f.get("sha256_prefix"),
+                                 unpinned_reason=f.get("unpinned_reason")))
         for i, hub in enumerate(spec.get("hub") or []):
             entries.extend(_hub_entries(path, group, i, hub))
     return entries
