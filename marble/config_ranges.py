@@ -14,10 +14,11 @@ POSITIVE_KEYS = (
     "model.lora_rank", "model.max_sequence_length", "sampling.num_steps", "sampling.resolution",
     "sampling.images_per_prompt", "sampling.batch_size", "sampling.num_batches_per_epoch",
     "sampling.eval_num_steps", "train.batch_size", "train.max_steps", "train.save_every",
-    "train.keep_checkpoints", "train.log_every", "train.lr", "train.adam_eps", "train.nft_beta",
+    "train.log_every", "train.lr", "train.adam_eps", "train.nft_beta",
     "train.adv_clip", "train.max_grad_norm", "balancer.amortize_every",
 )
-NON_NEGATIVE_KEYS = ("model.lora_alpha", "sampling.guidance_scale", "train.kl_beta", "train.weight_decay",
+# keep_checkpoints 0 keeps every checkpoint (marble.training.checkpoint.prune_checkpoints).
+NON_NEGATIVE_KEYS = ("train.keep_checkpoints", "model.lora_alpha", "sampling.guidance_scale", "train.kl_beta", "train.weight_decay",
                      "balancer.warmup_steps", "balancer.grad_eps")
 UNIT_INTERVAL_KEYS = ("train.ema_decay", "train.old_decay_cap")  # [0, 1]
 

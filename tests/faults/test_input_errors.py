@@ -22,11 +22,17 @@ from marble.runtime.oserrors import describe_write_failure
     ("sampling.resolution=0", "sampling.resolution"), ("train.lr=nan", "train.lr"),
     ("train.max_steps=-5", "train.max_steps"), ("sampling.batch_size=0", "sampling.batch_size"),
     ("train.adam_betas=[0.9, .inf]", "train.adam_betas[1]"), ("train.ema_decay=2", "train.ema_decay"),
+    ("train.keep_checkpoints=-1", "train.keep_checkpoints"),
 ])
 def test_out_of_range_values_name_their_key(override, key):
     with pytest.raises(ConfigError) as err:
         load_config("tiny", overrides=[override])
     assert f"`{key}`" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_keep_checkpoints_zero_keeps_every_checkpoint_and_is_accepted():
+    """0 is a documented value (keep all: prune_checkpoints does nothing), not out of range."""
+    assert load_config("tiny", overrides=["train.keep_checkpoints=0"]).train.keep_checkpoints == 0
 
 
 def test_marble_train_reports_a_bad_value_in_one_line(capsys):
