@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from marble.config import ConfigError, RunConfig, load_config
+from marble.runtime.oserrors import describe_write_failure
 from marble.training import run_lock
 from marble.training.run_dir import TrainError, check_run_dir
 
@@ -97,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         except (ConfigError, TrainError, run_lock.RunLockError) as exc:
             print(f"marble train: error: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
+        except OSError as exc:  # the lock is the first write: a read-only or full run folder
+            print(f"marble train: error: {describe_write_failure(exc, args.output_dir) or exc}",
+                  file=sys.stderr)
+            raise SystemExit(2) from None
         try:
             summary = _train(args, cfg, stop)
         finally:
@@ -116,7 +121,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(args: argparse.Namespace, cfg: RunConfig, stop) -> dict:
-    from marble.runtime.oserrors import describe_write_failure
     from marble.training.checkpoint import CheckpointError
     from marble.training.trainer import (
         run_training,  # heavy imports only once the config is sound
