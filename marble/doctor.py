@@ -75,8 +75,8 @@ def reward_rows(config: dict) -> list[Check]:
         if name == "ocr":
             rows.append(_ocr_engine_row(options))
         if name == "unifiedreward":
-            rows.append(_unifiedreward_row(options))
-        if name == "geneval":
+            rows.append(_unifiedreward_row(options, checks.managed_judge(config)))
+        if name == "geneval" and checks.required_modules(name, options):
             rows.append(_mmcv_row())
     return rows
 
@@ -84,7 +84,7 @@ def reward_rows(config: dict) -> list[Check]:
 def _reward_row(name: str, options: dict) -> Check:
     from marble import rewards
 
-    missing = [m for m in checks.REWARD_MODULES.get(name, ()) if not importlib.util.find_spec(m)]
+    missing = [m for m in checks.required_modules(name, options) if not importlib.util.find_spec(m)]
     extra = checks.REWARD_EXTRAS.get(name, "")
     if missing:
         return Check(f"reward {name}", FAIL, f"missing module(s) {', '.join(missing)}",
@@ -122,9 +122,11 @@ def _ocr_engine_row(options: dict) -> Check:
     return Check("ocr engine", OK, detail)
 
 
-def _unifiedreward_row(options: dict) -> Check:
+def _unifiedreward_row(options: dict, managed: str | None = None) -> Check:
     from marble.rewards.unifiedreward import BASE_URL_ENV, DEFAULT_BASE_URL
 
+    if managed:  # marble.rewards.service starts it beside each evaluation that scores it
+        return Check("unifiedreward server", OK, f"started by the workflow per job: {managed}"[:200])
     base = options.get("base_url") or os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL
     answer = checks.http_get(base.rstrip("/") + "/models")
     if answer is None:

@@ -102,3 +102,14 @@ def test_slurm_settings_are_checked_against_sinfo_and_sacctmgr(tmp_path, monkeyp
 def test_a_missing_config_file_is_one_line(tmp_path, bad):
     with pytest.raises(SystemExit, match=f"config file .*{bad} does not exist"):
         doctor.load_workflow_config([bad], tmp_path)
+
+
+def test_stand_in_detector_and_managed_judge_need_no_mmdet_or_running_server():
+    """paper-mini's GenEval uses `detector: stub` and its judge is started per job by the
+    workflow: the preflight must not demand mmdet/mmcv or a server already listening."""
+    from marble.workflow import doctor_checks as checks
+
+    assert checks.required_modules("geneval", {"detector": "stub"}) == ()
+    assert "mmdet" in checks.required_modules("geneval", {})
+    assert checks.managed_judge({"eval": {"unifiedreward": {"server": "sglang {port}"}}}) == "sglang {port}"
+    assert checks.managed_judge({"eval": {}}) is None

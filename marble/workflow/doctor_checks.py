@@ -49,6 +49,20 @@ def merge(dst: dict, src: dict) -> dict:
     return dst
 
 
+def required_modules(name: str, options: dict) -> tuple[str, ...]:
+    """The modules a configured scorer imports: GenEval's stand-in detector (`detector: stub`,
+    the CPU harnesses) needs no mmdet/mmcv."""
+    if name == "geneval" and options.get("detector") == "stub":
+        return ()
+    return REWARD_MODULES.get(name, ())
+
+
+def managed_judge(config: dict) -> str | None:
+    """The command the workflow starts the UnifiedReward judge with (eval.unifiedreward.server),
+    or None when the client must find a running server itself."""
+    return ((config.get("eval") or {}).get("unifiedreward") or {}).get("server")
+
+
 def configured_rewards(config: dict) -> dict[str, dict]:
     """{reward: options} over every run's preset and every evaluated dataset."""
     from marble.evaluation.prompts import DEFAULT_REWARDS
