@@ -151,7 +151,7 @@ def _inject_overflow(monkeypatch, at_step: int) -> None:
     import dataclasses
     import functools
 
-    from marble.training import microstep, trainer
+    from marble.training import microstep
 
     real = microstep.build_micro_step
 
@@ -163,7 +163,7 @@ def _inject_overflow(monkeypatch, at_step: int) -> None:
         return real(transformer, batch, train_cfg, params, autocast, scale=scale,
                     global_step=global_step, micro_index=micro_index, grad_scaler=grad_scaler)
 
-    monkeypatch.setattr(trainer, "build_micro_step", build)  # where the trainer calls it
+    monkeypatch.setattr(microstep, "build_micro_step", build)  # where run_micro_step calls it
 
 
 def test_fp16_gradscaler_skips_overflow_and_resumes_bitwise(monkeypatch, tiny_model_dir,
@@ -287,16 +287,16 @@ def test_rollout_decodes_under_the_runs_autocast(monkeypatch, tiny_model_dir, ta
                                                  tmp_path):
     """As the reference's pipeline call: the rollout's VAE decode runs inside the run's
     autocast (fp16 here), not in fp32 outside it."""
-    import marble.models.encode as encode
+    import marble.training.rollout as rollout
 
-    seen, decode = [], encode.decode_latents
+    seen, decode = [], rollout.decode_latents
 
     def spy(pipe, latents):
         seen.append(torch.is_autocast_enabled("cpu") and
                     torch.get_autocast_dtype("cpu") == torch.float16)
         return decode(pipe, latents)
 
-    monkeypatch.setattr(encode, "decode_latents", spy)
+    monkeypatch.setattr(rollout, "decode_latents", spy)  # where the rollout calls it
     argv = small_args(tiny_model_dir, table_path, tmp_path / "run", "weighted_sum")
     argv[argv.index("tiny")] = "tiny_fp16"
     assert train_main(argv + ["--max-steps", "1"]) == 0
