@@ -190,7 +190,9 @@ class Balancer:
         combined, alpha, failed, norms, valid = combine(grads, gram, self.cfg.grad_eps)
         self.solver_fallbacks += int(failed)  # reference: uniform alpha on solver failure
         metrics = self._reward_metrics([float(x) for x in norms], values[:k])
-        used = [float(a) * v.double() for a, v in zip(alpha, values[:k]) if a > 0]  # float64 as before
+        # float64 as before; a reward with no sample on this rank has a NaN float value (no pass)
+        used = [float(a) * (v.double() if torch.is_tensor(v) else float(v))
+                for a, v in zip(alpha, values[:k]) if a > 0]
         metrics["loss/policy"] = sum(used) if used else float("nan")
         metrics["loss/kl"] = values[k]
         metrics.update({f"alpha/{n}": float(a) for n, a in zip(self.reward_names, alpha)})
