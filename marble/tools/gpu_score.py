@@ -251,12 +251,15 @@ def score_phase(table: Path, work: Path, tiny: bool, out: Path | None = None) ->
     from marble.runtime.io import write_text
     from marble.runtime.precision import enable_tf32
 
-    device = "cpu" if tiny else "cuda"
+    from marble.rewards import reward_device
+
+    # `train.reward_device` / `--reward_device cuda` on rank 0; the tiny check stays on the CPU.
+    device = "cpu" if tiny else reward_device("cuda", local_rank=0)
     enable_tf32(torch.device(device), True)  # as training (model.allow_tf32) and evaluation set it
-    images = paper_batch(tiny)
+    images, cuda = paper_batch(tiny), torch.device(device).type == "cuda"
     result: dict = {"batch": list(images.shape), "device": device, "autocast": None,
-                    "tf32": bool(torch.backends.cuda.matmul.allow_tf32) if device == "cuda" else None,
-                    "memory_kind": "torch.cuda max_memory_allocated/reserved" if device == "cuda" else None,
+                    "tf32": bool(torch.backends.cuda.matmul.allow_tf32) if cuda else None,
+                    "memory_kind": "torch.cuda max_memory_allocated/reserved" if cuda else None,
                     "scorers": {}}
     work.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="score-replicas-", dir=work) as tmp:
@@ -271,7 +274,7 @@ def score_phase(table: Path, work: Path, tiny: bool, out: Path | None = None) ->
             entry["write_s"] = reps.write_s.get(name, 0.0)
             result["scorers"][name] = entry
             gc.collect()
-            if device == "cuda":
+            if cuda:
                 torch.cuda.empty_cache()  # each scorer's peak on its own
             if out is not None:  # after each scorer: a timeout keeps the finished ones
                 write_text(out, json.dumps(result, indent=2) + "\n")
