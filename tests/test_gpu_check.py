@@ -103,3 +103,21 @@ def test_compare_checkpoints_names_the_differing_file(tmp_path):
     assert out["files"] == {"adapters.safetensors": 0.0, "lora/weights.safetensors": 0.5,
                             "state.pt": 0.0}
     assert not out["bitwise_equal"]
+
+
+def test_score_phase_skips_a_scorer_whose_stack_does_not_import(tmp_path, monkeypatch):
+    """Without an ONNX OCR engine (the bare GPU machine, no wheels carried) OCR is skipped,
+    naming both engines and their import errors; nothing is written for it."""
+    import pytest
+
+    from marble.tools import gpu_score
+
+    missing = {"rapidocr_onnxruntime", "rapidocr", "open_clip", "mmdet"}
+    monkeypatch.setattr(gpu_score, "importable",
+                        lambda m: f"ModuleNotFoundError: No module named {m!r}" if m in missing else None)
+    reps = gpu_score.Replicas(tmp_path, tiny=False, device="cpu")
+    for name, stack in OPTIONAL_STACK.items():
+        with pytest.raises(gpu_score.Skipped, match=stack) as info:
+            reps.options(name)
+        assert "No module named" in str(info.value), name
+    assert "rapidocr_onnxruntime" in str(info.value) and not any(tmp_path.iterdir())
