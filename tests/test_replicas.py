@@ -36,3 +36,31 @@ def test_clip_replica_tokenizes_words(tmp_path):
     a, b = (tok(p).input_ids for p in ["a red dog", "a bed dog"])  # one letter apart
     assert len(a) == len(b) and a != b
     assert tok.unk_token_id not in a[1:-1] + b[1:-1]
+
+
+def test_real_clip_sizes_have_the_published_parameter_counts():
+    """The gpu check's real-size replicas (CLIP_ARCHS) are the hub models' architectures: counted
+    on the meta device (no memory), against openai/clip-vit-large-patch14 and
+    laion/CLIP-ViT-H-14-laion2B-s32B-b79K's parameter counts."""
+    import torch
+    from transformers import CLIPModel
+
+    from marble.tools.dev.replicas import clip_config
+
+    with torch.device("meta"):
+        counts = {size: sum(p.numel() for p in CLIPModel(clip_config(size, 514)).parameters())
+                  for size in ("ViT-L-14", "ViT-H-14")}
+    assert counts == {"ViT-L-14": 427_616_513, "ViT-H-14": 986_109_441}
+
+
+def test_real_hps_size_is_open_clips_vit_h14():
+    """HPSv2.1's real-size replica is drawn for open_clip's own ViT-H-14 config (the reward's default arch)."""
+    import pytest
+
+    open_clip = pytest.importorskip("open_clip", reason="needs open_clip (make test-clip env)")
+    from marble.tools.dev.replicas import OPEN_CLIP_VIT_H14
+
+    real = open_clip.get_model_config("ViT-H-14")
+    for tower in ("vision_cfg", "text_cfg"):
+        assert {k: real[tower][k] for k in OPEN_CLIP_VIT_H14[tower]} == OPEN_CLIP_VIT_H14[tower], tower
+    assert real["embed_dim"] == OPEN_CLIP_VIT_H14["embed_dim"]

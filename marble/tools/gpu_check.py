@@ -20,6 +20,12 @@ error and the others still run:
   SD3 VAE) with the embedding cache vs encoding.
 - profile: device syncs (`torch.cuda.set_sync_debug_mode`) of an amortized micro-step and
   a full solve, and the GPU-busy fraction from the profiler (`marble.tools.gpu_profile`).
+- score: each paper reward's real scorer class (pickscore, clipscore, hpsv2, ocr, geneval,
+  imagereward, aesthetic) built from random-init replicas at the REAL architecture in the
+  real file formats, scoring one rollout batch (9 x 512 px) on the GPU as training does:
+  build / warm score time, allocated and reserved peaks, dtype, engine, NaN count; those
+  whose stack does not import (open_clip, mmdet, an ONNX OCR engine) are skipped with the
+  reason (`marble.tools.gpu_score`).
 - train_resume: a 3-step run of the `rho_07` code path (full solve at step 0, amortized
   after; fp16 + GradScaler over fp32 base weights) on a random-init SD3.5 Medium with toy
   rewards, then its resume from step 2, compared with the straight run on EVERY file of
@@ -41,9 +47,13 @@ import time
 from pathlib import Path
 
 TOY_REWARDS = ["toy_brightness", "toy_saturation", "toy_text_contrast", "toy_color_match"]
-# Seconds per phase; they add up to the 8-minute budget (a test checks the sum).
-PHASE_TIMEOUTS = {"env": 15, "bench_fp32_base": 95, "bench_fp16_base": 80, "rollout": 60,
-                  "profile": 50, "train": 120, "resume": 60}
+# Seconds per phase; they add up to the 8-minute budget (a test checks the sum). The score
+# phase's 80 s (an estimate: ~11 GB of replicas written and loaded, open_clip's and BLIP's CPU
+# inits in the real loaders) came from the phases with the most slack by reading: the two
+# benches (3 rows x 3 micro-steps on a model built on the GPU: -25, -20), train (-20) and
+# resume (-10, one step), profile (-5). Re-split them from the first GPU run's wall_s.
+PHASE_TIMEOUTS = {"env": 15, "bench_fp32_base": 70, "bench_fp16_base": 60, "rollout": 60,
+                  "profile": 45, "score": 80, "train": 100, "resume": 50}
 BUDGET_S = 480
 BENCH_ROWS = "weighted_sum,marble,mgda"
 # Modules the phases import beyond torch: missing ones are named in the env phase.
@@ -135,6 +145,21 @@ def _profile_phase(tiny: bool) -> dict:
         return profile_micro_steps(cfg, "cpu", model_path="random:tiny")
     cfg = load_config("bench_sd35m", overrides=["model.mixed_precision=fp16"])
     return profile_micro_steps(cfg, "cuda")
+
+
+def score(work: Path, tiny: bool, timeout: float) -> dict:
+    """The score phase (marble.tools.gpu_score) in its own process; on a timeout or crash,
+    the scorers it finished (it rewrites its JSON after each) are kept beside the error."""
+    path = work / "score.json"
+    prompt_table(work)  # built here: the phase's process reads it
+    try:
+        _run("marble.tools.gpu_check", ["--phase", "score", "--out", str(path), "--work", str(work)]
+             + (["--tiny"] if tiny else []), tiny, timeout=timeout)
+    except Exception as exc:
+        if path.is_file():
+            exc.partial = json.loads(path.read_text())
+        raise
+    return json.loads(path.read_text())
 
 
 def prompt_table(work: Path) -> Path:
@@ -271,6 +296,8 @@ def _phase(result: dict, name: str, fn) -> None:
         status = "ok"
     except Exception as exc:  # a failed phase must not hide the others' figures
         status = f"{type(exc).__name__}: {str(exc)[-2000:]}"
+        if getattr(exc, "partial", None) is not None:  # what the phase finished (score)
+            result[name] = exc.partial
     result["phases"][name] = {"status": status, "wall_s": time.perf_counter() - start}
 
 
@@ -292,6 +319,7 @@ def gpu_check(tiny: bool = False, work: str | None = None, repeats: int = 2) -> 
             _phase(result, name, lambda b=base, n=name: bench(root, tiny, repeats, b, t[n]))
         _phase(result, "rollout", lambda: rollout(root, tiny, t["rollout"]))
         _phase(result, "profile", lambda: profile(root, tiny, t["profile"]))
+        _phase(result, "score", lambda: score(root, tiny, t["score"]))
         _phase(result, "train_resume", lambda: train_and_resume(root, tiny))
     finally:
         if tmp is not None:
@@ -311,10 +339,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     p.add_argument("--work", default=None, help="keep runs here (default: a temp folder)")
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--phase", choices=["profile"], default=None, help=argparse.SUPPRESS)
+    p.add_argument("--phase", choices=["profile", "score"], default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.phase == "profile":  # the profile phase's own process
         result = _profile_phase(args.tiny)
+    elif args.phase == "score":  # the score phase's own process (writes --out as it goes)
+        from marble.tools.gpu_score import score_phase
+
+        work = Path(args.work)
+        result = score_phase(prompt_table(work), work, args.tiny, args.out)
     else:
         result = gpu_check(args.tiny, args.work, args.repeats)
     text = json.dumps(result, indent=2, default=float)

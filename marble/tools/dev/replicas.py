@@ -3,7 +3,10 @@
 Every writer is deterministic given its seed and takes well under a second (the SD3
 pipeline a few seconds); widths are tiny. The layout follows the real repositories
 (file names and formats), not transformers' current save format, so the loaders are
-exercised on what a download really contains.
+exercised on what a download really contains. The reward writers also take `size` (an
+architecture: "tiny", or the real model's dims, e.g. "ViT-H-14") and `device` (where the
+random init runs: a 1 B-parameter init on the CPU takes many seconds): the gpu check's
+`score` phase (marble/tools/gpu_score.py) writes the scorers at their real size with them.
 """
 
 from __future__ import annotations
@@ -20,6 +23,23 @@ CLIP_IMAGE = 32
 HPS_WIDTH, HPS_EMBED, HPS_LAYERS = 32, 16, 2
 OPEN_CLIP_VOCAB, OPEN_CLIP_CONTEXT = 49408, 77  # open_clip's SimpleTokenizer
 BERT_HIDDEN = 32
+
+# transformers CLIPConfig dims by architecture: the tiny replica's, and the hub configs' of
+# openai/clip-vit-large-patch14 (CLIPScore, Aesthetic, GenEval's colours) and
+# laion/CLIP-ViT-H-14-laion2B-s32B-b79K (= yuvalkirstain/PickScore_v1's).
+_TINY_TOWER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
+CLIP_ARCHS = {
+    "tiny": {"text": _TINY_TOWER, "vision": {**_TINY_TOWER, "image_size": CLIP_IMAGE, "patch_size": 8},
+             "projection_dim": CLIP_PROJECTION, "vocab_size": None, "hidden_act": None},
+    "ViT-L-14": {"text": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12),
+                 "vision": dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
+                                image_size=224, patch_size=14),
+                 "projection_dim": 768, "vocab_size": 49408, "hidden_act": "quick_gelu"},
+    "ViT-H-14": {"text": dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16),
+                 "vision": dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=16,
+                                image_size=224, patch_size=14),
+                 "projection_dim": 1024, "vocab_size": 49408, "hidden_act": "gelu"},
+}
 
 # GenEval's evaluation/object_names.txt: COCO's 80 classes as GenEval's prompts name them.
 GENEVAL_OBJECTS = (
@@ -116,10 +136,24 @@ def _byte_chars() -> list[str]:
     return [chr(c) for c in chars]
 
 
-def clip_repo(folder: Path, seed: int = 0) -> None:
+def _init_on(device: str, seed: int):
+    """The random init's RNG context: seeded, on `device` (its CPU or CUDA state restored after)."""
+    import contextlib
+
+    dev = torch.device(device)
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.random.fork_rng(devices=[] if dev.type == "cpu" else [dev.index or 0]))
+    torch.manual_seed(seed)
+    stack.enter_context(dev)
+    return stack
+
+
+def clip_repo(folder: Path, seed: int = 0, size: str = "tiny", device: str = "cpu") -> None:
     """CLIPModel + processor as on the hub: config.json, model.safetensors, preprocessor_config.json,
-    vocab.json, merges.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json."""
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPTokenizer
+    vocab.json, merges.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json.
+    `size`: a CLIP_ARCHS key (the tokenizer stays character-level: the real BPE merges are a
+    download; its ids index the real-size embedding, prompts get one token a character)."""
+    from transformers import CLIPImageProcessor, CLIPModel, CLIPTokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
     chars = _byte_chars()
@@ -129,18 +163,24 @@ def clip_repo(folder: Path, seed: int = 0) -> None:
     tokenizer = CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"), model_max_length=77)
     tokenizer.save_pretrained(folder)
     _json(folder / "special_tokens_map.json", tokenizer.special_tokens_map)
-    image = CLIPImageProcessor(size={"shortest_edge": CLIP_IMAGE}, crop_size={"height": CLIP_IMAGE, "width": CLIP_IMAGE})
+    side = CLIP_ARCHS[size]["vision"]["image_size"]
+    image = CLIPImageProcessor(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
     image.to_json_file(folder / "preprocessor_config.json")
-    config = CLIPConfig(
-        text_config=dict(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, max_position_embeddings=77, bos_token_id=len(vocab) - 2,
-                         eos_token_id=len(vocab) - 1, pad_token_id=len(vocab) - 1),
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                           image_size=CLIP_IMAGE, patch_size=8),
-        projection_dim=CLIP_PROJECTION)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        CLIPModel(config).save_pretrained(folder)
+    with _init_on(device, seed):
+        CLIPModel(clip_config(size, len(vocab))).save_pretrained(folder)
+
+
+def clip_config(size: str, tokenizer_len: int):
+    """The CLIPConfig of a CLIP_ARCHS entry; bos / eos / pad are the replica tokenizer's last ids."""
+    from transformers import CLIPConfig
+
+    arch = CLIP_ARCHS[size]
+    act = {"hidden_act": arch["hidden_act"]} if arch["hidden_act"] else {}
+    special = dict(bos_token_id=tokenizer_len - 2, eos_token_id=tokenizer_len - 1, pad_token_id=tokenizer_len - 1)
+    return CLIPConfig(
+        text_config=dict(vocab_size=arch["vocab_size"] or tokenizer_len, **arch["text"], max_position_embeddings=77,
+                         **special, **act),
+        vision_config=dict(**arch["vision"], **act), projection_dim=arch["projection_dim"])
 
 
 BERT_WORDS = ("[PAD] [UNK] [CLS] [SEP] [MASK] a an the of on in and with photo picture image dog cat red blue "
@@ -177,46 +217,70 @@ def _mlp_head(input_dim: int, seed: int) -> dict[str, torch.Tensor]:
         return AestheticMLP(input_dim).state_dict()
 
 
-def aesthetic_head(path: Path, seed: int = 0) -> None:
-    """The LAION head's plain state dict (layers.{0,2,4,6,7}), on the tiny CLIP's embedding width."""
-    torch.save(_mlp_head(CLIP_PROJECTION, seed), path)
+def aesthetic_head(path: Path, seed: int = 0, size: str = "tiny") -> None:
+    """The LAION head's plain state dict (layers.{0,2,4,6,7}), on the `size` CLIP's embedding width."""
+    torch.save(_mlp_head(CLIP_ARCHS[size]["projection_dim"], seed), path)
+
+
+def _fill(value: float, n: int, device) -> torch.Tensor:
+    return torch.full((n,), float(value), device=device)
 
 
 def _resblocks(prefix: str, width: int, layers: int, g: torch.Generator) -> dict[str, torch.Tensor]:
     """open_clip ResidualAttentionBlock parameters (nn.MultiheadAttention + c_fc/c_proj MLP)."""
     def rnd(*shape):
-        return torch.randn(*shape, generator=g) * 0.02
+        return torch.randn(*shape, generator=g, device=g.device) * 0.02
+
+    def const(fill, n):
+        return _fill(fill, n, g.device)
 
     sd = {}
     for i in range(layers):
         b = f"{prefix}.resblocks.{i}."
-        sd.update({b + "ln_1.weight": torch.ones(width), b + "ln_1.bias": torch.zeros(width),
-                   b + "attn.in_proj_weight": rnd(3 * width, width), b + "attn.in_proj_bias": torch.zeros(3 * width),
-                   b + "attn.out_proj.weight": rnd(width, width), b + "attn.out_proj.bias": torch.zeros(width),
-                   b + "ln_2.weight": torch.ones(width), b + "ln_2.bias": torch.zeros(width),
-                   b + "mlp.c_fc.weight": rnd(4 * width, width), b + "mlp.c_fc.bias": torch.zeros(4 * width),
-                   b + "mlp.c_proj.weight": rnd(width, 4 * width), b + "mlp.c_proj.bias": torch.zeros(width)})
+        sd.update({b + "ln_1.weight": const(1, width), b + "ln_1.bias": const(0, width),
+                   b + "attn.in_proj_weight": rnd(3 * width, width), b + "attn.in_proj_bias": const(0, 3 * width),
+                   b + "attn.out_proj.weight": rnd(width, width), b + "attn.out_proj.bias": const(0, width),
+                   b + "ln_2.weight": const(1, width), b + "ln_2.bias": const(0, width),
+                   b + "mlp.c_fc.weight": rnd(4 * width, width), b + "mlp.c_fc.bias": const(0, 4 * width),
+                   b + "mlp.c_proj.weight": rnd(width, 4 * width), b + "mlp.c_proj.bias": const(0, width)})
     return sd
 
 
-def hps_state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
-    """An open_clip CLIP state dict for `hps_config()` (the keys HPS_v2.1_compressed.pt holds)."""
-    g = torch.Generator().manual_seed(seed)
-    w, e, patches = HPS_WIDTH, HPS_EMBED, (CLIP_IMAGE // 8) ** 2 + 1
-    sd = {"positional_embedding": torch.randn(OPEN_CLIP_CONTEXT, w, generator=g) * 0.01,
-          "text_projection": torch.randn(w, e, generator=g) * w**-0.5,
-          "logit_scale": torch.tensor(4.6052),
-          "token_embedding.weight": torch.randn(OPEN_CLIP_VOCAB, w, generator=g) * 0.02,
-          "ln_final.weight": torch.ones(w), "ln_final.bias": torch.zeros(w),
-          "visual.class_embedding": torch.randn(w, generator=g) * w**-0.5,
-          "visual.positional_embedding": torch.randn(patches, w, generator=g) * w**-0.5,
-          "visual.proj": torch.randn(w, e, generator=g) * w**-0.5,
-          "visual.conv1.weight": torch.randn(w, 3, 8, 8, generator=g) * 0.02,
-          "visual.ln_pre.weight": torch.ones(w), "visual.ln_pre.bias": torch.zeros(w),
-          "visual.ln_post.weight": torch.ones(w), "visual.ln_post.bias": torch.zeros(w)}
-    sd.update(_resblocks("transformer", w, HPS_LAYERS, g))
-    sd.update(_resblocks("visual.transformer", w, HPS_LAYERS, g))
-    return sd
+# open_clip's own ViT-H-14 config (model_configs/ViT-H-14.json): HPSv2.1's architecture.
+OPEN_CLIP_VIT_H14 = {"embed_dim": 1024,
+                     "vision_cfg": {"image_size": 224, "layers": 32, "width": 1280, "head_width": 80, "patch_size": 14},
+                     "text_cfg": {"context_length": OPEN_CLIP_CONTEXT, "vocab_size": OPEN_CLIP_VOCAB, "width": 1024,
+                                  "heads": 16, "layers": 24}}
+
+
+def hps_state_dict(seed: int = 0, config: dict | None = None, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """An open_clip CLIP state dict for `config` (default `hps_config()`; the keys
+    HPS_v2.1_compressed.pt holds), drawn on `device` and returned on the CPU."""
+    cfg = config or hps_config()
+    vis, txt, e = cfg["vision_cfg"], cfg["text_cfg"], cfg["embed_dim"]
+    vw, tw, patch = vis["width"], txt["width"], vis["patch_size"]
+    g = torch.Generator(device).manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, device=device)
+
+    def const(fill, n):
+        return _fill(fill, n, device)
+
+    sd = {"positional_embedding": randn(txt["context_length"], tw) * 0.01,
+          "text_projection": randn(tw, e) * tw**-0.5,
+          "logit_scale": torch.tensor(4.6052, device=device),
+          "token_embedding.weight": randn(txt["vocab_size"], tw) * 0.02,
+          "ln_final.weight": const(1, tw), "ln_final.bias": const(0, tw),
+          "visual.class_embedding": randn(vw) * vw**-0.5,
+          "visual.positional_embedding": randn((vis["image_size"] // patch) ** 2 + 1, vw) * vw**-0.5,
+          "visual.proj": randn(vw, e) * vw**-0.5,
+          "visual.conv1.weight": randn(vw, 3, patch, patch) * 0.02,
+          "visual.ln_pre.weight": const(1, vw), "visual.ln_pre.bias": const(0, vw),
+          "visual.ln_post.weight": const(1, vw), "visual.ln_post.bias": const(0, vw)}
+    sd.update(_resblocks("transformer", tw, txt["layers"], g))
+    sd.update(_resblocks("visual.transformer", vw, vis["layers"], g))
+    return {k: v.cpu() for k, v in sd.items()}
 
 
 def hps_config() -> dict:
@@ -232,33 +296,47 @@ def write_hps_config(path: Path) -> None:
     _json(path, hps_config())
 
 
-def hps_repo(folder: Path, seed: int = 0) -> None:
+def hps_repo(folder: Path, seed: int = 0, size: str = "tiny", device: str = "cpu") -> None:
+    """HPS_v2.1_compressed.pt; `size` "ViT-H-14" is open_clip's built-in architecture of that name."""
     folder.mkdir(parents=True, exist_ok=True)
-    torch.save({"state_dict": hps_state_dict(seed)}, folder / "HPS_v2.1_compressed.pt")  # as hpsv2 saves it
+    config = {"tiny": None, "ViT-H-14": OPEN_CLIP_VIT_H14}[size]
+    torch.save({"state_dict": hps_state_dict(seed, config, device)}, folder / "HPS_v2.1_compressed.pt")  # as hpsv2 saves it
 
 
-def med_config() -> dict:
-    """BLIP's med_config.json (a BertConfig plus `encoder_width`, cross-attention on), tiny."""
+# BLIP's timm ViT (width, depth, patch, image side) and the BERT-MED text encoder of
+# ImageReward: the one-block tiny replica's, and the real ViT-L/16 at 224 + bert-base.
+IR_ARCHS = {
+    "tiny": {"vision": dict(width=64, depth=1, patch=16, image=CLIP_IMAGE),  # one 64-dim head, as BLIP's
+             "text": dict(hidden_size=BERT_HIDDEN, intermediate_size=64, num_attention_heads=2, num_hidden_layers=2,
+                          vocab_size=len(bert_vocab()) + 2),
+             "init": 0.2},
+    "ViT-L-16": {"vision": dict(width=1024, depth=24, patch=16, image=224),
+                 "text": dict(hidden_size=768, intermediate_size=3072, num_attention_heads=12, num_hidden_layers=12,
+                              vocab_size=30524),  # bert-base-uncased's 30522 + BLIP's [DEC], [ENC]
+                 "init": 0.02},  # BERT's initializer_range: 0.2 overflows nothing, but saturates 24 layers
+}
+
+
+def med_config(size: str = "tiny") -> dict:
+    """BLIP's med_config.json (a BertConfig plus `encoder_width`, cross-attention on) of `size`."""
+    arch = IR_ARCHS[size]
     return {"architectures": ["BertModel"], "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu",
-            "hidden_dropout_prob": 0.1, "hidden_size": BERT_HIDDEN, "initializer_range": 0.02,
-            "intermediate_size": 64, "layer_norm_eps": 1e-12, "max_position_embeddings": 512,
-            "model_type": "bert", "num_attention_heads": 2, "num_hidden_layers": 2, "pad_token_id": 0,
-            "type_vocab_size": 2, "vocab_size": len(bert_vocab()) + 2, "encoder_width": IR_VISION_WIDTH,
-            "add_cross_attention": True}
+            "hidden_dropout_prob": 0.1, "initializer_range": 0.02, "layer_norm_eps": 1e-12,
+            "max_position_embeddings": 512, "model_type": "bert", "pad_token_id": 0, "type_vocab_size": 2,
+            **arch["text"], "encoder_width": arch["vision"]["width"], "add_cross_attention": True}
 
 
-IR_VISION_WIDTH, IR_PATCH = 64, 16  # one 64-dim head, as BLIP's ViTs; 2x2 patches at CLIP_IMAGE
-
-
-def imagereward_state(cfg: dict, seed: int = 0) -> dict[str, torch.Tensor]:
+def imagereward_state(cfg: dict, seed: int = 0, size: str = "tiny", device: str = "cpu") -> dict[str, torch.Tensor]:
     """ImageReward.pt's keys (image-reward's module names: BLIP's timm ViT under
     `blip.visual_encoder.`, BERT-MED with cross-attention under `blip.text_encoder.`, the
-    `mlp.layers.*` head), random, shaped by `cfg` (med_config) and a one-block tiny ViT."""
-    g = torch.Generator().manual_seed(seed)
-    vw, hid, inter = IR_VISION_WIDTH, cfg["hidden_size"], cfg["intermediate_size"]
+    `mlp.layers.*` head), random (drawn on `device`, returned on the CPU), shaped by `cfg`
+    (med_config) and the `size` ViT of IR_ARCHS."""
+    g = torch.Generator(device).manual_seed(seed)
+    vis, init = IR_ARCHS[size]["vision"], IR_ARCHS[size]["init"]
+    vw, hid, inter = vis["width"], cfg["hidden_size"], cfg["intermediate_size"]
 
-    def r(*shape, scale=0.2):
-        return torch.randn(*shape, generator=g) * scale
+    def r(*shape, scale=init):
+        return torch.randn(*shape, generator=g, device=device) * scale
 
     def norm(prefix, dim):
         return {f"{prefix}.weight": 1 + r(dim, scale=0.05), f"{prefix}.bias": r(dim, scale=0.05)}
@@ -267,16 +345,17 @@ def imagereward_state(cfg: dict, seed: int = 0) -> dict[str, torch.Tensor]:
         return {f"{prefix}.weight": r(n_out, n_in), f"{prefix}.bias": r(n_out, scale=0.05)}
 
     v, t = "blip.visual_encoder", "blip.text_encoder"
-    s = {f"{v}.cls_token": r(1, 1, vw), f"{v}.pos_embed": r(1, (CLIP_IMAGE // IR_PATCH) ** 2 + 1, vw),
-         f"{v}.patch_embed.proj.weight": r(vw, 3, IR_PATCH, IR_PATCH, scale=0.02),
-         f"{v}.patch_embed.proj.bias": r(vw, scale=0.05), **norm(f"{v}.norm", vw),
-         **norm(f"{v}.blocks.0.norm1", vw), **linear(f"{v}.blocks.0.attn.qkv", 3 * vw, vw),
-         **linear(f"{v}.blocks.0.attn.proj", vw, vw), **norm(f"{v}.blocks.0.norm2", vw),
-         **linear(f"{v}.blocks.0.mlp.fc1", 4 * vw, vw), **linear(f"{v}.blocks.0.mlp.fc2", vw, 4 * vw),
-         f"{t}.embeddings.word_embeddings.weight": r(cfg["vocab_size"], hid),
-         f"{t}.embeddings.position_embeddings.weight": r(cfg["max_position_embeddings"], hid),
-         f"{t}.embeddings.position_ids": torch.arange(cfg["max_position_embeddings"])[None],
-         **norm(f"{t}.embeddings.LayerNorm", hid)}
+    s = {f"{v}.cls_token": r(1, 1, vw), f"{v}.pos_embed": r(1, (vis["image"] // vis["patch"]) ** 2 + 1, vw),
+         f"{v}.patch_embed.proj.weight": r(vw, 3, vis["patch"], vis["patch"], scale=0.02),
+         f"{v}.patch_embed.proj.bias": r(vw, scale=0.05), **norm(f"{v}.norm", vw)}
+    for i in range(vis["depth"]):
+        b = f"{v}.blocks.{i}"
+        s |= {**norm(f"{b}.norm1", vw), **linear(f"{b}.attn.qkv", 3 * vw, vw), **linear(f"{b}.attn.proj", vw, vw),
+              **norm(f"{b}.norm2", vw), **linear(f"{b}.mlp.fc1", 4 * vw, vw), **linear(f"{b}.mlp.fc2", vw, 4 * vw)}
+    s |= {f"{t}.embeddings.word_embeddings.weight": r(cfg["vocab_size"], hid),
+          f"{t}.embeddings.position_embeddings.weight": r(cfg["max_position_embeddings"], hid),
+          f"{t}.embeddings.position_ids": torch.arange(cfg["max_position_embeddings"], device=device)[None],
+          **norm(f"{t}.embeddings.LayerNorm", hid)}
     for i in range(cfg["num_hidden_layers"]):
         b = f"{t}.encoder.layer.{i}"
         for kind, kv_in in (("attention", hid), ("crossattention", vw)):
@@ -288,16 +367,16 @@ def imagereward_state(cfg: dict, seed: int = 0) -> dict[str, torch.Tensor]:
     s |= {**linear("blip.vision_proj", 16, vw), **linear("blip.text_proj", 16, hid)}  # saved, unused by the score
     for idx, (n_out, n_in) in zip((0, 2, 4, 6, 7), ((1024, hid), (128, 1024), (64, 128), (16, 64), (1, 16))):
         s |= linear(f"mlp.layers.{idx}", n_out, n_in)
-    return s
+    return {k: x.cpu() for k, x in s.items()}
 
 
-def imagereward_repo(folder: Path, seed: int = 0) -> None:
+def imagereward_repo(folder: Path, seed: int = 0, size: str = "tiny", device: str = "cpu") -> None:
     """med_config.json + ImageReward.pt (a plain state dict in image-reward's names, the whole
     model: ViT, BERT-MED with cross-attention, head), read by marble/rewards/blip.py."""
     folder.mkdir(parents=True, exist_ok=True)
-    cfg = med_config()
+    cfg = med_config(size)
     _json(folder / "med_config.json", cfg)
-    torch.save(imagereward_state(cfg, seed), folder / "ImageReward.pt")
+    torch.save(imagereward_state(cfg, seed, size, device), folder / "ImageReward.pt")
 
 
 def detector_ckpt(path: Path, seed: int = 0) -> None:
