@@ -142,3 +142,24 @@ def test_table1_puts_rows_from_several_settings_folders_beside_the_paper(tmp_pat
     page = {name: TABLE1[name][TABLE1_COLUMNS.index("Composite")] for name in TABLE1}
     for name, value in frame[("published", "Composite")].items():
         assert value == pytest.approx(page[name], abs=0.006), name
+
+
+def test_report_shows_every_table1_row_from_the_table1_csv(tmp_path):
+    """The report's lead section shows the merged Table 1 (the table1 rule's csv, written from
+    every settings folder): a public row evaluated outside the default folder appears too."""
+    from marble.tools.report import main as report_main
+
+    eval_root = tmp_path / "eval"
+    _scores(eval_root / "n4-default/rho_07/checkpoint-000002/ocr", {"ocr": 0.3})
+    _scores(eval_root / "n4-generic/sdxl/base/ocr", {"ocr": 0.7})
+    assert table1.main(["--eval-dir", str(eval_root / "n4-default"), "--eval-dir", str(eval_root / "n4-generic"),
+                        "--published", str(PUBLISHED), "--out-dir", str(tmp_path / "t1")]) == 0
+    (tmp_path / "runs").mkdir()
+    assert report_main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "report"),
+                        "--table1", str(tmp_path / "t1/table1.csv")]) == 0
+    text = (tmp_path / "report/report.md").read_text()
+    block = text.split("Table 1, every row", 1)[1].split("\n\n")[1]  # the table after the caption
+    rows = {line.split("|")[1].strip(): line for line in block.splitlines() if line.startswith("| ")}
+    assert len(rows) == 1 + 11  # the header and every published row
+    assert "| 0.70 / 0.14 |" in rows["SD-XL"] and "| 0.30 / 0.96 |" in rows["+ MARBLE"]  # OCR
+    assert rows["FLUX.1-Dev"].count("– /") >= 5  # configured, not evaluated
