@@ -254,3 +254,10 @@ def test_a_nulled_row_is_dropped_not_evaluated_as_a_folder_named_none():
     evaluation.check_protocol_names(cfg, {"sd35m", "lora", "sdxl_row"}, dropped={"flowgrpo_ocr"})
     with pytest.raises(ValueError, match=r"eval.protocols: \['flowgrpo_ocr'\]"):
         evaluation.check_protocol_names(cfg, {"sd35m", "lora", "sdxl_row"})
+
+
+def test_table1_waits_for_the_published_rows_only(tmp_path):
+    published = tmp_path / "published.yaml"
+    published.write_text('rows:\n  "SD-XL": {run: sdxl}\n  "+ MARBLE": {run: rho_07}\n')
+    assert evaluation.published_runs(str(published)) == {"sdxl", "rho_07"}
+    assert evaluation.published_runs(None) == set()

@@ -180,6 +180,18 @@ def eval_targets(eval_cfg: dict, keys, default_model_dir: str) -> list[str]:
     return out
 
 
+def published_runs(published: str | None) -> set[str]:
+    """The run / eval.checkpoints names the rows of an eval.published file name (`run:`), so
+    Table 1 waits for its own rows' evaluations only (not the rho ablation's, say). The rows'
+    full validation is marble.tools.report.published.load_published's, run by the table1 job."""
+    if not published:
+        return set()
+    import yaml
+
+    rows = (yaml.safe_load(open(published, encoding="utf-8")) or {}).get("rows") or {}
+    return {str(row["run"]) for row in rows.values() if isinstance(row, dict) and "run" in row}
+
+
 def eval_dirs(targets: list[str]) -> list[str]:
     """The settings folders holding `targets` (results/eval/<settings>), sorted, distinct."""
     return sorted({"/".join(t.split("/")[:3]) for t in targets})

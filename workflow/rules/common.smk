@@ -220,6 +220,12 @@ def summary_inputs(wildcards):
     return eval_outputs(summary_keys())
 
 
+def table1_inputs(wildcards):
+    """The evaluations of the rows eval.published names (Table 1 trains nothing else)."""
+    rows = wf_eval.published_runs(EVAL["published"])
+    return eval_outputs({key for key in summary_keys() if key[0] in rows})
+
+
 def summary_dirs():
     """--eval-dir arguments of the summary: every settings folder the evaluations land in."""
     dirs = wf_eval.eval_dirs(eval_outputs(summary_keys())) or [EVAL_DIR]
