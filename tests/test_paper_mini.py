@@ -202,3 +202,14 @@ def test_eval_rank_check_reads_only_this_invocations_run_info(tmp_path):
     problems = check_eval_ranks(2, tmp_path, since=1500.0)
     assert problems == [f"{tmp_path.as_posix()}/paper-settings/rho_07/checkpoint-000002/geneval: "
                         "world_size 1, expected 2 (eval.processes)"]
+
+
+def test_harness_downloads_the_replicas_before_the_preflight():
+    """The preflight's disk estimate guesses the paper's sizes (~150 GB) for files not yet on
+    disk and refused a 70 GB-free machine; the harness downloads the mirror's tiny files first."""
+    from marble.tools.dev.paper_mini import snakemake_commands
+
+    first, second = snakemake_commands(list(PAPER_MINI), 2, ["all"])
+    assert first == ["snakemake", "--configfile", *PAPER_MINI, "-c2", "data/models/sd35m", "data/reward_ckpts",
+                     "data/raw"]
+    assert second == ["snakemake", "--configfile", *PAPER_MINI, "-c2", "all"]
