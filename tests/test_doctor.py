@@ -37,6 +37,12 @@ def test_paper_config_fails_naming_each_missing_piece(tmp_path, capsys, monkeypa
     monkeypatch.setenv("MARBLE_UNIFIEDREWARD_URL", "http://127.0.0.1:9/v1")  # closed port
     monkeypatch.setenv("PATH", str(tmp_path))  # no sinfo here
     root = _root(tmp_path, "config/paper.yaml")
+    # config/paper.yaml's judge is started by the workflow (eval.unifiedreward.server); without
+    # one, the client needs a running server, which is checked (and down here).
+    config = yaml.safe_load((root / "config.yaml").read_text())
+    assert config["eval"]["unifiedreward"]["server"]
+    config["eval"]["unifiedreward"] = {"server": None}
+    (root / "config.yaml").write_text(yaml.safe_dump(config))
     seen: list = []
     real = doctor.run_checks
 

@@ -214,3 +214,43 @@ def test_hps_replica_loads_through_the_hpsv2_reward(mirror_dir, tmp_path):
     reward = HPSv2(ckpt_dir=str(mirror_dir / "hub/xswu/HPSv2"), arch=HPS_ARCH,
                    model_config=str(mirror_dir / f"{HPS_ARCH}.json"))
     assert torch.isfinite(reward(torch.rand(2, 3, 32, 32), ["a cat", "a dog"])).all()
+
+
+def test_table1_public_rows_are_served_at_the_commits_paper_yaml_pins(mirror_dir, served, hub_env, tmp_path):
+    """The public rows paper-mini evaluates (SD-XL, FLUX.1-Dev, SD3.5-L, the FlowGRPO PickScore
+    LoRA) come through the workflow's own fetch (`python -m marble.assets.hub REF --out DIR
+    --require-commit [--pipeline]`) at config/paper.yaml's commits, and load as evaluation does."""
+    import json
+
+    import torch
+
+    from marble.assets.hub import main as hub_main
+    from marble.models.loading import load_pipeline, load_text_to_image
+    from marble.models.lora import adapters_disabled, load_lora_into_pipeline
+    from marble.tools.dev.mirror import pinned_public_rows
+
+    pins = pinned_public_rows()
+    served_repos = json.loads((mirror_dir / "mirror.json").read_text())["repos"]
+    assert {repo: served_repos[repo]["revision"] for repo in pins} == pins
+    assert len(pins) == 4 and "jieliu/SD3.5M-FlowGRPO-GenEval" not in served_repos  # PIN-A-COMMIT
+    hub_env.setenv("HF_TOKEN", "hf_mirror")  # SD3.5-L and FLUX.1-Dev are gated, on the mirror too
+    kinds = {"stabilityai/stable-diffusion-xl-base-1.0": "StableDiffusionXLPipeline",
+             "black-forest-labs/FLUX.1-dev": "FluxPipeline",
+             "stabilityai/stable-diffusion-3.5-large": "StableDiffusion3Pipeline"}
+    for repo, kind in kinds.items():
+        out = tmp_path / repo.replace("/", "--")
+        assert hub_main([f"hf:{repo}@{pins[repo]}", "--out", str(out), "--require-commit", "--pipeline"]) == 0
+        assert type(load_text_to_image(str(out))).__name__ == kind
+    lora = tmp_path / "lora"
+    repo = "jieliu/SD3.5M-FlowGRPO-PickScore"
+    assert hub_main([f"hf:{repo}@{pins[repo]}", "--out", str(lora), "--require-commit"]) == 0
+    assert sorted(p.name for p in lora.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    pipe = load_lora_into_pipeline(load_pipeline(str(mirror_dir / "hub/stabilityai/stable-diffusion-3.5-medium")), lora)
+
+    def latents():
+        return pipe(prompt=["a red car"], num_inference_steps=2, height=32, width=32, output_type="latent",
+                    generator=torch.Generator().manual_seed(0)).images
+
+    with_lora = latents()
+    with adapters_disabled(pipe.transformer):
+        assert not torch.allclose(with_lora, latents())  # the LoRA changes the images

@@ -21,7 +21,11 @@ def test_paper_mini_shrinks_sizes_only():
     paper = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
     mini = yaml.safe_load((ROOT / ".test/paper-mini.yaml").read_text())
     assert set(mini["runs"]) == set(paper["runs"])
+    # Only the rho ablation's other four trainings are dropped (proven by a dry run instead).
+    assert sorted(n for n, run in mini["runs"].items() if run is None) == ["rho_01", "rho_03", "rho_05", "rho_09"]
     for name, run in mini["runs"].items():
+        if run is None:
+            continue
         assert run["preset"] == paper["runs"][name]["preset"]
         assert all(s.startswith(SIZE_KEYS) for s in run["set"]), run["set"]
         full, small = load_config(run["preset"]), load_config(run["preset"], overrides=run["set"])
@@ -33,6 +37,32 @@ def test_paper_mini_shrinks_sizes_only():
     assert "mode" not in mini
     assert set(mini.get("dataset", {})) <= {"embed_device", "embed_dtype", "embed_resources"}
     assert mini["eval"].get("datasets", paper["eval"]["datasets"]) == ["geneval", "ocr", "pickscore", "drawbench"]
+
+
+def test_paper_mini_evaluates_one_row_of_each_pipeline_kind_shrunk():
+    """Every public Table 1 row whose commit is pinned is evaluated (one dataset, 64 px, 4
+    steps, the paper's guidance/precision/model); only rows without a commit are dropped."""
+    from marble.workflow import evaluation
+
+    paper = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
+    merged = _merge(paper, yaml.safe_load((ROOT / ".test/paper-mini.yaml").read_text()))
+    rows = merged["eval"]["checkpoints"]
+    unpinned = sorted(n for n, s in paper["eval"]["checkpoints"].items() if s.endswith("@PIN-A-COMMIT"))
+    assert sorted(n for n, s in rows.items() if s is None) == unpinned
+    kept = [n for n, s in rows.items() if s is not None]
+    assert sorted(kept) == ["flowgrpo_pickscore", "flux_dev", "sd35l", "sd35m", "sd35m_cfg", "sdxl"]
+    covered = set()
+    for name in kept:
+        row, full = evaluation.row_protocol(merged["eval"], name), evaluation.row_protocol(paper["eval"], name)
+        assert (row["resolution"], row["num_inference_steps"], len(row["datasets"])) == (64, 4, 1), name
+        assert {k: row[k] for k in ("guidance_scale", "mixed_precision", "model", "model_type")} == \
+            {k: full[k] for k in ("guidance_scale", "mixed_precision", "model", "model_type")}, name
+        covered |= set(row["datasets"])
+    assert covered == {"geneval", "ocr", "pickscore", "drawbench"}
+    kinds = {(evaluation.row_protocol(merged["eval"], n)["model_type"], rows[n].startswith("hf:"),
+              evaluation.row_protocol(merged["eval"], n)["guidance_scale"] > 1) for n in kept}
+    # SD3 base without and with CFG, SD3 + hub LoRA, generic pipelines
+    assert {("sd3", False, False), ("sd3", False, True), ("sd3", True, True), ("generic", False, True)} <= kinds
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -130,8 +160,11 @@ def test_paper_mini_evaluates_with_two_torchrun_ranks(paper_mini_plan):
     multi-GPU evaluation), like training; before the key every job ran one process."""
     _, commands, out = paper_mini_plan
     evals = [c for c in commands if "--dataset" in c and "--output_dir" in c]
-    runs = yaml.safe_load((ROOT / ".test/paper-mini.yaml").read_text())["runs"]
-    assert len(evals) == len(runs) * 4, out[-2000:]  # every run (7 with the rho ablation) x 4 datasets
+    runs = [n for n, r in yaml.safe_load((ROOT / ".test/paper-mini.yaml").read_text())["runs"].items() if r]
+    # the 3 trained runs x 4 datasets + 6 public rows x 1 dataset
+    assert len(runs) == 3 and len(evals) == len(runs) * 4 + 6, out[-2000:]
+    assert sum("--lora_hf_path data/loras/flowgrpo_pickscore" in c for c in evals) == 1
+    assert sum("--model_type generic" in c for c in evals) == 3
     launch = "torchrun --standalone --nnodes 1 --nproc_per_node 2 -m marble.evaluate"
     assert all(launch in c for c in evals), evals[0]
 
@@ -169,3 +202,14 @@ def test_eval_rank_check_reads_only_this_invocations_run_info(tmp_path):
     problems = check_eval_ranks(2, tmp_path, since=1500.0)
     assert problems == [f"{tmp_path.as_posix()}/paper-settings/rho_07/checkpoint-000002/geneval: "
                         "world_size 1, expected 2 (eval.processes)"]
+
+
+def test_harness_downloads_the_replicas_before_the_preflight():
+    """The preflight's disk estimate guesses the paper's sizes (~150 GB) for files not yet on
+    disk and refused a 70 GB-free machine; the harness downloads the mirror's tiny files first."""
+    from marble.tools.dev.paper_mini import snakemake_commands
+
+    first, second = snakemake_commands(list(PAPER_MINI), 2, ["all"])
+    assert first == ["snakemake", "--configfile", *PAPER_MINI, "-c2", "data/models/sd35m", "data/reward_ckpts",
+                     "data/raw"]
+    assert second == ["snakemake", "--configfile", *PAPER_MINI, "-c2", "all"]

@@ -1,4 +1,5 @@
-"""Table 1: the 11 rows of config/table1.yaml, each under its own protocol, in one table."""
+"""Table 1: the 11 rows of config/paper.yaml (and config/table1.yaml, Table 1 only), each
+under its own protocol, in one table."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from marble.tools.report.published import TABLE1, TABLE1_COLUMNS, load_published
 from marble.workflow import evaluation
 
 CONFIG = yaml.safe_load((ROOT / "config/table1.yaml").read_text())
+PAPER = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
 PUBLISHED = ROOT / "config/paper_published.yaml"
 
 
@@ -22,11 +24,16 @@ def test_every_published_row_names_a_configured_row():
     assert set(rows) == set(TABLE1)  # all 11
     known = set(CONFIG["runs"]) | set(CONFIG["eval"]["checkpoints"])
     assert {r["run"] for r in rows.values()} == known
+    # The paper config holds every row too: its runs include Table 1's two trained ones.
+    assert known <= set(PAPER["runs"]) | set(PAPER["eval"]["checkpoints"])
 
 
-def test_paper_eval_is_table1_without_training():
+def test_paper_eval_and_table1_share_the_paper_eval_section():
+    """One eval section (protocols, rows, judge, published) in the three paper configs, so
+    their results land in the same folders and one Table 1 holds every row."""
     eval_only = yaml.safe_load((ROOT / "config/paper-eval.yaml").read_text())
-    assert eval_only["eval"] == CONFIG["eval"] and eval_only["runs"] == {}
+    assert eval_only["eval"] == CONFIG["eval"] == PAPER["eval"] and eval_only["runs"] == {}
+    assert CONFIG["runs"] == {name: PAPER["runs"][name] for name in ("weighted_sum", "rho_07")}
 
 
 def test_every_workflow_config_has_the_params_dvc_reads():
@@ -48,32 +55,59 @@ def test_row_protocols_of_the_table1_config():
     keys = [(r, "x") for r in [*CONFIG["runs"], *ev["checkpoints"]]]
     targets = evaluation.eval_targets(ev, keys, CONFIG["model_dir"])
     assert len(targets) == 11 * 4
-    # sd35m, weighted_sum, marble and the multi-reward LoRA share the default folder; the
+    # sd35m, weighted_sum, rho_07 and the multi-reward LoRA share the default folder; the
     # four CFG 4.5 rows share one; each base model has its own.
     assert len(evaluation.eval_dirs(targets)) == 5
 
 
-def test_dry_run_plans_the_eleven_rows_and_trains_only_ours(tmp_path):
-    work = copy_workflow(tmp_path / "repo", config="config/table1.yaml")
-    out = snakemake(["-n", "-p", "-c1", "all"], work).stdout
-    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", out, flags=re.MULTILINE))
-    assert counts["evaluate_ckpt"] == "44" and counts["train_run"] == "2"
-    assert counts["fetch_hub_lora"] == "4" and counts["fetch_hub_model"] == "4"  # 3 bases + judge
-    assert counts["table1"] == "1"
+@pytest.fixture(scope="module")
+def workflow_copy(tmp_path_factory):
+    return copy_workflow(tmp_path_factory.mktemp("table1") / "repo", config="config/table1.yaml")
+
+
+def _dry_run(work, target, configfile):
+    out = snakemake(["-n", "-p", "-c1", target, "--configfile", configfile], work).stdout
+    counts = {rule: int(n) for rule, n in re.findall(r"^(\w+)\s+(\d+)$", out, flags=re.MULTILINE)}
+    return out, counts
+
+
+# config/table1.yaml: 11 rows x 4 datasets = 44 evaluations, 2 trainings. config/paper.yaml:
+# the same 9 public rows plus 7 runs (the 2 of Table 1, the rho ablation's 4 others,
+# equal_alpha) = 16 rows x 4 = 64 evaluations, 7 trainings; the public rows train nothing.
+@pytest.mark.parametrize("configfile, evaluations, trainings", [
+    ("config/table1.yaml", 44, ["rho_07", "weighted_sum"]),
+    ("config/paper.yaml", 64, ["equal_alpha", "rho_01", "rho_03", "rho_05", "rho_07", "rho_09", "weighted_sum"]),
+])
+def test_dry_run_plans_the_eleven_rows_and_trains_only_runs(workflow_copy, configfile, evaluations, trainings):
+    config = yaml.safe_load((ROOT / configfile).read_text())
+    out, counts = _dry_run(workflow_copy, "all", configfile)
+    assert counts["evaluate_ckpt"] == evaluations and counts["train_run"] == len(trainings)
+    assert counts["fetch_hub_lora"] == 4 and counts["fetch_hub_model"] == 4  # 3 bases + judge
+    assert counts["table1"] == 1
     evals = [line for line in out.splitlines() if "marble evaluate" in line]
     by_row = {}
     for line in evals:
         row = re.search(r"--output_dir results/eval/[^/]+/([^/]+)/", line).group(1)
         by_row.setdefault(row, []).append(line)
-    assert sorted(by_row) == sorted([*CONFIG["runs"], *CONFIG["eval"]["checkpoints"]])
+    assert sorted(by_row) == sorted([*config["runs"], *config["eval"]["checkpoints"]])
     assert all(len(v) == 4 for v in by_row.values())
     assert all("--guidance_scale 4.5" in x for x in by_row["flowgrpo_ocr"] + by_row["sd35m_cfg"])
-    assert all("--guidance_scale 1.0" in x for x in by_row["marble"] + by_row["sd35m"])
+    assert all("--guidance_scale 1.0" in x for x in by_row["rho_07"] + by_row["sd35m"])
     assert all("--model_type generic" in x and "--resolution 1024" in x for x in by_row["flux_dev"])
     judged = [x for x in evals if "marble.rewards.service" in x]
-    assert len(judged) == 11 and all("--dataset drawbench" in x for x in judged)
+    assert len(judged) == evaluations // 4 and all("--dataset drawbench" in x for x in judged)
     trains = re.findall(r"--preset (\S+) --output-dir results/runs/(\S+) ", out)
-    assert sorted(trains) == [("rho_07", "marble"), ("weighted_sum", "weighted_sum")]
+    assert sorted(trains) == [(name, name) for name in trainings]  # each run is its preset
+
+
+def test_rho_ablation_dry_run_plans_the_five_rho_runs(workflow_copy):
+    """The rho ablation target of the paper config (paper-mini trains only its rho_07 row:
+    the other four differ by balancer.alpha_ema alone, unit-tested in test_rho_tiny.py)."""
+    out, counts = _dry_run(workflow_copy, "rho_ablation", "config/paper.yaml")
+    rho = ["rho_01", "rho_03", "rho_05", "rho_07", "rho_09"]
+    assert sorted(re.findall(r"--preset (\S+) --output-dir results/runs/\S+ ", out)) == rho
+    assert counts["train_run"] == 5 and counts["evaluate_ckpt"] == 5 * 4 and counts["rho_ablation"] == 1
+    assert "fetch_hub_lora" not in counts  # no public row in this table
 
 
 def _scores(folder, values):
@@ -108,3 +142,24 @@ def test_table1_puts_rows_from_several_settings_folders_beside_the_paper(tmp_pat
     page = {name: TABLE1[name][TABLE1_COLUMNS.index("Composite")] for name in TABLE1}
     for name, value in frame[("published", "Composite")].items():
         assert value == pytest.approx(page[name], abs=0.006), name
+
+
+def test_report_shows_every_table1_row_from_the_table1_csv(tmp_path):
+    """The report's lead section shows the merged Table 1 (the table1 rule's csv, written from
+    every settings folder): a public row evaluated outside the default folder appears too."""
+    from marble.tools.report import main as report_main
+
+    eval_root = tmp_path / "eval"
+    _scores(eval_root / "n4-default/rho_07/checkpoint-000002/ocr", {"ocr": 0.3})
+    _scores(eval_root / "n4-generic/sdxl/base/ocr", {"ocr": 0.7})
+    assert table1.main(["--eval-dir", str(eval_root / "n4-default"), "--eval-dir", str(eval_root / "n4-generic"),
+                        "--published", str(PUBLISHED), "--out-dir", str(tmp_path / "t1")]) == 0
+    (tmp_path / "runs").mkdir()
+    assert report_main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "report"),
+                        "--table1", str(tmp_path / "t1/table1.csv")]) == 0
+    text = (tmp_path / "report/report.md").read_text()
+    block = text.split("Table 1, every row", 1)[1].split("\n\n")[1]  # the table after the caption
+    rows = {line.split("|")[1].strip(): line for line in block.splitlines() if line.startswith("| ")}
+    assert len(rows) == 1 + 11  # the header and every published row
+    assert "| 0.70 / 0.14 |" in rows["SD-XL"] and "| 0.30 / 0.96 |" in rows["+ MARBLE"]  # OCR
+    assert rows["FLUX.1-Dev"].count("– /") >= 5  # configured, not evaluated

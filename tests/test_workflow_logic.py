@@ -235,3 +235,29 @@ def test_doctor_args_follow_the_configfiles():
     assert runs.doctor_args([]) == ""
     assert shlex.split(runs.doctor_args(["config/paper.yaml", "my site.yaml"])) == [
         "--configfile", "config/paper.yaml", "my site.yaml"]
+
+
+def test_a_nulled_row_is_dropped_not_evaluated_as_a_folder_named_none():
+    """An overlay cannot delete a key (Snakemake merges --configfile dicts), so
+    `eval.checkpoints.<row>: null` / `runs.<name>: null` drop a row."""
+    entries = {"sd35m": "base", "flowgrpo_ocr": None, "lora": "hf:o/r@" + "a" * 40}
+    assert checkpoints.named_checkpoints(entries) == {("sd35m", "base"): "base",
+                                                      ("lora", "hub-" + "a" * 40): "hf:o/r@" + "a" * 40}
+    assert checkpoints.hub_loras(entries) == {"lora": ("o/r", "a" * 40)}
+    assert runs.configured({"rho_07": {"preset": "rho_07"}, "rho_01": None}) == {"rho_07": {"preset": "rho_07"}}
+    assert runs.configured(None) == {}
+    cfg = {"checkpoints": entries, "protocols": {
+        "flowgrpo_ocr": {"guidance_scale": 4.5, "model": "hf:x/gone@" + "b" * 40},
+        "sdxl_row": {"model": "hf:x/sdxl@" + "c" * 40, "model_type": "generic"}}}
+    # A nulled row's base model is not fetched; its protocol (in the base config) is no typo.
+    assert set(evaluation.hub_models(cfg)) == {"x--sdxl-cccccccccccc"}
+    evaluation.check_protocol_names(cfg, {"sd35m", "lora", "sdxl_row"}, dropped={"flowgrpo_ocr"})
+    with pytest.raises(ValueError, match=r"eval.protocols: \['flowgrpo_ocr'\]"):
+        evaluation.check_protocol_names(cfg, {"sd35m", "lora", "sdxl_row"})
+
+
+def test_table1_waits_for_the_published_rows_only(tmp_path):
+    published = tmp_path / "published.yaml"
+    published.write_text('rows:\n  "SD-XL": {run: sdxl}\n  "+ MARBLE": {run: rho_07}\n')
+    assert evaluation.published_runs(str(published)) == {"sdxl", "rho_07"}
+    assert evaluation.published_runs(None) == set()

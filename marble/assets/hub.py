@@ -246,7 +246,8 @@ def pipeline_snapshot(repo_id: str, revision: str | None, out: str | os.PathLike
 
 
     try:
-        index = hf_hub_download(repo_id, "model_index.json", revision=revision, token=os.environ.get("HF_TOKEN"))
+        index = hf_hub_download(repo_id, "model_index.json", revision=revision, token=os.environ.get("HF_TOKEN"),
+                                endpoint=endpoint())
     except (HfHubHTTPError, OSError) as err:
         raise DownloadError(f"{repo_id}@{revision}: model_index.json: {err}") from None
     allow = pipeline_patterns(json.loads(Path(index).read_text(encoding="utf-8")))
@@ -281,8 +282,9 @@ def snapshot(repo_id: str, revision: str | None, out: str | os.PathLike | None =
     for attempt in range(retries + 1):
         try:
             kwargs = {"local_dir": str(staging)} if staging is not None else {}
+            # endpoint read now (huggingface_hub reads HF_ENDPOINT once, at import), as fetch_repo does
             folder = Path(snapshot_download(repo_id, revision=revision, token=token, allow_patterns=allow_patterns,
-                                            ignore_patterns=ignore_patterns, **kwargs))
+                                            ignore_patterns=ignore_patterns, endpoint=endpoint(), **kwargs))
             break
         except GatedRepoError:
             raise AccessDenied(gated_message(repo_id, None)) from None

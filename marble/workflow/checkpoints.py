@@ -50,13 +50,16 @@ def checkpoint_label(source: str) -> str:
 
 
 def named_checkpoints(entries: dict) -> dict:
-    """{(name, label): source} from eval.checkpoints."""
-    return {(name, checkpoint_label(str(source))): str(source) for name, source in entries.items()}
+    """{(name, label): source} from eval.checkpoints; a null entry is a row an overlay
+    dropped (not evaluated with this config), not a folder named `None`."""
+    return {(name, checkpoint_label(str(source))): str(source)
+            for name, source in entries.items() if source is not None}
 
 
 def hub_loras(entries: dict) -> dict:
-    """{name: (repo, revision)} of the hub LoRAs in eval.checkpoints."""
-    return {name: hub_source(str(s)) for name, s in entries.items() if hub_source(str(s))}
+    """{name: (repo, revision)} of the hub LoRAs in eval.checkpoints (null entries skipped)."""
+    return {name: hub_source(str(s)) for name, s in entries.items()
+            if s is not None and hub_source(str(s))}
 
 
 def _run_dir_of(folder: Path) -> Path:

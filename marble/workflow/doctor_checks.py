@@ -11,6 +11,7 @@ from pathlib import Path
 from marble.assets.download import load_manifest
 from marble.config import load_config
 from marble.runtime.io import sha256_file
+from marble.workflow.runs import configured
 
 # The import names each scorer needs beyond torch (its own module imports lazily), and the
 # environment (docs/cluster.md, workflow/envs/) that provides them.
@@ -68,7 +69,7 @@ def configured_rewards(config: dict) -> dict[str, dict]:
     from marble.evaluation.prompts import DEFAULT_REWARDS
 
     out: dict[str, dict] = {}
-    for spec in (config.get("runs") or {}).values():
+    for spec in configured(config.get("runs")).values():
         cfg = load_config(spec["preset"], [], list(spec.get("set") or []))
         for reward in cfg.rewards:
             out.setdefault(reward.name, dict(reward.options))
@@ -130,7 +131,7 @@ def disk_estimate(config: dict, root: Path) -> tuple[float, str]:
         row = (tokens * EMBED_WIDTH + POOLED) * 2
         parts["embedding cache" + ("" if count else " (prompt count guessed)")] = \
             (count or PAPER_PROMPTS_GUESS) * row / 2**30
-    parts["checkpoints"] = CHECKPOINT_GB * 3 * len(config.get("runs") or {})  # keep_checkpoints 3
+    parts["checkpoints"] = CHECKPOINT_GB * 3 * len(configured(config.get("runs")))  # keep_checkpoints 3
     total = sum(parts.values())
     return total, ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
 

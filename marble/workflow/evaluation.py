@@ -49,8 +49,9 @@ def hub_models(eval_cfg: dict) -> dict:
     """{folder name under HUB_MODEL_DIR: (ref, is a diffusers pipeline)} of every hub model the
     evaluations need: each row's base model, and the UnifiedReward judge's weights."""
     out = {}
-    for spec in (eval_cfg.get("protocols") or {}).values():
-        model = (spec or {}).get("model")
+    dropped = {name for name, source in (eval_cfg.get("checkpoints") or {}).items() if source is None}
+    for name, spec in (eval_cfg.get("protocols") or {}).items():
+        model = None if name in dropped else (spec or {}).get("model")  # a nulled row fetches nothing
         if model and is_hub_ref(model):
             out[hub_model_folder(model).rsplit("/", 1)[1]] = (model, True)
     judge = (eval_cfg.get("unifiedreward") or {}).get("model")
@@ -179,14 +180,28 @@ def eval_targets(eval_cfg: dict, keys, default_model_dir: str) -> list[str]:
     return out
 
 
+def published_runs(published: str | None) -> set[str]:
+    """The run / eval.checkpoints names the rows of an eval.published file name (`run:`), so
+    Table 1 waits for its own rows' evaluations only (not the rho ablation's, say). The rows'
+    full validation is marble.tools.report.published.load_published's, run by the table1 job."""
+    if not published:
+        return set()
+    import yaml
+
+    rows = (yaml.safe_load(open(published, encoding="utf-8")) or {}).get("rows") or {}
+    return {str(row["run"]) for row in rows.values() if isinstance(row, dict) and "run" in row}
+
+
 def eval_dirs(targets: list[str]) -> list[str]:
     """The settings folders holding `targets` (results/eval/<settings>), sorted, distinct."""
     return sorted({"/".join(t.split("/")[:3]) for t in targets})
 
 
-def check_protocol_names(eval_cfg: dict, known) -> None:
-    """A protocol for a row nobody evaluates is a typo: a one-line error naming it."""
-    unknown = sorted(set(eval_cfg.get("protocols") or {}) - set(known))
+def check_protocol_names(eval_cfg: dict, known, dropped=()) -> None:
+    """A protocol for a row nobody evaluates is a typo: a one-line error naming it. `dropped`:
+    rows an overlay nulled (`runs.<name>: null`, `eval.checkpoints.<name>: null`); their
+    protocols stay in the base config and are no typo."""
+    unknown = sorted(set(eval_cfg.get("protocols") or {}) - set(known) - set(dropped))
     if unknown:
         raise ValueError(f"config eval.protocols: {unknown} name no run, eval.checkpoints entry "
                          f"or scanned run (known: {sorted(known)})")

@@ -37,7 +37,7 @@ def estimate(config: dict, bench: dict | None = None, runs_dir: Path | None = No
     """(plan dict, {run: RunCost}, by_table) for a validated workflow config."""
     from marble.config import load_config
 
-    runs, mode = config["runs"], config["mode"]
+    runs, mode = wf_runs.configured(config["runs"]), config["mode"]
     by_table = wf_plan.table_runs(runs, mode)
     others = [r for r in runs if r not in wf_plan.planned_runs(by_table)]
     if others:  # trained by `all`, in no paper table: still on the bill
@@ -62,7 +62,7 @@ def plan_text(config: dict, bench: dict | None = None, runs_dir: Path | None = N
     gpus = config.get("bench", {}).get("resources", {}).get("gpus") or 0
     note = f"the bench: one {gpus}-GPU job" if gpus else "the bench: one CPU job"
     text = wf_cost.format_plan(plan, costs, note)
-    missing = wf_plan.missing_rows(config["runs"], config["mode"])
+    missing = wf_plan.missing_rows(wf_runs.configured(config["runs"]), config["mode"])
     for table, presets in missing.items():
         text += f"\n  {table}: no configured run uses preset(s) {', '.join(presets)}: rows missing"
     return text
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     for key in ("mode", "runs", "train", "dataset", "model_dir"):
         if key not in config:
             raise SystemExit(f"marble plan: {args.config}: missing key `{key}`")
-    for spec in config["runs"].values():
+    for spec in wf_runs.configured(config["runs"]).values():
         spec.setdefault("set", [])
         spec.setdefault("max_steps", None)
     bench = json.loads(args.bench.read_text(encoding="utf-8")) if args.bench and args.bench.is_file() else None

@@ -8,6 +8,13 @@ from marble.config import load_config
 from marble.training import checkpoint_format
 
 
+def configured(entries: dict | None) -> dict:
+    """`runs:` or `eval.checkpoints:` without the entries set to null. A later --configfile
+    merges into the earlier ones and cannot delete a key, so an overlay drops a row (a run
+    not trained, a checkpoint not evaluated) by nulling it."""
+    return {name: spec for name, spec in (entries or {}).items() if spec is not None}
+
+
 def run_overrides(spec: dict, model_dir: str, dataset_dir: str, embed_dir: str | None) -> list[str]:
     """The `--set` overrides every run gets: this workflow's model and tables win, then the
     run's own `set:` entries."""

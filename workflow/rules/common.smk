@@ -30,7 +30,8 @@ RAW_DIR = config["raw_dir"]
 DATASET_DIR = f"data/datasets/{config['dataset']['name']}"
 # Inside the dataset folder, so DVC tracks tables and their embeddings as one output.
 EMBED_DIR = f"{DATASET_DIR}/embeddings"
-RUNS = config["runs"]
+# A run nulled by an overlay (`runs.<name>: null`) is not trained with this config.
+RUNS = wf_runs.configured(config["runs"])
 CLUSTER = config["cluster"]
 EVAL = config["eval"]
 TRAIN = config["train"]
@@ -129,7 +130,11 @@ def eval_catalogue():
     )
 
 
-wf_eval.check_protocol_names(EVAL, {run for run, _ in eval_catalogue()})
+wf_eval.check_protocol_names(
+    EVAL,
+    {run for run, _ in eval_catalogue()},
+    dropped=set(config["runs"]) | set(EVAL["checkpoints"]),
+)
 
 
 # With eval.published (the Table 1 rows), every evaluating target also writes Table 1.
@@ -213,6 +218,12 @@ def summary_keys():
 
 def summary_inputs(wildcards):
     return eval_outputs(summary_keys())
+
+
+def table1_inputs(wildcards):
+    """The evaluations of the rows eval.published names (Table 1 trains nothing else)."""
+    rows = wf_eval.published_runs(EVAL["published"])
+    return eval_outputs({key for key in summary_keys() if key[0] in rows})
 
 
 def summary_dirs():

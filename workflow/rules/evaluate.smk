@@ -125,7 +125,7 @@ rule paper_comparison:
 # a DVC metrics file (dvc.yaml).
 rule table1:
     input:
-        summary_inputs,
+        table1_inputs,
         published=EVAL["published"] or [],
     output:
         md="results/eval/table1.md",

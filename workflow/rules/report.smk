@@ -41,6 +41,8 @@ rule make_report:
         runs=expand("results/runs/{run}/train_summary.json", run=RUNS),
         summary="results/eval/summary.csv",
         bench="results/bench/step.json",
+        # every Table 1 row, from all its settings folders (the table1 rule's)
+        table1=["results/eval/table1.csv"] if TABLE1_TARGETS else [],
     output:
         md="results/report/report.md",
         html=report(
@@ -60,9 +62,10 @@ rule make_report:
         out_dir=lambda wc, output: os.path.dirname(output.md),
         eval_dir=EVAL_DIR,
         flops=f"--flops {FLOPS_JSON}" if os.path.exists(FLOPS_JSON) else "",
+        table1=lambda wc, input: wf_runs.option("--table1", input.table1),
     shell:
         "marble report --runs results/runs --eval-summary {input.summary:q}"
-        " --bench {input.bench:q} {params.flops} --eval-dir {params.eval_dir:q}"
+        " --bench {input.bench:q} {params.flops} {params.table1} --eval-dir {params.eval_dir:q}"
         " --out {params.out_dir:q}"
         " > {log:q} 2>&1"
 

@@ -9,6 +9,9 @@ replica in the on-disk format the real loading code reads, under the same names:
   ImageReward's `ImageReward.pt` + `med_config.json`;
 - urls/<host>/<path>: the aesthetic head, a detector checkpoint stand-in, GenEval's
   `object_names.txt` and the prompt files (marble.data.tiny_prompts);
+- hub/<repo>/ of Table 1's public rows whose commit config/paper.yaml pins (not manifest
+  entries: the workflow fetches them by `hf:repo@commit`): tiny SD-XL and FLUX.1 pipelines
+  (replicas_t2i), an SD3 pipeline for SD3.5-L, a peft LoRA for the SD3 replica (FlowGRPO's);
 - mirror.json (repo -> pinned revision, gated) for marble.tools.dev.mirror_server, and
   manifest.yaml: the packaged manifest with every size and sha256 replaced by the replica's,
   so `marble download --manifest DIR/manifest.yaml` verifies what the mirror serves.
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -33,7 +37,10 @@ from marble.tools.dev import replicas
 # open_clip architecture of the HPS replica (pass it as the hpsv2 reward's model_config/arch).
 HPS_ARCH = "marble-tiny-hps"
 # Bumped when a replica's format changes, so a harness rebuilds an older mirror folder.
-REPLICA_VERSION = 3  # 3: PaddleOCR's model tars
+REPLICA_VERSION = 4  # 3: PaddleOCR's model tars; 4: Table 1's public rows
+# The paper config whose pinned public rows (eval.checkpoints, eval.protocols.*.model) the
+# mirror serves at their commits (the one place those commits are written).
+PAPER_CONFIG = Path(__file__).resolve().parents[3] / "config" / "paper.yaml"
 
 
 def is_current(out: str | Path) -> bool:
@@ -60,6 +67,38 @@ def _hub_builders(seed: int) -> dict:
         "xswu/HPSv2": lambda d: replicas.hps_repo(d, seed + 4),
         "zai-org/ImageReward": lambda d: replicas.imagereward_repo(d, seed + 5),
     }
+
+
+def _public_row_builders(seed: int) -> dict:
+    """repo id -> (function(folder) writing its replica, gated) for Table 1's public rows."""
+    from marble.tools.dev import replicas_t2i
+
+    return {
+        "stabilityai/stable-diffusion-xl-base-1.0": (lambda d: replicas_t2i.sdxl_repo(d, seed + 20), False),
+        "black-forest-labs/FLUX.1-dev": (lambda d: replicas_t2i.flux_repo(d, seed + 21), True),
+        # SD3.5-L is an SD3 pipeline (evaluated through the generic path, model_type generic).
+        "stabilityai/stable-diffusion-3.5-large": (lambda d: replicas.sd3_repo(d, seed + 22), True),
+        # A LoRA for the SD3.5-M replica, in the hub repo's peft format.
+        "jieliu/SD3.5M-FlowGRPO-PickScore": (lambda d: replicas.sd3_peft_lora_repo(d, seed + 23), False),
+    }
+
+
+def pinned_public_rows(config: str | Path = PAPER_CONFIG) -> dict[str, str]:
+    """{repo: commit} of every `hf:repo@<40-hex commit>` a Table 1 row of `config` names (a
+    LoRA in eval.checkpoints, a base model in eval.protocols.*.model); rows still marked
+    PIN-A-COMMIT are left out (the workflow's fetch refuses them too)."""
+    from marble.assets.hub_ref import is_hub_ref, parse_hub_ref
+
+    ev = (yaml.safe_load(Path(config).read_text(encoding="utf-8")) or {}).get("eval") or {}
+    refs = [*(ev.get("checkpoints") or {}).values(),
+            *((spec or {}).get("model") for spec in (ev.get("protocols") or {}).values())]
+    out = {}
+    for ref in refs:
+        if ref and is_hub_ref(str(ref)):
+            repo, revision = parse_hub_ref(str(ref))
+            if revision and re.fullmatch(r"[0-9a-f]{40}", revision):
+                out[repo] = revision
+    return out
 
 
 def _url_builders(seed: int, tmp: Path) -> dict:
@@ -100,7 +139,21 @@ def _digest(path: Path) -> tuple[int, str]:
     return path.stat().st_size, sha256_file(path)
 
 
-def build_mirror(out: str | Path, seed: int = 0, manifest: str | Path = MANIFEST) -> Path:
+def _build_public_rows(out: Path, seed: int, paper_config: str | Path) -> dict[str, dict]:
+    """Write the replica of every pinned public row; {repo: mirror.json entry} (its commit)."""
+    builders, repos = _public_row_builders(seed), {}
+    for repo, commit in pinned_public_rows(paper_config).items():
+        if repo not in builders:
+            raise KeyError(f"{paper_config}: {repo}@{commit} has no replica: add a builder to "
+                           "marble.tools.dev.mirror._public_row_builders")
+        write, gated = builders[repo]
+        write(out / "hub" / repo)
+        repos[repo] = {"revision": commit, "gated": gated}
+    return repos
+
+
+def build_mirror(out: str | Path, seed: int = 0, manifest: str | Path = MANIFEST,
+                 paper_config: str | Path = PAPER_CONFIG) -> Path:
     """Write the mirror into `out` (replaced if it exists); returns `out`."""
     out = Path(out)
     entries = load_manifest(manifest)
@@ -118,6 +171,7 @@ def build_mirror(out: str | Path, seed: int = 0, manifest: str | Path = MANIFEST
                 raise KeyError(f"no replica for hub repo {e.repo}: add a builder to marble.tools.dev.mirror")
             hub[e.repo](out / "hub" / e.repo)
             repos[e.repo] = {"revision": e.revision or hashlib.sha1(e.repo.encode()).hexdigest(), "gated": e.gated}
+        repos.update(_build_public_rows(out, seed, paper_config))
         urls = _url_builders(seed, tmp)
         for e in entries:
             if e.repo:

@@ -3,7 +3,8 @@
 Builds the mirror (data/mirror), serves it on a loopback port (stops by itself when idle),
 points every download at it (HF_ENDPOINT, MARBLE_MIRROR, MARBLE_MANIFEST; a stand-in
 HF_TOKEN for the gated repo), writes the replicas' scorer options for evaluation
-(MARBLE_REWARD_OPTIONS: HPS's tiny architecture, GenEval's stand-in detector), then runs
+(MARBLE_REWARD_OPTIONS: HPS's tiny architecture, GenEval's stand-in detector), downloads the
+replicas (the download rules' folders, so the preflight's disk estimate measures them), then runs
     snakemake --configfile config/paper.yaml .test/paper-mini.yaml -c2 all
 (the workflow starts the fake UnifiedReward judge beside each drawbench evaluation through
 marble.rewards.service, as it starts the real one). It then checks that every evaluation ran with eval.processes torchrun ranks, and prints
@@ -26,6 +27,7 @@ import yaml
 
 from marble.tools.dev.mirror import build_mirror, is_current, replica_reward_options
 from marble.tools.dev.mirror_server import MirrorServer
+from marble.workflow.doctor_checks import merge
 
 CONFIGS = ("config/paper.yaml", ".test/paper-mini.yaml")
 ERROR = re.compile(r"Error in rule (?P<rule>[\w.]+):")
@@ -76,6 +78,19 @@ def rank_problems(sizes: dict[str, int | None], expected: int) -> list[str]:
 
 
 
+def snakemake_commands(configs: list[str], cores: int, targets: list[str]) -> list[list[str]]:
+    """The harness's Snakemake calls: the downloads first (the mirror's tiny files, seconds),
+    then `targets`. The preflight's disk estimate measures what is on disk and guesses the
+    paper's sizes (a 20 GB model, ~80,000 prompts to embed: ~150 GB) for what is not yet; with
+    the replicas downloaded it measures them instead of refusing a disk that the paper would fill."""
+    merged: dict = {}
+    for path in configs:
+        merge(merged, yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {})
+    downloads = [merged["model_dir"], merged["reward_ckpt_dir"], merged["raw_dir"]]
+    base = ["snakemake", "--configfile", *configs, f"-c{cores}"]
+    return [base + downloads, base + targets]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m marble.tools.dev.paper_mini", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -100,11 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     env.pop("MARBLE_UNIFIEDREWARD_URL", None)
     with MirrorServer(mirror, idle_s=1800) as server:
         env.update(HF_ENDPOINT=server.url, MARBLE_MIRROR=server.url)
-        cmd = ["snakemake", "--configfile", *CONFIGS, *args.also, f"-c{args.cores}", *args.targets]
-        print(" ".join(cmd), f"(mirror {server.url})", flush=True)
         Path(args.log).parent.mkdir(parents=True, exist_ok=True)
         with open(args.log, "w") as log:
-            proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+            for cmd in snakemake_commands([*CONFIGS, *args.also], args.cores, args.targets):
+                print(" ".join(cmd), f"(mirror {server.url})", flush=True)
+                log.flush()
+                proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+                if proc.returncode != 0:
+                    break
     wall = time.monotonic() - start
     for stage, seconds in stage_times():
         print(f"  {seconds:7.1f} s  {stage}")

@@ -414,3 +414,28 @@ def paddle_model_tar(path: Path, name: str, seed: int = 0) -> None:
             info = tarfile.TarInfo(f"{name}/inference.{suffix}")
             info.size, info.mtime = len(data), 0  # fixed mtime: the same bytes every build
             tar.addfile(info, io.BytesIO(data))
+
+
+def sd3_peft_lora_repo(folder: Path, seed: int = 0, rank: int = 4) -> None:
+    """A hub LoRA for the tiny SD3 replica as the FlowGRPO repos hold one: peft's
+    `adapter_config.json` + `adapter_model.safetensors` (keys `base_model.model.<module>.lora_{A,B}.weight`,
+    no adapter name), targeting the reference's attention projections. B is random (not
+    peft's zeros), so the LoRA changes the images it is evaluated on."""
+    from diffusers import SD3Transformer2DModel
+    from peft import LoraConfig
+    from safetensors.torch import save_file
+
+    from marble.config import SD3_LORA_TARGETS
+    from marble.models.lora import PEFT_CONFIG_FILE, PEFT_WEIGHTS_FILE, TRAINABLE, adapter_state, lora_config_dict
+    from marble.models.tiny import TINY_TRANSFORMER_CONFIG
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        transformer = SD3Transformer2DModel(**TINY_TRANSFORMER_CONFIG)
+        transformer.add_adapter(LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(SD3_LORA_TARGETS),
+                                           init_lora_weights="gaussian"), adapter_name=TRAINABLE)
+        state = {f"base_model.model.{k}": (torch.randn_like(v) * 0.05 if ".lora_B." in k else v).contiguous()
+                 for k, v in adapter_state(transformer, TRAINABLE).items()}
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(folder / PEFT_WEIGHTS_FILE), metadata={"format": "pt"})
+    _json(folder / PEFT_CONFIG_FILE, lora_config_dict(transformer, TRAINABLE))

@@ -27,6 +27,7 @@ class ReportInputs:
     bench: Path | None = None
     flops: Path | None = None  # `marble bench flops` JSON (counted FLOPs where no GPU ran)
     eval_dir: Path | None = None
+    table1: Path | None = None  # results/eval/table1.csv: every Table 1 row, whatever its settings folder
     images_per_dataset: int = 4
     window: int | None = None  # epochs averaged at each end for the verdict (None: auto)
     min_gain: float = 0.0  # a reward "improves" when its change exceeds this
@@ -261,6 +262,17 @@ def _rho_section(b: Builder, runs, trends, evals) -> None:
                 tables.rho_table(group, by_name, evals))
 
 
+def _table1_blocks(inp: ReportInputs) -> list:
+    """The merged Table 1 (the table1 rule's csv: public and trained rows, each evaluated under
+    its own protocol in its own settings folder), when the workflow wrote one."""
+    if inp.table1 is None or not inp.table1.is_file():
+        return []
+    from marble.tools.report.table1 import report_frame
+
+    return [Table(f"Table 1, every row: each cell ours / published, each row under its own protocol "
+                  f"(`{inp.table1}`; `–`: not evaluated)", report_frame(inp.table1))]
+
+
 def _samples_section(b: Builder, runs: list[RunData], inp: ReportInputs) -> None:
     s = b.section("Samples", collapsed=True)
     if inp.eval_dir is None or not inp.eval_dir.is_dir():
@@ -295,7 +307,9 @@ def build_report(inp: ReportInputs) -> Verdict:
         toy = not runs or not all(lead.is_paper_scale(r) for r in runs)
         frames = lead.paper_frames(runs, long_eval, load_bench(inp.bench), read_json_file(inp.flops))
         title = lead.LEAD_TITLE + (" (toy analogues)" if toy else "")
-        b.section(title).blocks += lead.lead_blocks(frames, tmp, toy, b.csv)
+        lead_section = b.section(title)
+        lead_section.blocks += _table1_blocks(inp)
+        lead_section.blocks += lead.lead_blocks(frames, tmp, toy, b.csv)
         _training_sections(b, runs, inp)
         by_run = tables.harmony_by_run(runs)
         _harmony_figures(b, runs, by_run)

@@ -102,6 +102,16 @@ def render(frame: pd.DataFrame, source: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def report_frame(csv: Path) -> pd.DataFrame:
+    """table1.csv (main's flat columns) as the report shows it: one row per published row,
+    its run, and `ours / published` per metric, as table1.md's cells."""
+    flat = pd.read_csv(csv, index_col="row")
+    out = pd.DataFrame({"run": flat["run"]}, index=flat.index)
+    for c in [*METRICS, COMPOSITE]:
+        out[c] = [f"{_fmt(c, a)} / {_fmt(c, b)}" for a, b in zip(flat[f"ours: {c}"], flat[f"published: {c}"])]
+    return out
+
+
 def metrics(frame: pd.DataFrame) -> dict:
     """DVC metrics: {row: {metric: ours}} with finite values only (DVC cannot show NaN)."""
     out = {}
