@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -261,3 +263,32 @@ def test_table1_waits_for_the_published_rows_only(tmp_path):
     published.write_text('rows:\n  "SD-XL": {run: sdxl}\n  "+ MARBLE": {run: rho_07}\n')
     assert evaluation.published_runs(str(published)) == {"sdxl", "rho_07"}
     assert evaluation.published_runs(None) == set()
+
+
+def test_the_workflow_modules_load_no_torch():
+    """Snakemake imports these to build every DAG (each dry run, each DVC stage): torch would
+    add ~3.5 s to every invocation, and deciding which evaluations need the judge did import it."""
+    code = ("import sys\n"
+            "from marble.workflow import checkpoints, evaluation, plan, runs, slurm\n"
+            "ev = {'rewards': {}, 'unifiedreward': {'server': 'x --port {port}'}}\n"
+            "assert evaluation.needs_judge(ev, 'drawbench') and not evaluation.needs_judge(ev, 'ocr')\n"
+            "heavy = sorted(m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules)\n"
+            "assert not heavy, heavy\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_final_step_reads_a_runs_presets_once(monkeypatch):
+    """Many input functions ask for a run's final checkpoint while the DAG is built (642 calls
+    in one tiny `snakemake -n report`): the preset chain is read once per run, not per call."""
+    from marble.workflow import runs
+
+    calls = []
+    real = runs.load_config
+    monkeypatch.setattr(runs, "load_config", lambda *a, **k: calls.append(a) or real(*a, **k))
+    runs._max_steps.cache_clear()
+    spec = {"preset": "tiny", "max_steps": 3, "set": []}
+    assert {runs.final_step(spec, ["train.save_every=1"]) for _ in range(20)} == {3}
+    assert runs.final_step({**spec, "max_steps": None}, []) == runs.load_config("tiny").train.max_steps
+    assert len(calls) == 2 + 1  # one per distinct (preset, overrides), + the direct call above
+    runs._max_steps.cache_clear()

@@ -1,5 +1,6 @@
 """Evaluation internals behind `marble evaluate` (CLI in `marble/evaluate.py`).
 
+- `datasets`: the four datasets and their reference reward sets (torch-free).
 - `prompts`: benchmark prompt files, per-sample seeds, rank sharding.
 - `results`: the results jsonl (append, dedupe), averages, GenEval summary, run identity.
 - `checkpoints`: resolve `--checkpoint_path` to a LoRA folder.

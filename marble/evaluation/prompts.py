@@ -16,20 +16,9 @@ from pathlib import Path
 
 from marble.data.assemble import read_geneval, read_text_prompts
 from marble.data.records import prompt_id as make_prompt_id
+from marble.evaluation.datasets import DATASETS, DEFAULT_BATCH_SIZE, DEFAULT_REWARDS  # noqa: F401  (re-exported)
 from marble.runtime.seeds import stable_seed
 
-DATASETS = ("geneval", "ocr", "pickscore", "drawbench")
-_SIX = ["imagereward", "pickscore", "aesthetic", "clipscore", "hpsv2"]
-# MARBLE's evaluation.py: pickscore drops unifiedreward, drawbench keeps it
-# (docs/algorithm.md §10).
-DEFAULT_REWARDS: dict[str, list[str]] = {
-    "geneval": ["geneval"],
-    "ocr": ["ocr"],
-    "pickscore": list(_SIX),
-    "drawbench": [*_SIX, "unifiedreward"],
-}
-# Per-rank batch sizes of the reference script (docs/algorithm.md §10).
-DEFAULT_BATCH_SIZE = {"geneval": 14, "ocr": 16, "pickscore": 16, "drawbench": 5}
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from marble.assets.download import load_manifest
 from marble.config import load_config
+from marble.evaluation.datasets import DEFAULT_REWARDS
 from marble.runtime.io import sha256_file
 from marble.workflow.runs import configured
 
@@ -66,8 +67,6 @@ def managed_judge(config: dict) -> str | None:
 
 def configured_rewards(config: dict) -> dict[str, dict]:
     """{reward: options} over every run's preset and every evaluated dataset."""
-    from marble.evaluation.prompts import DEFAULT_REWARDS
-
     out: dict[str, dict] = {}
     for spec in configured(config.get("runs")).values():
         cfg = load_config(spec["preset"], [], list(spec.get("set") or []))

@@ -8,6 +8,7 @@ import os
 import shlex
 
 from marble.assets.hub_ref import is_hub_ref, parse_hub_ref, pinned_revision  # noqa: F401
+from marble.evaluation.datasets import DEFAULT_REWARDS
 
 # The settings that change the images (and so name the results folder).
 IMAGE_SETTINGS = ("num_inference_steps", "guidance_scale", "resolution", "mixed_precision")
@@ -70,8 +71,6 @@ def judge_folder(eval_cfg: dict) -> str | None:
 
 def needs_judge(eval_cfg: dict, dataset: str) -> bool:
     """Whether this dataset's evaluation scores unifiedreward with a workflow-managed judge."""
-    from marble.evaluation.prompts import DEFAULT_REWARDS
-
     names = eval_cfg["rewards"].get(dataset) or DEFAULT_REWARDS[dataset]
     return "unifiedreward" in names and bool((eval_cfg.get("unifiedreward") or {}).get("server"))
 
