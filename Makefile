@@ -27,7 +27,7 @@ demo: setup
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake -c2 all
 
 test: setup
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q --timeout=1800 tests
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q --timeout=1800 --durations=15 tests
 
 # Curated mutations of the core (marble/tools/mutants_catalogue.py), each applied in a scratch
 # copy of the tree and run against the tests that must catch it; prints caught / missed with
