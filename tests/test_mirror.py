@@ -162,10 +162,10 @@ def test_gated_message_on_the_cli(hub_env, tmp_path, capsys):
 
 
 def test_replicas_are_deterministic(mirror_dir, tmp_path):
-    from marble.tools.dev import replicas
+    from marble.tools.dev import replicas, replicas_hps
 
     replicas.clip_repo(tmp_path / "clip", seed=3)
-    replicas.hps_repo(tmp_path / "hps", seed=4)
+    replicas_hps.hps_repo(tmp_path / "hps", seed=4)
     for name in ("model.safetensors", "vocab.json", "preprocessor_config.json"):
         assert _sha(tmp_path / "clip" / name) == _sha(mirror_dir / "hub/openai/clip-vit-large-patch14" / name)
     assert _sha(tmp_path / "hps/HPS_v2.1_compressed.pt") == _sha(mirror_dir / "hub/xswu/HPSv2/HPS_v2.1_compressed.pt")

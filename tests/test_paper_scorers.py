@@ -12,7 +12,7 @@ import torch
 
 from marble.assets.manifest import load_manifest
 from marble.rewards import build
-from marble.tools.dev import replicas
+from marble.tools.dev import replicas, replicas_hps
 
 REWARD_REPOS = ("yuvalkirstain/PickScore_v1", "laion/CLIP-ViT-H-14-laion2B-s32B-b79K",
                 "openai/clip-vit-large-patch14", "google-bert/bert-base-uncased", "zai-org/ImageReward", "xswu/HPSv2")
@@ -34,7 +34,7 @@ def ckpts(tmp_path_factory):
     replicas.aesthetic_head(out / "sac+logos+ava1-l14-linearMSE.pth", 6)
     (out / "geneval").mkdir()
     replicas.object_names(out / "geneval/object_names.txt")
-    replicas.write_hps_config(out / "marble-tiny-hps.json")
+    replicas_hps.write_hps_config(out / "marble-tiny-hps.json")
     return out
 
 

@@ -58,7 +58,7 @@ def test_real_hps_size_is_open_clips_vit_h14():
     import pytest
 
     open_clip = pytest.importorskip("open_clip", reason="needs open_clip (make test-clip env)")
-    from marble.tools.dev.replicas import OPEN_CLIP_VIT_H14
+    from marble.tools.dev.replicas_hps import OPEN_CLIP_VIT_H14
 
     real = open_clip.get_model_config("ViT-H-14")
     for tower in ("vision_cfg", "text_cfg"):

@@ -107,7 +107,7 @@ class Replicas:
         raise KeyError(f"gpu check score phase: no replica for reward {reward!r}")
 
     def _hps(self) -> dict:
-        from marble.tools.dev import replicas
+        from marble.tools.dev import replicas_hps
         from marble.tools.dev.mirror import HPS_ARCH, replica_reward_options
 
         if (why := importable("open_clip")) is not None:
@@ -116,8 +116,8 @@ class Replicas:
         size = self.size("hpsv2")
 
         def write(d):
-            replicas.hps_repo(d, SEED, size, self.device)
-            replicas.write_hps_config(d / f"{HPS_ARCH}.json")
+            replicas_hps.hps_repo(d, SEED, size, self.device)
+            replicas_hps.write_hps_config(d / f"{HPS_ARCH}.json")
 
         folder = self._once("hpsv2", self.root / "hpsv2", write)
         # The real size is open_clip's built-in ViT-H-14, the reward's default `arch`.

@@ -32,7 +32,7 @@ import yaml
 
 from marble.assets.manifest import MANIFEST, load_manifest
 from marble.runtime.io import sha256_file
-from marble.tools.dev import replicas
+from marble.tools.dev import replicas, replicas_hps
 
 # open_clip architecture of the HPS replica (pass it as the hpsv2 reward's model_config/arch).
 HPS_ARCH = "marble-tiny-hps"
@@ -64,7 +64,7 @@ def _hub_builders(seed: int) -> dict:
         "laion/CLIP-ViT-H-14-laion2B-s32B-b79K": lambda d: replicas.clip_repo(d, seed + 2),
         "openai/clip-vit-large-patch14": lambda d: replicas.clip_repo(d, seed + 3),
         "google-bert/bert-base-uncased": lambda d: replicas.bert_repo(d),
-        "xswu/HPSv2": lambda d: replicas.hps_repo(d, seed + 4),
+        "xswu/HPSv2": lambda d: replicas_hps.hps_repo(d, seed + 4),
         "zai-org/ImageReward": lambda d: replicas.imagereward_repo(d, seed + 5),
     }
 
@@ -185,7 +185,7 @@ def build_mirror(out: str | Path, seed: int = 0, manifest: str | Path = MANIFEST
             raise FileNotFoundError(f"mirror replica of {e.group}/{e.path} was not written ({where})")
     (out / "mirror.json").write_text(json.dumps({"seed": seed, "version": REPLICA_VERSION, "repos": repos}, indent=1, sort_keys=True))
     (out / "manifest.yaml").write_text(yaml.safe_dump(mirror_manifest(out, manifest), sort_keys=False))
-    replicas.write_hps_config(out / f"{HPS_ARCH}.json")
+    replicas_hps.write_hps_config(out / f"{HPS_ARCH}.json")
     return out
 
 

@@ -20,8 +20,6 @@ import torch
 
 CLIP_PROJECTION = 16  # tiny CLIP embedding width (the aesthetic head's input)
 CLIP_IMAGE = 32
-HPS_WIDTH, HPS_EMBED, HPS_LAYERS = 32, 16, 2
-OPEN_CLIP_VOCAB, OPEN_CLIP_CONTEXT = 49408, 77  # open_clip's SimpleTokenizer
 BERT_HIDDEN = 32
 
 # transformers CLIPConfig dims by architecture: the tiny replica's, and the hub configs' of
@@ -53,7 +51,8 @@ GENEVAL_OBJECTS = (
 ).split(",")
 
 
-def _json(path: Path, obj) -> None:
+def write_config_json(path: Path, obj) -> None:
+    """A config file as the hub repos hold them (indented, sorted keys)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
@@ -61,10 +60,10 @@ def _json(path: Path, obj) -> None:
 def _bpe_files(folder: Path, tokenizer_json: dict, special: dict) -> None:
     """vocab.json + merges.txt + special_tokens_map.json (the hub's slow-tokenizer layout)."""
     model = tokenizer_json["model"]
-    _json(folder / "vocab.json", model["vocab"])
+    write_config_json(folder / "vocab.json", model["vocab"])
     merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
     (folder / "merges.txt").write_text("#version: 0.2\n" + "".join(m + "\n" for m in merges), encoding="utf-8")
-    _json(folder / "special_tokens_map.json", special)
+    write_config_json(folder / "special_tokens_map.json", special)
 
 
 # ------------------------------------------------------------------ SD3.5 Medium
@@ -98,7 +97,7 @@ def _two_shards(folder: Path) -> None:
         save_file({k: state[k].contiguous() for k in part}, folder / name, metadata={"format": "pt"})
         weight_map.update({k: name for k in part})
         total += sum(state[k].numel() * state[k].element_size() for k in part)
-    _json(folder / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
+    write_config_json(folder / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
     (folder / "model.safetensors").unlink()
 
 
@@ -112,7 +111,7 @@ def sd3_repo(folder: Path, seed: int = 0) -> None:
         _bpe_files(sub, json.loads((sub / "tokenizer.json").read_text()), getattr(pipe, name).special_tokens_map)
         (sub / "tokenizer.json").unlink()  # the real repo has only the slow files here
     _spiece_model(folder / "tokenizer_3" / "spiece.model")
-    _json(folder / "tokenizer_3" / "special_tokens_map.json", pipe.tokenizer_3.special_tokens_map)
+    write_config_json(folder / "tokenizer_3" / "special_tokens_map.json", pipe.tokenizer_3.special_tokens_map)
     _two_shards(folder / "text_encoder_3")
 
 
@@ -158,11 +157,11 @@ def clip_repo(folder: Path, seed: int = 0, size: str = "tiny", device: str = "cp
     folder.mkdir(parents=True, exist_ok=True)
     chars = _byte_chars()
     vocab = {t: i for i, t in enumerate(chars + [c + "</w>" for c in chars] + ["<|startoftext|>", "<|endoftext|>"])}
-    _json(folder / "vocab.json", vocab)
+    write_config_json(folder / "vocab.json", vocab)
     (folder / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")  # character-level BPE
     tokenizer = CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"), model_max_length=77)
     tokenizer.save_pretrained(folder)
-    _json(folder / "special_tokens_map.json", tokenizer.special_tokens_map)
+    write_config_json(folder / "special_tokens_map.json", tokenizer.special_tokens_map)
     side = CLIP_ARCHS[size]["vision"]["image_size"]
     image = CLIPImageProcessor(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
     image.to_json_file(folder / "preprocessor_config.json")
@@ -220,87 +219,6 @@ def _mlp_head(input_dim: int, seed: int) -> dict[str, torch.Tensor]:
 def aesthetic_head(path: Path, seed: int = 0, size: str = "tiny") -> None:
     """The LAION head's plain state dict (layers.{0,2,4,6,7}), on the `size` CLIP's embedding width."""
     torch.save(_mlp_head(CLIP_ARCHS[size]["projection_dim"], seed), path)
-
-
-def _fill(value: float, n: int, device) -> torch.Tensor:
-    return torch.full((n,), float(value), device=device)
-
-
-def _resblocks(prefix: str, width: int, layers: int, g: torch.Generator) -> dict[str, torch.Tensor]:
-    """open_clip ResidualAttentionBlock parameters (nn.MultiheadAttention + c_fc/c_proj MLP)."""
-    def rnd(*shape):
-        return torch.randn(*shape, generator=g, device=g.device) * 0.02
-
-    def const(fill, n):
-        return _fill(fill, n, g.device)
-
-    sd = {}
-    for i in range(layers):
-        b = f"{prefix}.resblocks.{i}."
-        sd.update({b + "ln_1.weight": const(1, width), b + "ln_1.bias": const(0, width),
-                   b + "attn.in_proj_weight": rnd(3 * width, width), b + "attn.in_proj_bias": const(0, 3 * width),
-                   b + "attn.out_proj.weight": rnd(width, width), b + "attn.out_proj.bias": const(0, width),
-                   b + "ln_2.weight": const(1, width), b + "ln_2.bias": const(0, width),
-                   b + "mlp.c_fc.weight": rnd(4 * width, width), b + "mlp.c_fc.bias": const(0, 4 * width),
-                   b + "mlp.c_proj.weight": rnd(width, 4 * width), b + "mlp.c_proj.bias": const(0, width)})
-    return sd
-
-
-# open_clip's own ViT-H-14 config (model_configs/ViT-H-14.json): HPSv2.1's architecture.
-OPEN_CLIP_VIT_H14 = {"embed_dim": 1024,
-                     "vision_cfg": {"image_size": 224, "layers": 32, "width": 1280, "head_width": 80, "patch_size": 14},
-                     "text_cfg": {"context_length": OPEN_CLIP_CONTEXT, "vocab_size": OPEN_CLIP_VOCAB, "width": 1024,
-                                  "heads": 16, "layers": 24}}
-
-
-def hps_state_dict(seed: int = 0, config: dict | None = None, device: str = "cpu") -> dict[str, torch.Tensor]:
-    """An open_clip CLIP state dict for `config` (default `hps_config()`; the keys
-    HPS_v2.1_compressed.pt holds), drawn on `device` and returned on the CPU."""
-    cfg = config or hps_config()
-    vis, txt, e = cfg["vision_cfg"], cfg["text_cfg"], cfg["embed_dim"]
-    vw, tw, patch = vis["width"], txt["width"], vis["patch_size"]
-    g = torch.Generator(device).manual_seed(seed)
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=g, device=device)
-
-    def const(fill, n):
-        return _fill(fill, n, device)
-
-    sd = {"positional_embedding": randn(txt["context_length"], tw) * 0.01,
-          "text_projection": randn(tw, e) * tw**-0.5,
-          "logit_scale": torch.tensor(4.6052, device=device),
-          "token_embedding.weight": randn(txt["vocab_size"], tw) * 0.02,
-          "ln_final.weight": const(1, tw), "ln_final.bias": const(0, tw),
-          "visual.class_embedding": randn(vw) * vw**-0.5,
-          "visual.positional_embedding": randn((vis["image_size"] // patch) ** 2 + 1, vw) * vw**-0.5,
-          "visual.proj": randn(vw, e) * vw**-0.5,
-          "visual.conv1.weight": randn(vw, 3, patch, patch) * 0.02,
-          "visual.ln_pre.weight": const(1, vw), "visual.ln_pre.bias": const(0, vw),
-          "visual.ln_post.weight": const(1, vw), "visual.ln_post.bias": const(0, vw)}
-    sd.update(_resblocks("transformer", tw, txt["layers"], g))
-    sd.update(_resblocks("visual.transformer", vw, vis["layers"], g))
-    return {k: v.cpu() for k, v in sd.items()}
-
-
-def hps_config() -> dict:
-    """open_clip model config of the HPS replica (a ViT-H-14 shape, tiny widths)."""
-    return {"embed_dim": HPS_EMBED,
-            "vision_cfg": {"image_size": CLIP_IMAGE, "layers": HPS_LAYERS, "width": HPS_WIDTH, "head_width": 16,
-                           "patch_size": 8},
-            "text_cfg": {"context_length": OPEN_CLIP_CONTEXT, "vocab_size": OPEN_CLIP_VOCAB, "width": HPS_WIDTH,
-                         "heads": 2, "layers": HPS_LAYERS}}
-
-
-def write_hps_config(path: Path) -> None:
-    _json(path, hps_config())
-
-
-def hps_repo(folder: Path, seed: int = 0, size: str = "tiny", device: str = "cpu") -> None:
-    """HPS_v2.1_compressed.pt; `size` "ViT-H-14" is open_clip's built-in architecture of that name."""
-    folder.mkdir(parents=True, exist_ok=True)
-    config = {"tiny": None, "ViT-H-14": OPEN_CLIP_VIT_H14}[size]
-    torch.save({"state_dict": hps_state_dict(seed, config, device)}, folder / "HPS_v2.1_compressed.pt")  # as hpsv2 saves it
 
 
 # BLIP's timm ViT (width, depth, patch, image side) and the BERT-MED text encoder of
@@ -375,7 +293,7 @@ def imagereward_repo(folder: Path, seed: int = 0, size: str = "tiny", device: st
     model: ViT, BERT-MED with cross-attention, head), read by marble/rewards/blip.py."""
     folder.mkdir(parents=True, exist_ok=True)
     cfg = med_config(size)
-    _json(folder / "med_config.json", cfg)
+    write_config_json(folder / "med_config.json", cfg)
     torch.save(imagereward_state(cfg, seed, size, device), folder / "ImageReward.pt")
 
 
@@ -438,4 +356,4 @@ def sd3_peft_lora_repo(folder: Path, seed: int = 0, rank: int = 4) -> None:
                  for k, v in adapter_state(transformer, TRAINABLE).items()}
     folder.mkdir(parents=True, exist_ok=True)
     save_file(state, str(folder / PEFT_WEIGHTS_FILE), metadata={"format": "pt"})
-    _json(folder / PEFT_CONFIG_FILE, lora_config_dict(transformer, TRAINABLE))
+    write_config_json(folder / PEFT_CONFIG_FILE, lora_config_dict(transformer, TRAINABLE))
