@@ -11,7 +11,8 @@ preset names; the UnifiedReward server answers; torch / torchvision / mmcv impor
 pair and, with a GPU visible, run a kernel on it (the CUDA arch they were built for);
 HF_TOKEN when a gated model still has to be downloaded; free disk for the model,
 checkpoints and the embedding cache (estimate printed); the SLURM partition, GPU type and
-account of `cluster:` (sinfo / sacctmgr, when present). Exit 1 on any FAIL; WARN rows
+account of `cluster:` (sinfo / sacctmgr, when present); every hub reference evaluation
+fetches names a commit. Exit 1 on any FAIL; WARN rows
 (e.g. no GPU on a login node) do not fail.
 """
 
@@ -225,6 +226,19 @@ def asset_rows(config: dict, root: Path, downloads_pending: bool = False) -> lis
     return rows
 
 
+def hub_rows(config: dict) -> list[Check]:
+    """Every hub reference evaluation fetches names a commit (else its fetch fails the run)."""
+    refs = checks.hub_references(config)
+    unpinned = checks.unpinned_hub_references(config)
+    rows = [Check(f"hub pin {key}", FAIL, f"{ref}: not a 40-hex commit, the fetch refuses it",
+                  f"put the repo's commit after @ (`git ls-remote https://huggingface.co/"
+                  f"{checks.parse_hub_ref(ref)[0]} HEAD`), or {checks.without_it(key)}")
+            for key, ref in unpinned.items()]
+    if refs and not unpinned:
+        rows.append(Check("hub pins", OK, f"{len(refs)} hub references, each at a commit"))
+    return rows
+
+
 def disk_row(config: dict, root: Path) -> Check:
     need_gb, parts = checks.disk_estimate(config, root)
     target = root / "data"
@@ -279,7 +293,8 @@ def _account_row(account: str | None) -> Check:
 def run_checks(config: dict, root: Path, downloads_pending: bool = False) -> list[Check]:
     rows: list[Check] = []
     for group in (lambda: torch_rows(config), lambda: reward_rows(config),
-                  lambda: asset_rows(config, root, downloads_pending), lambda: [disk_row(config, root)],
+                  lambda: asset_rows(config, root, downloads_pending), lambda: hub_rows(config),
+                  lambda: [disk_row(config, root)],
                   lambda: slurm_rows(config)):
         rows.extend(group())
     return rows

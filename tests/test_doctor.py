@@ -119,3 +119,25 @@ def test_stand_in_detector_and_managed_judge_need_no_mmdet_or_running_server():
     assert "mmdet" in checks.required_modules("geneval", {})
     assert checks.managed_judge({"eval": {"unifiedreward": {"server": "sglang {port}"}}}) == "sglang {port}"
     assert checks.managed_judge({"eval": {}}) is None
+
+
+def test_unpinned_hub_references_fail_the_preflight_naming_each_key():
+    """The fetch refuses a hub reference without a commit, so a run would stop at its first
+    download: the preflight names each one with how to pin or drop it. paper-mini drops them."""
+    from marble.workflow import doctor_checks as checks
+
+    paper = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
+    unpinned = checks.unpinned_hub_references(paper)
+    assert set(unpinned) == {"eval.checkpoints.flowgrpo_geneval", "eval.checkpoints.flowgrpo_ocr",
+                             "eval.checkpoints.diffusionnft_multireward", "eval.unifiedreward.model"}
+    assert "eval.protocols.sdxl.model" in checks.hub_references(paper)  # pinned: not listed
+    rows = {r.name: r for r in doctor.hub_rows(paper)}
+    row = rows["hub pin eval.checkpoints.flowgrpo_ocr"]
+    assert row.status == "FAIL" and "PIN-A-COMMIT" in row.detail
+    assert "huggingface.co/jieliu/SD3.5M-FlowGRPO-Text HEAD" in row.fix
+    assert "eval.checkpoints.flowgrpo_ocr: null" in row.fix
+    bad = {"eval": {"protocols": {"sdxl": {"model": "hf:stabilityai/sdxl@main"}}}}
+    assert "eval.checkpoints.sdxl: null" in doctor.hub_rows(bad)[0].fix
+    mini = checks.merge(paper, yaml.safe_load((ROOT / ".test/paper-mini.yaml").read_text()))
+    assert checks.unpinned_hub_references(mini) == {}
+    assert [r.status for r in doctor.hub_rows(mini)] == ["ok"]

@@ -9,6 +9,7 @@ import urllib.request
 from pathlib import Path
 
 from marble.assets.download import load_manifest
+from marble.assets.hub_ref import COMMIT, is_hub_ref, parse_hub_ref
 from marble.config import load_config
 from marble.evaluation.datasets import DEFAULT_REWARDS
 from marble.runtime.io import sha256_file
@@ -166,3 +167,29 @@ def mmcv_cuda_kernel() -> str | None:
     except Exception as exc:  # "no kernel image is available", undefined symbols, ...
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
+def hub_references(config: dict) -> dict[str, str]:
+    """{config key: `hf:` reference} of everything evaluation fetches from the hub: the
+    eval.checkpoints LoRAs (null rows skipped), each row's base model, the judge's weights."""
+    ev = config.get("eval") or {}
+    refs = {f"eval.checkpoints.{row}": str(src) for row, src in configured(ev.get("checkpoints")).items()}
+    refs.update({f"eval.protocols.{row}.model": str((spec or {}).get("model"))
+                 for row, spec in (ev.get("protocols") or {}).items()})
+    refs["eval.unifiedreward.model"] = str((ev.get("unifiedreward") or {}).get("model"))
+    return {key: ref for key, ref in refs.items() if is_hub_ref(ref)}
+
+
+def unpinned_hub_references(config: dict) -> dict[str, str]:
+    """The hub references among them without a 40-hex commit (the fetch refuses those, so a
+    run would stop at its first download): {config key: reference}."""
+    return {key: ref for key, ref in hub_references(config).items()
+            if not COMMIT.match(parse_hub_ref(ref)[1] or "")}
+
+
+def without_it(key: str) -> str:
+    """How to run without the hub reference at `key` (an overlay cannot delete a key: it nulls)."""
+    if key == "eval.unifiedreward.model":
+        return "point eval.unifiedreward.model at a local folder of the judge's weights"
+    row = key.split(".")[2]
+    return f"drop the row in your own --configfile (eval.checkpoints.{row}: null)"
