@@ -65,6 +65,16 @@ def test_incomplete_checkpoints_are_ignored(tmp_path):
         load_checkpoint(broken)
 
 
+def test_a_run_whose_only_checkpoint_is_half_written_starts_over(tmp_path):
+    """A kill during the first save leaves a folder without COMPLETE: that is no checkpoint
+    (the run starts from step 0), not a damaged one (which would stop the resume)."""
+    broken = checkpoint_dir(tmp_path, 1)
+    broken.mkdir(parents=True)
+    (broken / "state.pt").write_bytes(b"torn")
+    assert list_checkpoints(tmp_path) == []
+    assert resume_checkpoint(tmp_path) is None
+
+
 def test_failed_write_leaves_nothing(tmp_path):
     def boom(_):
         raise RuntimeError("disk full")

@@ -39,8 +39,10 @@ MUTANTS: list[Mutant] = [
     Mutant("checkpoint_without_complete_marker_used", "marble/training/checkpoint_format.py",
            "if step is not None and child.is_dir() and (child / COMPLETE).is_file():",
            "if step is not None and child.is_dir():",
-           ("tests/test_checkpoint.py::test_incomplete_checkpoints_are_ignored",),
-           "a half-written checkpoint folder (no COMPLETE) is resumed from"),
+           ("tests/test_checkpoint.py::test_incomplete_checkpoints_are_ignored",
+            "tests/test_checkpoint.py::test_a_run_whose_only_checkpoint_is_half_written_starts_over"),
+           "a half-written checkpoint folder (no COMPLETE) counts as a checkpoint: a run killed in "
+           "its first save refuses to resume instead of starting over"),
     Mutant("checkpoint_hashes_unchecked", "marble/training/checkpoint_format.py",
            "elif sha256_file(path) != digest:", "elif False:",
            ("tests/test_checkpoint.py::test_damaged_newest_checkpoint_falls_back_with_a_warning",),
