@@ -18,8 +18,8 @@ COMMANDS = {
     "download": ("marble.assets.download", "fetch model, reward checkpoints and prompts (sha256-pinned)"),
     "models": ("marble.models.cli", "build the tiny SD3 model from configs"),
     "rewards": ("marble.rewards.cli", "list rewards, score images"),
-    "report": ("marble.tools.report", "tables and figures from runs and evaluations"),
-    "tables": ("marble.tools.report.tables_cli", "the paper's tables (rho, harmony, cost), ours beside"),
+    "report": ("marble.report.cli", "tables and figures from runs and evaluations"),
+    "tables": ("marble.report.tables_cli", "the paper's tables (rho, harmony, cost), ours beside"),
     "plan": ("marble.workflow.plan_cli", "the runs a config trains per paper table, and their GPU cost"),
     "doctor": ("marble.doctor", "check that a workflow config can run here (rewards, weights, GPU, disk, SLURM)"),
 }

@@ -27,7 +27,7 @@ PACKAGE_MAINS = {
     "marble.data": "marble.data.cli",
     "marble.models": "marble.models.cli",
     "marble.rewards": "marble.rewards.cli",
-    "marble.tools.report": "marble.tools.report",
+    "marble.report": "marble.report.cli",
 }
 
 

@@ -20,7 +20,7 @@ STAGE_ENTRIES = {
                 "marble.workflow"],
     "train": ["marble.train", "marble.config", "marble.workflow"],
     "evaluate": ["marble.evaluate", "marble.evaluation.summary", "marble.config", "marble.workflow"],
-    "report": ["marble.tools.report", "marble.tools.bench", "marble.config"],
+    "report": ["marble.report", "marble.tools.bench", "marble.config"],
 }
 DATA_OF = {"marble.config": "marble/presets"}  # files a module reads beside its code
 

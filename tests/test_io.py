@@ -81,7 +81,7 @@ def test_report_reads_eval_results_and_jpg_images(tmp_path):
     a torn last results line (a killed evaluation) skipped as everywhere else."""
     from PIL import Image
 
-    from marble.tools.report.loading import eval_samples
+    from marble.report.loading import eval_samples
 
     ds = tmp_path / "eval" / "run" / "checkpoint-000010" / "ocr"
     (ds / "images").mkdir(parents=True)

@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 from test_report import DOWN, MARBLE_DIAG, UP, WS_DIAG, write_run
 
-from marble.tools.report import paper_tables as pt
-from marble.tools.report import published
-from marble.tools.report.loading import load_runs
-from marble.tools.report.tables_cli import main as tables_main
+from marble.report import paper_tables as pt
+from marble.report import published
+from marble.report.loading import load_runs
+from marble.report.tables_cli import main as tables_main
 
 CURVES = {"bright": UP, "sat": UP, "color": UP}
 # Our evaluated Table-1 values per rho run (the summary holds raw scorer outputs: PickScore
@@ -52,7 +52,7 @@ def _cell(frame, row, metric, rho=None):
 
 
 def test_rho_ablation_evaluated_runs_beside_the_published_rows(tmp_path):
-    from marble.tools.report.loading import load_eval_summary
+    from marble.report.loading import load_eval_summary
 
     runs = load_runs(_rho_runs(tmp_path / "runs"))
     frame = pt.rho_ablation(runs, load_eval_summary(_summary(tmp_path / "summary.csv")))
@@ -72,7 +72,7 @@ def test_rho_ablation_evaluated_runs_beside_the_published_rows(tmp_path):
 
 
 def test_rho_ablation_falls_back_to_training_rewards_for_every_row(tmp_path):
-    from marble.tools.report.loading import load_eval_summary
+    from marble.report.loading import load_eval_summary
 
     runs = load_runs(_rho_runs(tmp_path / "runs"))
     partial = {k: v for k, v in EVALS.items() if k != "rho_01"}  # one run not evaluated
@@ -165,7 +165,7 @@ def test_tables_cli_writes_csv_markdown_and_strict_metrics(tmp_path):
 def test_table1_view_toy_rewards_averaged_over_datasets(tmp_path):
     from test_report_layout import _wide_eval
 
-    from marble.tools.report.loading import load_eval_summary
+    from marble.report.loading import load_eval_summary
 
     root = tmp_path / "runs"
     write_run(root, "weighted_sum", "weighted_sum", CURVES)

@@ -14,9 +14,9 @@ import pytest
 import yaml
 from PIL import Image
 
-from marble.tools.report import main
-from marble.tools.report.loading import ReportInputError, read_metrics
-from marble.tools.report.tables import eval_table
+from marble.report.cli import main
+from marble.report.loading import ReportInputError, read_metrics
+from marble.report.tables import eval_table
 
 REWARDS = ["bright", "sat", "color"]
 APPLICABLE = {"bright": 24, "sat": 24, "color": 8}  # color: the specialist (1/3 of rollouts)
@@ -314,7 +314,7 @@ def test_read_metrics_errors_duplicates_and_torn_line(tmp_path):
 def test_python_m_entry_point(full_report, tmp_path):
     runs = full_report.parent / "runs"
     out = tmp_path / "r"
-    proc = subprocess.run([sys.executable, "-m", "marble.tools.report", "--runs", str(runs), "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "marble.report", "--runs", str(runs), "--out", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "verdict: Yes: MARBLE (`marble`) kept every reward improving" in proc.stdout

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from marble.tools.report import tables
-from marble.tools.report.loading import RunData
+from marble.report import tables
+from marble.report.loading import RunData
 
 
 def run(name: str, rho: float, exact: bool | None, lr: float = 3e-4) -> RunData:

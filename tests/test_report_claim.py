@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from marble.tools.report.claim import (
+from marble.report.claim import (
     INCONCLUSIVE,
     Change,
     balancer_changes,
@@ -21,7 +21,7 @@ from marble.tools.report.claim import (
     sign_beyond,
     specialists_rise_more,
 )
-from marble.tools.report.verdict import RunTrend, reward_changes
+from marble.report.verdict import RunTrend, reward_changes
 
 
 def test_pooled_change_hand_calculation():
@@ -103,8 +103,8 @@ def test_change_pair_is_json_safe():
 def test_anti_aligned_split_into_full_solve_and_amortized_steps():
     """A MARBLE run's anti-aligned steps, by whether the diagnostic micro-batch solved:
     full_solve > 0 (a fresh alpha) vs 0 (the cached EMA alpha); no split without solves."""
-    from marble.tools.report.claim import _step_kind_text
-    from marble.tools.report.tables import _by_step_kind
+    from marble.report.claim import _step_kind_text
+    from marble.report.tables import _by_step_kind
 
     marble = pd.DataFrame({"cos_min": [0.3, -0.2, -0.1, 0.2, 0.1, np.nan],
                            "anti_aligned": [0, 1, 1, 0, 0, np.nan],

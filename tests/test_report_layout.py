@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from test_report import BENCH, DOWN, MARBLE_DIAG, UP, WS_DIAG, write_run
 
-from marble.tools.report import main
+from marble.report.cli import main
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # Measured after load: the page's scroll width, the first table's and the first prose

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from marble.tools.report.verdict import (
+from marble.report.verdict import (
     RunTrend,
     auto_window,
     reward_changes,
@@ -150,7 +150,7 @@ def test_stderr_and_noise_caution():
 
 
 def test_identical_changes_under_both_balancers_are_not_credited():
-    from marble.tools.report.verdict import RewardChange, indistinguishable
+    from marble.report.verdict import RewardChange, indistinguishable
 
     def run(name, balancer, delta):
         return RunTrend(name, balancer, {

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 from test_trainer import read_metrics, small_args, table_path  # noqa: F401 (fixture)
 
-from marble.tools.report import main as report_main
-from marble.tools.report.tables_cli import main as tables_main
+from marble.report.cli import main as report_main
+from marble.report.tables_cli import main as tables_main
 from marble.train import main as train_main
 
 RHOS = (0.1, 0.5, 0.9)

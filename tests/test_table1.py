@@ -10,8 +10,8 @@ import pytest
 import yaml
 from test_workflow_lib import ROOT, copy_workflow, snakemake
 
-from marble.tools.report import table1
-from marble.tools.report.published import TABLE1, TABLE1_COLUMNS, load_published
+from marble.report import table1
+from marble.report.published import TABLE1, TABLE1_COLUMNS, load_published
 from marble.workflow import evaluation
 
 CONFIG = yaml.safe_load((ROOT / "config/table1.yaml").read_text())
@@ -147,7 +147,7 @@ def test_table1_puts_rows_from_several_settings_folders_beside_the_paper(tmp_pat
 def test_report_shows_every_table1_row_from_the_table1_csv(tmp_path):
     """The report's lead section shows the merged Table 1 (the table1 rule's csv, written from
     every settings folder): a public row evaluated outside the default folder appears too."""
-    from marble.tools.report import main as report_main
+    from marble.report.cli import main as report_main
 
     eval_root = tmp_path / "eval"
     _scores(eval_root / "n4-default/rho_07/checkpoint-000002/ocr", {"ocr": 0.3})

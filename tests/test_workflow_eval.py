@@ -223,8 +223,8 @@ def test_ours_beside_published_numbers(tmp_path):
     text = published.render(records, rows["source"])
     assert "| SD3.5-M (w/o CFG) | PickScore | 20.800 | 20.510 | +0.290 |" in text
     assert "Not (fully) evaluated here:" in text and "+ FlowGRPO (OCR)" in text
-    # Values come from the one transcription of Table 1 (marble.tools.report.published).
-    from marble.tools.report.published import TABLE1, TABLE1_COLUMNS
+    # Values come from the one transcription of Table 1 (marble.report.published).
+    from marble.report.published import TABLE1, TABLE1_COLUMNS
 
     for name, row in rows["rows"].items():
         assert row["values"]["HPSv2.1"] == TABLE1[name][TABLE1_COLUMNS.index("HPSv2.1")]

@@ -182,7 +182,7 @@ def eval_targets(eval_cfg: dict, keys, default_model_dir: str) -> list[str]:
 def published_runs(published: str | None) -> set[str]:
     """The run / eval.checkpoints names the rows of an eval.published file name (`run:`), so
     Table 1 waits for its own rows' evaluations only (not the rho ablation's, say). The rows'
-    full validation is marble.tools.report.published.load_published's, run by the table1 job."""
+    full validation is marble.report.published.load_published's, run by the table1 job."""
     if not published:
         return set()
     import yaml

@@ -139,5 +139,5 @@ rule table1:
         eval_dirs=summary_dirs(),
         out_dir=lambda wc, output: os.path.dirname(output.md),
     shell:
-        "python -m marble.tools.report.table1 {params.eval_dirs} --published {input.published:q}"
+        "python -m marble.report.table1 {params.eval_dirs} --published {input.published:q}"
         " --out-dir {params.out_dir:q} > {log:q} 2>&1"

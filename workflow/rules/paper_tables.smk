@@ -1,4 +1,4 @@
-# The paper's tables beside ours (marble/tools/report/paper_tables.py), one target each:
+# The paper's tables beside ours (marble/report/paper_tables.py), one target each:
 #   snakemake rho_ablation | harmony | cost | paper_tables   (table1: the Table 1 rules)
 # Which runs a table needs is marble.workflow.plan's (bound in common.smk); a run in two
 # tables is one job. A dry run prints what the plan costs (common.smk).

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from marble.evaluation.summary import PAPER_METRICS, collect, wide_table
 from marble.runtime.io import write_text
-from marble.tools.report.published import load_published
+from marble.report.published import load_published
 
 COLUMNS = [c for c, *_ in PAPER_METRICS]
 

@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 
 from marble.evaluation.summary import composite_zscore
-from marble.tools.report.loading import RunData, latest_checkpoint_name
-from marble.tools.report.published import COST as PUBLISHED_COST
-from marble.tools.report.published import HARMONY as PUBLISHED_HARMONY
-from marble.tools.report.verdict import RunTrend
+from marble.report.loading import RunData, latest_checkpoint_name
+from marble.report.published import COST as PUBLISHED_COST
+from marble.report.published import HARMONY as PUBLISHED_HARMONY
+from marble.report.verdict import RunTrend
 
 # The MARBLE page's cost table (8xH200, K = 5), relative to the weighted sum.
 PAPER_COST = {

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from marble.tools.report import figures, paper_tables
-from marble.tools.report.loading import RunData
-from marble.tools.report.render import Figure, Row, Table, Text
+from marble.report import figures, paper_tables
+from marble.report.loading import RunData
+from marble.report.render import Figure, Row, Table, Text
 
 LEAD_TITLE = "The paper's tables, ours beside them"
 TOY_NOTE = ("Toy analogues: these runs are the tiny model with toy rewards (brightness and "

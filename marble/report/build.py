@@ -10,11 +10,12 @@ import pandas as pd
 from tqdm import tqdm
 
 from marble.runtime.io import atomic_path
-from marble.tools.report import claim, figures, lead, published, tables
-from marble.tools.report.loading import (RunData, eval_samples, load_bench, load_eval_summary,
+from marble.report import claim, figures, lead, published, tables
+from marble.report.loading import (RunData, eval_samples, load_bench, load_eval_summary,
                                          load_runs, read_json_file)
-from marble.tools.report.render import Figure, Section, Table, Text, to_html, to_markdown
-from marble.tools.report.verdict import RunTrend, Verdict, reward_changes, specialist_rewards, verdict
+from marble.report.render import Figure, Section, Table, Text, to_html, to_markdown
+from marble.report.table1 import report_frame
+from marble.report.verdict import RunTrend, Verdict, reward_changes, specialist_rewards, verdict
 
 TITLE = "MARBLE report"
 
@@ -267,8 +268,6 @@ def _table1_blocks(inp: ReportInputs) -> list:
     its own protocol in its own settings folder), when the workflow wrote one."""
     if inp.table1 is None or not inp.table1.is_file():
         return []
-    from marble.tools.report.table1 import report_frame
-
     return [Table(f"Table 1, every row: each cell ours / published, each row under its own protocol "
                   f"(`{inp.table1}`; `–`: not evaluated)", report_frame(inp.table1))]
 

@@ -13,6 +13,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from marble.evaluation.summary import PAPER_METRICS
+
 SOURCE = "published: MARBLE project page (aim-uofa.github.io/MARBLE), Table 1"
 TABLE1_COLUMNS = ["GenEval", "OCR", "PickScore", "CLIPScore", "HPSv2.1", "Aesthetic",
                   "ImgRwd", "UniRwd", "Composite"]
@@ -94,9 +96,7 @@ def beside_paper(evals: pd.DataFrame | None, balancer_of: dict[str, str]) -> pd.
 
 def load_published(path: Path) -> dict:
     """Rows {name: {run, values}}; a row named as in the paper's Table 1 without `values:`
-    takes them from `marble.tools.report.published.TABLE1`, the project's one transcription."""
-    from marble.evaluation.summary import PAPER_METRICS
-
+    takes them from `marble.report.published.TABLE1`, the project's one transcription."""
     columns = [c for c, *_ in PAPER_METRICS]
     path = Path(path)
     data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}

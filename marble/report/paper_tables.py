@@ -14,14 +14,15 @@ import math
 import pandas as pd
 
 from marble.evaluation.summary import wide_table
-from marble.tools.report import published
-from marble.tools.report.loading import RunData, latest_checkpoint_name
-from marble.tools.report.tables import (
+from marble.report import published
+from marble.report.loading import RunData, latest_checkpoint_name
+from marble.report.render import markdown_table
+from marble.report.tables import (
     exact_masking,
     harmony_row,
     rho_groups,
 )
-from marble.tools.report.verdict import reward_changes
+from marble.report.verdict import reward_changes
 
 COLUMNS = ["row", "metric", "ours", "published", "basis", "source"]
 NOT_MEASURED = "not measured"
@@ -226,8 +227,6 @@ def compact(frame: pd.DataFrame) -> pd.DataFrame:
 
 def wide_markdown(frame: pd.DataFrame, title: str) -> str:
     """The compact table, then the bases and sources as lines (each said once)."""
-    from marble.tools.report.render import markdown_table
-
     lines = [f"## {title}", "", "Each cell: ours / published (– = none).", ""]
     lines += [markdown_table(compact(frame)) if not frame.empty else "(no rows)", ""]
     for name, values in (("basis of ours", frame["basis"]), ("source", frame["source"])):

@@ -1,6 +1,6 @@
 """Table 1 as the paper prints it: every configured row, ours beside the published numbers.
 
-    python -m marble.tools.report.table1 --eval-dir results/eval/<settings> [--eval-dir ...] \
+    python -m marble.report.table1 --eval-dir results/eval/<settings> [--eval-dir ...] \
         --published config/paper_published.yaml --out-dir results/eval
 
 Each published row names the run (`run:`) that produces it; its evaluations may live in any
@@ -30,7 +30,7 @@ from marble.evaluation.summary import (
     wide_table,
 )
 from marble.runtime.io import write_text
-from marble.tools.report.published import load_published
+from marble.report.published import load_published
 
 METRICS = [c for c, *_ in PAPER_METRICS]
 DECIMALS = {c: places for c, _, _, _, places in PAPER_METRICS} | {COMPOSITE: 2}
@@ -123,7 +123,7 @@ def metrics(frame: pd.DataFrame) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m marble.tools.report.table1", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m marble.report.table1", description=__doc__.split("\n\n")[0])
     p.add_argument("--eval-dir", action="append", default=[], help="a settings folder (repeat)")
     p.add_argument("--published", type=Path, required=True)
     p.add_argument("--out-dir", type=Path, required=True)

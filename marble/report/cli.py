@@ -1,4 +1,4 @@
-"""`marble report`: tables, figures, Markdown and self-contained HTML from run folders,
+"""`marble report` (= `python -m marble.report`): tables, figures, Markdown and self-contained HTML from run folders,
 the eval summary and the bench JSON. Every input but --runs is optional; a missing one
 gives a section saying what is missing and how to make it."""
 
@@ -7,9 +7,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from marble.tools.report.build import ReportInputs, build_report
+from marble.report.build import ReportInputs, build_report
 
-__all__ = ["ReportInputs", "build_report", "main"]
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -42,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _runs(args):
-    from marble.tools.report.loading import load_runs
+    from marble.report.loading import load_runs
 
     if args.runs is None:
         raise SystemExit(f"marble tables {args.name}: --runs is required")
@@ -65,8 +65,8 @@ def _json(path: Path | None):
 
 
 def build(args):
-    from marble.tools.report import paper_tables as pt
-    from marble.tools.report.loading import load_eval_summary
+    from marble.report import paper_tables as pt
+    from marble.report.loading import load_eval_summary
 
     if args.name == "rho_ablation":
         if args.eval_dir is not None:  # only the table's own runs need evaluating
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.out / 'paper_tables.md'}")
         return 0
     from marble.runtime.io import write_json
-    from marble.tools.report import paper_tables as pt
+    from marble.report import paper_tables as pt
 
     frame = build(args)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from marble.tools.report.published import HARMONY
-from marble.tools.report.verdict import RunTrend
+from marble.report.published import HARMONY
+from marble.report.verdict import RunTrend
 
 Z = 2.0  # "beyond the error bars": two standard errors (about 95% for a normal estimate)
 PUBLISHED_ANTI_ALIGNED = {bal: v["anti_aligned_frac"] for bal, v in HARMONY.items()}

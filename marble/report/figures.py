@@ -15,7 +15,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from marble.tools.report.loading import ScoredImage, RunData  # noqa: E402
+from marble.report.loading import ScoredImage, RunData  # noqa: E402
 
 DPI = 110
 STYLES = {"weighted_sum": "--", "equal_alpha": ":", "mgda": "-.", "marble": "-"}

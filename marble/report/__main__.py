@@ -1,0 +1,3 @@
+from marble.report.cli import main
+
+raise SystemExit(main())

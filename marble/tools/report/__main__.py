@@ -1,3 +1,0 @@
-from marble.tools.report import main
-
-raise SystemExit(main())
