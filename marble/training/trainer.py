@@ -66,6 +66,7 @@ from marble.training.rollout import (
     Rollouts,
 )
 from marble.training.run_dir import check_run_dir
+from marble.training.stages import StageSchedule
 from marble.training.stopping import StopRequest
 
 log = logging.getLogger(__name__)
@@ -96,26 +97,45 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.params, lr=t.lr, betas=tuple(t.adam_betas),
                                            weight_decay=t.weight_decay, eps=t.adam_eps)
         self.ema = WeightEMA(self.params, max_decay=t.ema_decay)
-        self.balancer = build_balancer(cfg.balancer, cfg.reward_names)
         self.precision: Precision = make_precision(m.mixed_precision, dev)
         self.scaler = self.precision.scaler  # fp16 only
         self.autocast = self.precision
         self.table = load_table(cfg.data.train)
-        self.sampler = StratifiedKRepeatSampler(
-            self.table["source"].tolist(), k=s.images_per_prompt, batch_size=s.batch_size,
-            world_size=self.info.world_size, rank=self.info.rank, seed=t.seed,
-            stratified=cfg.data.stratified)
         self.sigmas = sigma_schedule(self.pipe.scheduler, s.num_steps).to(dev, torch.float32)
         self.reward_device = reward_device(t.reward_device, self.info.local_rank,
                                            cuda=dev.type == "cuda")
-        self.rollouts = RolloutEngine(self.pipe, cfg, self.table,
-                                      build_scorers(cfg.rewards, self.reward_device), self.sampler,
-                                      self.sigmas, self.info, self.autocast,
-                                      self._embed_cache(), progress,
-                                      reward_device=self.reward_device)
+        # Stage-owned pieces (sampler, scorers, balancer, lr) come from _enter_stage.
+        self.schedule, self.stage, self.rollouts = StageSchedule(cfg), None, None
+        self.scorers: dict = {}  # built once per reward, shared by the stages that use it
+        self.embed_cache = self._embed_cache()
+        self._enter_stage(0)
         self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", enabled=self.info.is_main,
                                   backends=cfg.logging.backends)
         self.step, self.epoch = 0, 0
+
+    def _enter_stage(self, index: int) -> None:
+        """Build what stage `index` owns; the optimizer, EMA and adapters carry over."""
+        if index == self.stage:
+            return
+        cfg, s = self.schedule.config(index), self.cfg.sampling
+        if self.rollouts is not None:
+            self.rollouts.close()
+        table = self.schedule.table(self.table, index)
+        self.balancer = build_balancer(cfg.balancer, cfg.reward_names)  # fresh: a new reward set
+        self.sampler = StratifiedKRepeatSampler(
+            table["source"].tolist(), k=s.images_per_prompt, batch_size=s.batch_size,
+            world_size=self.info.world_size, rank=self.info.rank, seed=self.cfg.train.seed,
+            stratified=cfg.data.stratified, source_shares=self.schedule.shares(index))
+        missing = [spec for spec in cfg.rewards if spec.name not in self.scorers]
+        self.scorers.update(build_scorers(missing, self.reward_device))
+        self.rollouts = RolloutEngine(self.pipe, cfg, table,
+                                      {r.name: self.scorers[r.name] for r in cfg.rewards},
+                                      self.sampler, self.sigmas, self.info, self.autocast,
+                                      self.embed_cache, self.progress,
+                                      reward_device=self.reward_device)
+        for group in self.optimizer.param_groups:
+            group["lr"] = cfg.train.lr
+        self.stage, self.stage_cfg = index, cfg
 
     def _embed_cache(self):
         if not self.cfg.data.embed_cache:
@@ -140,6 +160,7 @@ class Trainer:
                 "sampler": self.sampler.state_dict(), "balancer": self.balancer.state_dict(),
                 "ema": self.ema.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                **self.schedule.checkpoint_state(self.stage),  # the stage piece (staged runs)
             }
             save_checkpoint(
                 path, state, adapters=self._adapter_states(),
@@ -183,6 +204,7 @@ class Trainer:
         state = ckpt["state"]
         self.ema.load_state_dict(state["ema"])
         self.ema.shadow = [s.to(p.device) for s, p in zip(self.ema.shadow, self.params)]
+        self._enter_stage(self.schedule.resumed_index(state))  # the stage of its balancer
         self.balancer.load_state_dict(state["balancer"])
         self.sampler.load_state_dict(state["sampler"])
         if self.scaler is not None and state.get("scaler"):
@@ -196,12 +218,14 @@ class Trainer:
 
     def train_epoch(self) -> dict:
         t0 = time.perf_counter()
+        self._enter_stage(self.schedule.index(self.step))  # a boundary: the next stage's pieces
         ro = self.rollouts.collect(self.epoch)
         # Means over micro-steps: `full_solve` is the fraction of micro-steps that solved;
         # alpha/* keep the last value (the weights in force after the step).
         averager = StepAverager()
         self._optimize(ro, averager)
-        record = {"step": self.step, "epoch": self.epoch, "balancer": self.cfg.balancer.method}
+        record = {"step": self.step, "epoch": self.epoch, "balancer": self.stage_cfg.balancer.method,
+                  **self.schedule.record(self.stage)}
         record.update(ro.metrics)
         step_metrics = averager.result()
         loss_keys = sorted(k for k in step_metrics if k.startswith("loss/"))
