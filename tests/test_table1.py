@@ -33,7 +33,7 @@ def test_paper_eval_and_table1_share_the_paper_eval_section():
     their results land in the same folders and one Table 1 holds every row."""
     eval_only = yaml.safe_load((ROOT / "config/paper-eval.yaml").read_text())
     assert eval_only["eval"] == CONFIG["eval"] == PAPER["eval"] and eval_only["runs"] == {}
-    assert CONFIG["runs"] == {name: PAPER["runs"][name] for name in ("weighted_sum", "rho_07")}
+    assert CONFIG["runs"] == {name: PAPER["runs"][name] for name in ("weighted_sum", "rho_07", "sequential")}
 
 
 def test_every_workflow_config_has_the_params_dvc_reads():
@@ -71,12 +71,13 @@ def _dry_run(work, target, configfile):
     return out, counts
 
 
-# config/table1.yaml: 11 rows x 4 datasets = 44 evaluations, 2 trainings. config/paper.yaml:
-# the same 9 public rows plus 7 runs (the 2 of Table 1, the rho ablation's 4 others,
-# equal_alpha) = 16 rows x 4 = 64 evaluations, 7 trainings; the public rows train nothing.
+# config/table1.yaml: 12 rows x 4 datasets = 48 evaluations, 3 trainings. config/paper.yaml:
+# the same 9 public rows plus 8 runs (the 3 of Table 1, the rho ablation's 4 others,
+# equal_alpha) = 17 rows x 4 = 68 evaluations, 8 trainings; the public rows train nothing.
 @pytest.mark.parametrize("configfile, evaluations, trainings", [
-    ("config/table1.yaml", 44, ["rho_07", "weighted_sum"]),
-    ("config/paper.yaml", 64, ["equal_alpha", "rho_01", "rho_03", "rho_05", "rho_07", "rho_09", "weighted_sum"]),
+    ("config/table1.yaml", 48, ["rho_07", "sequential", "weighted_sum"]),
+    ("config/paper.yaml", 68, ["equal_alpha", "rho_01", "rho_03", "rho_05", "rho_07", "rho_09",
+                               "sequential", "weighted_sum"]),
 ])
 def test_dry_run_plans_the_eleven_rows_and_trains_only_runs(workflow_copy, configfile, evaluations, trainings):
     config = yaml.safe_load((ROOT / configfile).read_text())
@@ -160,6 +161,6 @@ def test_report_shows_every_table1_row_from_the_table1_csv(tmp_path):
     text = (tmp_path / "report/report.md").read_text()
     block = text.split("Table 1, every row", 1)[1].split("\n\n")[1]  # the table after the caption
     rows = {line.split("|")[1].strip(): line for line in block.splitlines() if line.startswith("| ")}
-    assert len(rows) == 1 + 11  # the header and every published row
+    assert len(rows) == 1 + 12  # the header and every published row (sequential twice)
     assert "| 0.70 / 0.14 |" in rows["SD-XL"] and "| 0.30 / 0.96 |" in rows["+ MARBLE"]  # OCR
     assert rows["FLUX.1-Dev"].count("– /") >= 5  # configured, not evaluated
