@@ -8,17 +8,19 @@ At a boundary the trainer rebuilds what a stage owns (its prompt rows and sample
 scorers and masks, a fresh balancer for its reward set, its learning rate) and keeps what the
 run owns (the adapters, the optimizer's moments, the weight EMA, the old policy, the RNG
 streams keyed by epoch). A checkpoint records the stage its balancer and sampler belong to
-(`checkpoint_state`), so resume restores them into that stage and the next step switches
-exactly where the uninterrupted run switched.
+(`StageState`, registered with the checkpoint manager before them), so resume restores them
+into that stage and the next step switches exactly where the uninterrupted run switched.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import pandas as pd
 
 from marble.config import RunConfig, stage_config
 from marble.config_stages import stage_index, stage_starts
-from marble.training.checkpoint_format import CheckpointError
 
 
 class StageSchedule:
@@ -69,22 +71,44 @@ class StageSchedule:
         return {"stage": index, "stage_name": self.name(index)} if self.staged else {}
 
     def checkpoint_state(self, index: int) -> dict:
-        """The stage piece of state.pt (none for a run without stages)."""
-        if not self.staged:
-            return {}
-        return {"stage": {"index": index, "name": self.name(index),
-                          "start_step": self.starts[index], "steps": self.lengths[index]}}
+        """The stage piece of state.pt."""
+        return {"index": index, "name": self.name(index), "start_step": self.starts[index],
+                "steps": self.lengths[index]}
 
-    def resumed_index(self, state: dict) -> int:
+    def resumed_index(self, saved: dict) -> int:
         """The stage a checkpoint's balancer and sampler belong to; its name must match."""
-        saved = state.get("stage")
-        if saved is None:
-            if self.staged:
-                raise CheckpointError("the checkpoint records no stage, but this run has "
-                                      "`stages`: it was written by a run without stages")
-            return 0
         index = int(saved["index"])
         if not self.staged or index >= len(self.lengths) or saved["name"] != self.name(index):
-            raise CheckpointError(f"the checkpoint is in stage {saved['name']!r} (#{index}), "
-                                  f"which this run's `stages` do not have there")
+            raise ValueError(f"the checkpoint is in stage {saved['name']!r} (#{index}), "
+                             f"which this run's `stages` do not have there")
         return index
+
+
+class StageState:
+    """The stage as a checkpoint state (marble.training.checkpoint.CheckpointManager): saves
+    the stage in force; restoring enters it, so it is registered before the stage's sampler
+    and balancer, which then load into that stage's objects."""
+
+    def __init__(self, schedule: StageSchedule, current: Callable[[], int],
+                 enter: Callable[[int], None]):
+        self.schedule, self.current, self.enter = schedule, current, enter
+
+    def state_dict(self) -> dict:
+        return self.schedule.checkpoint_state(self.current())
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.enter(self.schedule.resumed_index(saved))
+
+
+class CurrentState:
+    """The state of whatever object `owner.<name>` holds now (a stage's sampler or balancer,
+    replaced at each boundary), so the registry never keeps a stale one."""
+
+    def __init__(self, owner: object, name: str):
+        self.owner, self.name = owner, name
+
+    def state_dict(self) -> Any:
+        return getattr(self.owner, self.name).state_dict()
+
+    def load_state_dict(self, value: Any) -> Any:
+        return getattr(self.owner, self.name).load_state_dict(value)
