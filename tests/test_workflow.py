@@ -44,8 +44,9 @@ def test_dry_run_paper_config_is_one_switch():
     paper = dry_run_outputs(ROOT, "all", ["--configfile", "config/paper.yaml"])
     runs = {out.split("results/runs/")[1].split("/")[0]
             for outs in paper.values() for out in outs if out.startswith("results/runs/")}
-    # Table 1's trainings, equal_alpha and the rho ablation (rho_07 is its 0.7 row)
-    assert runs == {"rho_07", "equal_alpha", "weighted_sum", "rho_01", "rho_03", "rho_05", "rho_09"}
+    # Table 1's trainings (sequential too), equal_alpha and the rho ablation (rho_07 is its 0.7 row)
+    assert runs == {"rho_07", "equal_alpha", "weighted_sum", "sequential", "rho_01", "rho_03",
+                    "rho_05", "rho_09"}
     assert {"download_model", "embed_prompts"} <= set(paper)
     # The tiny-only rules are named from the tiny plan, where they must appear: a renamed
     # rule fails here instead of making the paper-side absence check pass vacuously.
