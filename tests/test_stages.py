@@ -44,7 +44,7 @@ def test_stage_overrides_balancer_keys_and_lr_over_the_runs():
     ("{name: a, steps: 30, balancer: {methd: mgda}}", "stages[0] (a): unknown config key `balancer.methd`"),
     ("{name: a, steps: 30, balancer: {alpha_ema: 1.5}}", "stages[0] (a): `balancer.alpha_ema`"),
     ("{name: a, steps: 30, rewards: [pickscore]}", "`stages[0].rewards` names ['pickscore']"),
-    ("{name: a, steps: 30, lr: -1.0}", "stages[0] (a): `train.lr`"),
+    ("{name: a, steps: 30, lr: -1.0}", "`stages[0].lr` = -1.0 must be > 0"),
     ("{name: a, steps: 0}", "`stages[0].steps` = 0 must be > 0"),
     ("{name: a, steps: 30, sources: [ocr], mix: [.nan]}", "`stages[0].mix[0]` = nan must be a finite"),
     ("{name: a, steps: 30, sources: [ocr], mix: [1.0, 2.0]}", "`stages[0].mix` needs one share"),
