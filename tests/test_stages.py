@@ -106,3 +106,22 @@ def test_report_marks_stage_boundaries_and_keeps_a_staged_run_apart(tmp_path):
                                        "stages": [{"name": "p"}]}, metrics)
     assert staged.balancer == "sequential"  # not pooled with the joint weighted-sum runs
     assert training_curves([staged], tmp_path / "curves.png").is_file()
+
+
+def test_a_stage_draws_only_its_sources_rows_and_a_missing_source_is_named():
+    import pandas as pd
+
+    from marble.training.run_dir import TrainError
+    from marble.training.stages import StageSchedule
+
+    cfg = load_config("tiny_sequential", overrides=[
+        "stages=[{name: a, steps: 10, sources: [ocr, geneval], mix: [3.0, 1.0]},"
+        " {name: b, steps: 20}, {name: c, steps: 1, sources: [drawbench]}]"])
+    table = pd.DataFrame({"source": ["ocr", "pickscore", "geneval", "ocr"], "prompt": list("wxyz")})
+    schedule = StageSchedule(cfg)
+    assert schedule.table(table, 0)["prompt"].tolist() == ["w", "y", "z"]
+    assert schedule.table(table, 1) is table and schedule.shares(1) is None  # no sources: all
+    assert schedule.shares(0) == {"ocr": 3.0, "geneval": 1.0}
+    assert [schedule.index(s) for s in (0, 9, 10, 29, 30)] == [0, 0, 1, 1, 2]
+    with pytest.raises(TrainError, match=r"stage 'c': `sources` \['drawbench'\] have no rows"):
+        schedule.table(table, 2)

@@ -21,6 +21,7 @@ import pandas as pd
 
 from marble.config import RunConfig, stage_config
 from marble.config_stages import stage_index, stage_starts
+from marble.training.run_dir import TrainError
 
 
 class StageSchedule:
@@ -55,7 +56,8 @@ class StageSchedule:
         have = set(table["source"])
         missing = [s for s in sources if s not in have]
         if missing:
-            raise ValueError(f"stage {self.name(index)!r}: `sources` {missing} have no rows in "
+            # TrainError: `marble train` prints it as one line (the table is known only here).
+            raise TrainError(f"stage {self.name(index)!r}: `sources` {missing} have no rows in "
                              f"{self.cfg.data.train} (its sources: {sorted(have)})")
         return table[table["source"].isin(sources)].reset_index(drop=True)
 
