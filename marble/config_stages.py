@@ -45,9 +45,8 @@ def stage_problem(stage: dict, where: str) -> str | None:
     sources, mix = stage.get("sources"), stage.get("mix")
     if sources is not None and (not sources or len(set(sources)) != len(sources)):
         return f"`{where}.sources` = {sources!r}: name each source once, at least one"
-    if mix is not None:
-        if sources is None or len(mix) != len(sources):
-            return f"`{where}.mix` needs one share per entry of `{where}.sources`"
+    if mix is not None and (sources is None or len(mix) != len(sources)):
+        return f"`{where}.mix` needs one share per entry of `{where}.sources`"
     return None
 
 
@@ -84,7 +83,7 @@ def source_counts(m: int, shares: list[float]) -> list[int]:
     per-source prompt counts of a mixed sampling batch."""
     total = sum(shares)
     exact = [m * s / total for s in shares]
-    counts = [int(math.floor(x)) for x in exact]
+    counts = [math.floor(x) for x in exact]
     order = sorted(range(len(shares)), key=lambda i: (-(exact[i] - counts[i]), i))
     for i in order[:m - sum(counts)]:
         counts[i] += 1

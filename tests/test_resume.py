@@ -172,11 +172,11 @@ def test_second_trainer_is_refused_and_usr1_during_loading_exits_75(
 # last stage has its own balancer (MARBLE: an alpha cache that resume must put back into that
 # stage's balancer) and learning rate.
 STAGED = ["sampling.batch_size=2", "train.batch_size=2", "train.keep_checkpoints=0",
-          "stages=[{name: pickscore, steps: 2, sources: [pickscore],"
-          " rewards: [toy_brightness, toy_saturation]},"
-          " {name: geneval, steps: 1, sources: [geneval], rewards: [toy_color_match]},"
-          " {name: ocr, steps: 2, sources: [ocr], rewards: [toy_text_contrast, toy_brightness],"
-          " balancer: {method: marble}, lr: 5.0e-3}]"]
+          ("stages=[{name: pickscore, steps: 2, sources: [pickscore],"
+           " rewards: [toy_brightness, toy_saturation]},"
+           " {name: geneval, steps: 1, sources: [geneval], rewards: [toy_color_match]},"
+           " {name: ocr, steps: 2, sources: [ocr], rewards: [toy_text_contrast, toy_brightness],"
+           " balancer: {method: marble}, lr: 5.0e-3}]")]
 
 
 def staged_args(model: Path, table: Path, out: Path, max_steps: int) -> list[str]:

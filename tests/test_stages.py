@@ -115,8 +115,8 @@ def test_a_stage_draws_only_its_sources_rows_and_a_missing_source_is_named():
     from marble.training.stages import StageSchedule
 
     cfg = load_config("tiny_sequential", overrides=[
-        "stages=[{name: a, steps: 10, sources: [ocr, geneval], mix: [3.0, 1.0]},"
-        " {name: b, steps: 20}, {name: c, steps: 1, sources: [drawbench]}]"])
+        ("stages=[{name: a, steps: 10, sources: [ocr, geneval], mix: [3.0, 1.0]},"
+         " {name: b, steps: 20}, {name: c, steps: 1, sources: [drawbench]}]")])
     table = pd.DataFrame({"source": ["ocr", "pickscore", "geneval", "ocr"], "prompt": list("wxyz")})
     schedule = StageSchedule(cfg)
     assert schedule.table(table, 0)["prompt"].tolist() == ["w", "y", "z"]
