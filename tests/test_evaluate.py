@@ -136,7 +136,8 @@ def test_generation_decodes_with_the_training_decode_then_quantises(tiny_model_d
 
     assert runner.decode_latents is encode.decode_latents  # training's decode, not a copy
     calls, real = [], encode.decode_latents
-    monkeypatch.setattr(runner, "decode_latents", lambda pipe, latents: calls.append(latents.shape) or real(pipe, latents))
+    monkeypatch.setattr(runner, "decode_latents",
+                        lambda pipe, latents: calls.append(latents.shape) or real(pipe, latents))
     pipe = runner.load_eval_pipeline(str(tiny_model_dir), "no", "cpu", None)
     args = Namespace(seed=0, num_inference_steps=2, guidance_scale=1.0, resolution=64)
     images = runner.generate_images(pipe, [EvalSample(0, "p0", "a cat"), EvalSample(1, "p1", "a dog")], args)
