@@ -69,7 +69,9 @@ class WeightEMA:
         if not 0.0 <= float(state["max_decay"]) <= 1.0:  # a decay above 1 diverges
             raise ValueError(f"EMA state: max_decay {state['max_decay']} is not in [0, 1]")
         self.max_decay = float(state["max_decay"])
-        self.shadow = [s.detach().to(torch.float32).clone() for s in shadow]
+        # Onto the device of the shadow it replaces (a checkpoint is read onto the CPU).
+        self.shadow = [s.detach().to(device=own.device, dtype=torch.float32).clone()
+                       for s, own in zip(shadow, self.shadow)]
 
     def _check(self, tensors: list) -> None:
         if len(tensors) != len(self.shadow):
