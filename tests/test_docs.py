@@ -273,6 +273,7 @@ def test_the_checks_catch_a_false_name(tmp_path):
     assert [m.group(1) for f in fragments for m in COMMAND.finditer(f)] == ["data", "train"]
 
 
+@functools.lru_cache(maxsize=None)
 def defined_names(path: Path) -> frozenset[str]:
     """Module-level names a module defines itself (defs, classes, assignments; not imports)."""
     imported = set()
