@@ -370,5 +370,6 @@ def test_snakemake_report_has_every_figure_and_table_with_its_caption(full_repor
     assert len(written) >= 20, written
     for folder, name in written:
         kind = report_captions.caption_kind(Path(name).stem, known[folder])
+        assert kind is not None, f"{folder}/{name}: no caption .rst under workflow/report/{folder}"
         assert name in bundled and registered.get((folder, name)) == _plain(known[folder][kind]), \
             (folder, name, registered.get((folder, name)))
