@@ -117,6 +117,9 @@ def test_each_dataset_writes_results(tiny_model_dir, raw_dir, tmp_path, dataset)
     assert avg["n_toy_brightness"] == 4 and avg["na_toy_color_match"] == 4 - sum(applies_color)
     info = json.loads((out / "run_info.json").read_text())
     assert info["identity"]["num_inference_steps"] == 3 and info["timing"]["generated"] == 4
+    provenance = json.loads((out / "provenance.json").read_text())  # marble.runtime.provenance
+    assert provenance["config"]["flags"]["num_inference_steps"] == 3
+    assert set(provenance["versions"]) == {"marble", "torch", "diffusers", "transformers", "peft"}
     # The reference's layout by default: images/<id:05d>.jpg and image_prompts.json.
     images = pixels(out)
     assert list(images) == [f"{i:05d}.jpg" for i in range(4)]
