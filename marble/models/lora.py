@@ -122,7 +122,8 @@ def blend_adapter(transformer, dst: str = OLD, src: str = TRAINABLE, decay: floa
 # LoRA layer instead holds the same `_active_adapter` list object, so one in-place edit of
 # that list switches them all; an empty list is the frozen base (peft's forward then runs
 # only `base_layer`, exactly its disabled path). requires_grad is never touched by a
-# switch: "default" stays the only trainable adapter.
+# switch: "default" stays the only trainable adapter. The attributes are peft's private ones,
+# so pyproject.toml bounds peft to the versions tests/test_lora_switch.py checked them on.
 _SHARED = "_marble_active_adapters"
 _FIRST = "_marble_first_lora_layer"
 

@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from marble.balancers import build_balancer
-from marble.config import RunConfig, dump_yaml, grad_accumulation, training_timesteps
+from marble.config import RunConfig, dump_yaml, grad_accumulation, to_dict, training_timesteps
 from marble.data import load_table
 from marble.data.embed_cache import EmbeddingCache
 from marble.data.sampler import StratifiedKRepeatSampler
@@ -41,6 +41,7 @@ from marble.runtime.precision import (
     make_precision,
     optimizer_update,
 )
+from marble.runtime.provenance import write_provenance
 from marble.runtime.seeds import keyed_generator
 from marble.training.checkpoint import (
     AttributeState,
@@ -345,6 +346,7 @@ def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
     if info.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         write_text(out_dir / "config.yaml", dump_yaml(cfg))
+        write_provenance(out_dir, to_dict(cfg))  # this attempt's code and libraries
     start = time.perf_counter()
     with contextlib.ExitStack() as scope:
         if stop is None:
