@@ -13,9 +13,10 @@ from test_workflow_lib import ROOT, copy_workflow, snakemake
 from marble.report import table1
 from marble.report.published import TABLE1, TABLE1_COLUMNS, load_published
 from marble.workflow import evaluation
+from marble.workflow import configs
 
-CONFIG = yaml.safe_load((ROOT / "config/table1.yaml").read_text())
-PAPER = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
+CONFIG = configs.load(["config/table1.yaml"], ROOT)
+PAPER = configs.load(["config/paper.yaml"], ROOT)
 PUBLISHED = ROOT / "config/paper_published.yaml"
 
 
@@ -28,12 +29,29 @@ def test_every_published_row_names_a_configured_row():
     assert known <= set(PAPER["runs"]) | set(PAPER["eval"]["checkpoints"])
 
 
-def test_paper_eval_and_table1_share_the_paper_eval_section():
-    """One eval section (protocols, rows, judge, published) in the three paper configs, so
-    their results land in the same folders and one Table 1 holds every row."""
-    eval_only = yaml.safe_load((ROOT / "config/paper-eval.yaml").read_text())
-    assert eval_only["eval"] == CONFIG["eval"] == PAPER["eval"] and eval_only["runs"] == {}
+def test_the_paper_configs_are_overlays_on_the_one_eval_section(tmp_path):
+    """config/eval.yaml holds Table 1's rows and protocols once; the three paper configs name it
+    (`overlay_on:`) and hold no eval section of their own, so one file alone is complete and a
+    later file overrides a key or drops a row; a missing base is one clear line."""
+    base = yaml.safe_load((ROOT / "config/eval.yaml").read_text())
+    for name in ("config/paper.yaml", "config/table1.yaml", "config/paper-eval.yaml"):
+        raw = yaml.safe_load((ROOT / name).read_text())
+        assert raw[configs.OVERLAY_KEY] == "config/eval.yaml" and "eval" not in raw, name
+        composed = configs.load([name], ROOT)
+        assert composed["eval"] == base["eval"] and configs.OVERLAY_KEY not in composed, name
+        # The base passed explicitly as well (Snakemake's several --configfile) changes nothing.
+        assert configs.load(["config/eval.yaml", name], ROOT) == composed
+    assert configs.load(["config/paper-eval.yaml"], ROOT)["runs"] == {}
     assert CONFIG["runs"] == {name: PAPER["runs"][name] for name in ("weighted_sum", "rho_07")}
+    site = tmp_path / "site.yaml"
+    site.write_text("eval: {limit: 3, checkpoints: {sdxl: null}}\n")
+    mixed = configs.load(["config/table1.yaml", str(site)], ROOT)
+    assert mixed["eval"]["limit"] == 3 and mixed["eval"]["checkpoints"]["sdxl"] is None
+    assert mixed["eval"]["protocols"] == base["eval"]["protocols"]
+    lost = tmp_path / "lost.yaml"
+    lost.write_text("mode: paper\noverlay_on: config/nowhere.yaml\n")
+    with pytest.raises(SystemExit, match="config/nowhere.yaml does not exist"):
+        configs.load([str(lost)], ROOT)
 
 
 def test_every_workflow_config_has_the_params_dvc_reads():
@@ -41,7 +59,7 @@ def test_every_workflow_config_has_the_params_dvc_reads():
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     keys = {k for s in stages.values() for p in s.get("params", []) for k in p.get("config.yaml", [])}
     for path in [*sorted((ROOT / "config").glob("*.yaml")), ROOT / ".test/config.yaml"]:
-        cfg = yaml.safe_load(path.read_text())
+        cfg = configs.load([path], ROOT)
         if "mode" in cfg:  # a workflow config (not a published-rows file)
             assert keys <= set(cfg), f"{path.name}: missing {sorted(keys - set(cfg))}"
 
@@ -79,7 +97,7 @@ def _dry_run(work, target, configfile):
     ("config/paper.yaml", 64, ["equal_alpha", "rho_01", "rho_03", "rho_05", "rho_07", "rho_09", "weighted_sum"]),
 ])
 def test_dry_run_plans_the_eleven_rows_and_trains_only_runs(workflow_copy, configfile, evaluations, trainings):
-    config = yaml.safe_load((ROOT / configfile).read_text())
+    config = configs.load([configfile], ROOT)
     out, counts = _dry_run(workflow_copy, "all", configfile)
     assert counts["evaluate_ckpt"] == evaluations and counts["train_run"] == len(trainings)
     assert counts["fetch_hub_lora"] == 4 and counts["fetch_hub_model"] == 4  # 3 bases + judge
@@ -163,3 +181,35 @@ def test_report_shows_every_table1_row_from_the_table1_csv(tmp_path):
     assert len(rows) == 1 + 11  # the header and every published row
     assert "| 0.70 / 0.14 |" in rows["SD-XL"] and "| 0.30 / 0.96 |" in rows["+ MARBLE"]  # OCR
     assert rows["FLUX.1-Dev"].count("– /") >= 5  # configured, not evaluated
+
+
+def test_table1_merge_guards_refuse_two_protocols_or_two_checkpoints_for_a_row(tmp_path):
+    """A row evaluated in two settings folders (two protocols) or a run with several evaluated
+    checkpoints has no single Table 1 value: the builder's input says so, never picks one."""
+    root = tmp_path / "eval"
+    _scores(root / "n40-a/sd35m/base/ocr", {"ocr": 0.1})
+    _scores(root / "n40-b/sd35m/base/ocr", {"ocr": 0.3})
+    with pytest.raises(ValueError, match="sd35m/base is evaluated in both .*n40-a and .*n40-b"):
+        table1.ours_by_run([root / "n40-a", root / "n40-b"])
+    _scores(root / "n40-c/rho_07/step_2/ocr", {"ocr": 0.5})
+    _scores(root / "n40-c/rho_07/step_4/ocr", {"ocr": 0.7})
+    with pytest.raises(ValueError, match=r"run rho_07 has several evaluated checkpoints \(step_2, step_4\)"):
+        table1.ours_by_run([root / "n40-c"])
+    # One checkpoint, one folder: its value, and a toy reward as its one mean over datasets.
+    _scores(root / "n40-d/rho_07/step_4/ocr", {"ocr": 0.7, "toy": 0.2})
+    _scores(root / "n40-d/rho_07/step_4/pickscore", {"toy": 0.4})
+    ours = table1.ours_by_run([root / "n40-d"])
+    assert ours == {"rho_07": {"OCR": 0.7, "toy (mean over datasets)": pytest.approx(0.3)}}
+
+
+def test_the_workflow_comparison_page_is_the_builders_table(tmp_path):
+    """workflow/scripts/published.py lists THE builder's frame: same ours, same rows."""
+    from test_workflow_eval import _published_script
+
+    rows = load_published(PUBLISHED)
+    ours = {"sd35m": {"OCR": 0.2, "PickScore": 20.8}}
+    frame = table1.build(ours, rows)
+    records = _published_script().comparison(ours, rows)
+    assert {(r["row"], r["metric"]): r["ours"] for r in records if r["ours"] is not None} == {
+        ("SD3.5-M (w/o CFG)", "OCR"): 0.2, ("SD3.5-M (w/o CFG)", "PickScore"): 20.8}
+    assert len(records) == frame[[("published", c) for c, *_ in table1.PAPER_METRICS]].notna().sum().sum()

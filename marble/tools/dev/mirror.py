@@ -33,6 +33,7 @@ import yaml
 from marble.assets.manifest import MANIFEST, load_manifest
 from marble.runtime.io import sha256_file
 from marble.tools.dev import replicas, replicas_hps
+from marble.workflow import configs
 
 # open_clip architecture of the HPS replica (pass it as the hpsv2 reward's model_config/arch).
 HPS_ARCH = "marble-tiny-hps"
@@ -89,7 +90,8 @@ def pinned_public_rows(config: str | Path = PAPER_CONFIG) -> dict[str, str]:
     PIN-A-COMMIT are left out (the workflow's fetch refuses them too)."""
     from marble.assets.hub_ref import is_hub_ref, parse_hub_ref
 
-    ev = (yaml.safe_load(Path(config).read_text(encoding="utf-8")) or {}).get("eval") or {}
+    # config/paper.yaml is an overlay on config/eval.yaml (its base, beside it in config/).
+    ev = configs.load([config], root=Path(config).resolve().parents[1]).get("eval") or {}
     refs = [*(ev.get("checkpoints") or {}).values(),
             *((spec or {}).get("model") for spec in (ev.get("protocols") or {}).values())]
     out = {}
