@@ -213,3 +213,34 @@ def test_the_workflow_comparison_page_is_the_builders_table(tmp_path):
     assert {(r["row"], r["metric"]): r["ours"] for r in records if r["ours"] is not None} == {
         ("SD3.5-M (w/o CFG)", "OCR"): 0.2, ("SD3.5-M (w/o CFG)", "PickScore"): 20.8}
     assert len(records) == frame[[("published", c) for c, *_ in table1.PAPER_METRICS]].notna().sum().sum()
+
+
+def test_table1_names_its_geneval_aggregate_and_prompt_set_and_keeps_the_others(tmp_path):
+    """eval.table1_geneval / eval.table1_prompts select what stands beside the paper; the
+    header names it, and the other aggregates and prompt set stay in table1.csv/json."""
+    from marble.evaluation.results import geneval_summary
+
+    root = tmp_path / "eval/n40-a/sd35m/base"
+    _scores(root / "geneval", {"geneval": 0.34})
+    (root / "geneval/average_scores.json").write_text(json.dumps(
+        {"geneval": 0.34, "n_geneval": 4, "accuracy": 0.256, "geneval_overall": 0.264}))
+    _scores(root / "pickscore", {"pickscore": 0.8})
+    _scores(root / "drawbench", {"pickscore": 0.9})
+    out = tmp_path / "out"
+    assert table1.main(["--eval-dir", str(tmp_path / "eval/n40-a"), "--published", str(PUBLISHED),
+                        "--out-dir", str(out), "--geneval", "image_accuracy", "--prompts", "drawbench"]) == 0
+    text = (out / "table1.md").read_text()
+    assert "| GenEval (image accuracy) |" in text and "| PickScore (drawbench prompts) |" in text
+    assert "| SD3.5-M (w/o CFG) | sd35m | 0.26 / 0.24 |" in text  # 0.256, the per-image accuracy
+    ours = json.loads((out / "table1.json").read_text())["SD3.5-M (w/o CFG)"]
+    assert ours["PickScore"] == pytest.approx(0.9 * 26) and ours["GenEval"] == pytest.approx(0.256)
+    assert ours["alt: GenEval (task mean)"] == pytest.approx(0.264)
+    assert ours["alt: GenEval (partial credit)"] == pytest.approx(0.34)
+    assert ours["alt: PickScore (pickscore prompts)"] == pytest.approx(0.8 * 26)
+    shown = table1.report_frame(out / "table1.csv")  # the report's HTML Table 1
+    assert "GenEval (image accuracy)" in shown.columns and not any(c.startswith("alt:") for c in shown.columns)
+    # Per tag, the partial-credit mean beside the accuracies (the reference's per-tag means).
+    rows = [{"scores": {"geneval": s, "accuracy": a}, "metadata": {"tag": tag}}
+            for s, a, tag in [(0.5, 0.0, "counting"), (1.0, 1.0, "counting"), (0.2, 0.0, "colors")]]
+    summary = geneval_summary(rows)
+    assert summary["counting_partial_credit"] == pytest.approx(0.75) and summary["colors_partial_credit"] == 0.2

@@ -60,6 +60,13 @@ def run_overrides(run):
     return wf_runs.run_overrides(RUNS[run], MODEL_DIR, DATASET_DIR, embed)
 
 
+def table1_choice():
+    """Table 1's open choices (eval.table1_geneval, eval.table1_prompts) as arguments."""
+    return "--geneval {} --prompts {}".format(
+        shlex.quote(EVAL["table1_geneval"]), shlex.quote(EVAL["table1_prompts"])
+    )
+
+
 def final_ckpt(run):
     return wf_runs.checkpoint_name(wf_runs.final_step(RUNS[run], run_overrides(run)))
 

@@ -45,9 +45,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="a settings folder (repeat: each row may have its own)")
     p.add_argument("--published", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--geneval", choices=sorted(table1.GENEVAL_AGGREGATES), default="task_mean")
+    p.add_argument("--prompts", choices=table1.PROMPT_SETS, default="pickscore")
     args = p.parse_args(argv)
     published = load_published(args.published)
-    records = comparison(table1.ours_by_run(args.eval_dir), published)
+    records = comparison(table1.ours_by_run(args.eval_dir, table1.Choice(args.geneval, args.prompts)),
+                         published)
     write_text(args.out, render(records, published.get("source", str(args.published))))
     return 0
 
