@@ -252,3 +252,17 @@ def load_lora_into_pipeline(pipe, path: str | os.PathLike, adapter_name: str = "
         f"{DIFFUSERS_LORA_FILE} (diffusers) or {PEFT_CONFIG_FILE} + {PEFT_WEIGHTS_FILE} or "
         f"{PEFT_BIN_WEIGHTS_FILE} (peft)"
         + ("" if folder.is_dir() else " — the folder does not exist"))
+
+
+def merge_lora(model) -> int:
+    """Merge every active LoRA adapter of `model` into its base weights, in the weights' own
+    dtype (peft's public BaseTunerLayer.merge): the reference merges into the fp32 transformer
+    before casting, so the delta is added at full precision. Returns the layers merged."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    merged = 0
+    for module in model.modules():
+        if isinstance(module, BaseTunerLayer) and not module.merged:
+            module.merge()
+            merged += 1
+    return merged

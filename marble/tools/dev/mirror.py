@@ -38,7 +38,7 @@ from marble.workflow import configs
 # open_clip architecture of the HPS replica (pass it as the hpsv2 reward's model_config/arch).
 HPS_ARCH = "marble-tiny-hps"
 # Bumped when a replica's format changes, so a harness rebuilds an older mirror folder.
-REPLICA_VERSION = 4  # 3: PaddleOCR's model tars; 4: Table 1's public rows
+REPLICA_VERSION = 5  # 3: PaddleOCR's model tars; 4: Table 1's public rows; 5: the DiffusionNFT LoRA
 # The paper config whose pinned public rows (eval.checkpoints, eval.protocols.*.model) the
 # mirror serves at their commits (the one place those commits are written).
 PAPER_CONFIG = Path(__file__).resolve().parents[3] / "config" / "paper.yaml"
@@ -81,6 +81,8 @@ def _public_row_builders(seed: int) -> dict:
         "stabilityai/stable-diffusion-3.5-large": (lambda d: replicas.sd3_repo(d, seed + 22), True),
         # A LoRA for the SD3.5-M replica, in the hub repo's peft format.
         "jieliu/SD3.5M-FlowGRPO-PickScore": (lambda d: replicas.sd3_peft_lora_repo(d, seed + 23), False),
+        # The DiffusionNFT multi-reward LoRA (pinned since issue 29), in the same peft format.
+        "worstcoder/SD3.5M-DiffusionNFT-MultiReward": (lambda d: replicas.sd3_peft_lora_repo(d, seed + 24), False),
     }
 
 
