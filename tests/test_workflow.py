@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import yaml
 from test_workflow_lib import (  # noqa: F401  (tiny_pipeline is a fixture)
-from marble.workflow import configs
     BIN,
     ROOT,
     copy_inputs,
@@ -26,6 +25,8 @@ from marble.workflow import configs
     snakemake,
     tiny_pipeline,
 )
+
+from marble.workflow import configs
 
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
