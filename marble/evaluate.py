@@ -58,6 +58,7 @@ from marble.runtime.provenance import write_provenance
 
 DEFAULT_MODEL = "stabilityai/stable-diffusion-3.5-medium"
 MODEL_TYPES = ("sd3", "generic")
+NUMERICS = ("reference", "marble")
 DEFAULT_DATA_DIR = "dataset"  # the reference reads dataset/<name>/ (its evaluation.py)
 # Outputs written, but some samples' remote requests failed (NaN, not scores): not done yet.
 EXIT_INCOMPLETE = 3
@@ -77,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--guidance_scale", type=float, default=1.0)
     p.add_argument("--num_inference_steps", type=int, default=40)
     p.add_argument("--mixed_precision", choices=("no", "fp16", "bf16"), default="no")
+    p.add_argument("--numerics", choices=NUMERICS, default="marble",
+                   help="reference: the reference evaluation's numerics (a hub LoRA merged into the fp32 "
+                        "transformer before the cast, the VAE decoded inside the same autocast); marble: "
+                        "the LoRA unmerged on the cast transformer, the VAE decoded in fp32 outside it")
     p.add_argument("--resolution", type=int, default=512)
     p.add_argument("--reward_device", default="auto",
                    help="where model-based scorers run: auto (cuda:LOCAL_RANK when CUDA is there, else cpu), "

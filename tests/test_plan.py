@@ -14,8 +14,9 @@ from marble.config import load_config
 from marble.workflow import cost as wf_cost
 from marble.workflow import plan as wf_plan
 from marble.workflow.plan_cli import main as plan_main
+from marble.workflow import configs
 
-PAPER = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
+PAPER = configs.load(["config/paper.yaml"], ROOT)
 RHO_RUNS = ["rho_07", "rho_01", "rho_03", "rho_05", "rho_09"]
 
 

@@ -14,9 +14,10 @@ from test_workflow_lib import ROOT, copy_workflow, snakemake
 from marble.report import table1
 from marble.report.published import TABLE1, TABLE1_COLUMNS, load_published
 from marble.workflow import evaluation
+from marble.workflow import configs
 
-CONFIG = yaml.safe_load((ROOT / "config/table1.yaml").read_text())
-PAPER = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
+CONFIG = configs.load(["config/table1.yaml"], ROOT)
+PAPER = configs.load(["config/paper.yaml"], ROOT)
 PUBLISHED = ROOT / "config/paper_published.yaml"
 
 
@@ -30,12 +31,29 @@ def test_every_published_row_names_a_configured_row():
     assert known <= set(PAPER["runs"]) | set(PAPER["eval"]["checkpoints"])
 
 
-def test_paper_eval_and_table1_share_the_paper_eval_section():
-    """One eval section (protocols, rows, judge, published) in the three paper configs, so
-    their results land in the same folders and one Table 1 holds every row."""
-    eval_only = yaml.safe_load((ROOT / "config/paper-eval.yaml").read_text())
-    assert eval_only["eval"] == CONFIG["eval"] == PAPER["eval"] and eval_only["runs"] == {}
+def test_the_paper_configs_are_overlays_on_the_one_eval_section(tmp_path):
+    """config/eval.yaml holds Table 1's rows and protocols once; the three paper configs name it
+    (`overlay_on:`) and hold no eval section of their own, so one file alone is complete and a
+    later file overrides a key or drops a row; a missing base is one clear line."""
+    base = yaml.safe_load((ROOT / "config/eval.yaml").read_text())
+    for name in ("config/paper.yaml", "config/table1.yaml", "config/paper-eval.yaml"):
+        raw = yaml.safe_load((ROOT / name).read_text())
+        assert raw[configs.OVERLAY_KEY] == "config/eval.yaml" and "eval" not in raw, name
+        composed = configs.load([name], ROOT)
+        assert composed["eval"] == base["eval"] and configs.OVERLAY_KEY not in composed, name
+        # The base passed explicitly as well (Snakemake's several --configfile) changes nothing.
+        assert configs.load(["config/eval.yaml", name], ROOT) == composed
+    assert configs.load(["config/paper-eval.yaml"], ROOT)["runs"] == {}
     assert CONFIG["runs"] == {name: PAPER["runs"][name] for name in ("weighted_sum", "rho_07", "sequential")}
+    site = tmp_path / "site.yaml"
+    site.write_text("eval: {limit: 3, checkpoints: {sdxl: null}}\n")
+    mixed = configs.load(["config/table1.yaml", str(site)], ROOT)
+    assert mixed["eval"]["limit"] == 3 and mixed["eval"]["checkpoints"]["sdxl"] is None
+    assert mixed["eval"]["protocols"] == base["eval"]["protocols"]
+    lost = tmp_path / "lost.yaml"
+    lost.write_text("mode: paper\noverlay_on: config/nowhere.yaml\n")
+    with pytest.raises(SystemExit, match="config/nowhere.yaml does not exist"):
+        configs.load([str(lost)], ROOT)
 
 
 def test_every_workflow_config_has_the_params_dvc_reads():
@@ -43,7 +61,7 @@ def test_every_workflow_config_has_the_params_dvc_reads():
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     keys = {k for s in stages.values() for p in s.get("params", []) for k in p.get("config.yaml", [])}
     for path in [*sorted((ROOT / "config").glob("*.yaml")), ROOT / ".test/config.yaml"]:
-        cfg = yaml.safe_load(path.read_text())
+        cfg = configs.load([path], ROOT)
         if "mode" in cfg:  # a workflow config (not a published-rows file)
             assert keys <= set(cfg), f"{path.name}: missing {sorted(keys - set(cfg))}"
 
@@ -82,7 +100,7 @@ def _dry_run(work, target, configfile):
                                "sequential", "weighted_sum"]),
 ])
 def test_dry_run_plans_the_eleven_rows_and_trains_only_runs(workflow_copy, configfile, evaluations, trainings):
-    config = yaml.safe_load((ROOT / configfile).read_text())
+    config = configs.load([configfile], ROOT)
     out, counts = _dry_run(workflow_copy, "all", configfile)
     assert counts["evaluate_ckpt"] == evaluations and counts["train_run"] == len(trainings)
     assert counts["fetch_hub_lora"] == 4 and counts["fetch_hub_model"] == 4  # 3 bases + judge
@@ -169,3 +187,66 @@ def test_report_shows_every_table1_row_from_the_table1_csv(tmp_path):
     assert len(rows) == 1 + 12  # the header and every published row (sequential twice)
     assert "| 0.70 / 0.14 |" in rows["SD-XL"] and "| 0.30 / 0.96 |" in rows["+ MARBLE"]  # OCR
     assert rows["FLUX.1-Dev"].count("– /") >= 5  # configured, not evaluated
+
+
+def test_table1_merge_guards_refuse_two_protocols_or_two_checkpoints_for_a_row(tmp_path):
+    """A row evaluated in two settings folders (two protocols) or a run with several evaluated
+    checkpoints has no single Table 1 value: the builder's input says so, never picks one."""
+    root = tmp_path / "eval"
+    _scores(root / "n40-a/sd35m/base/ocr", {"ocr": 0.1})
+    _scores(root / "n40-b/sd35m/base/ocr", {"ocr": 0.3})
+    with pytest.raises(ValueError, match="sd35m/base is evaluated in both .*n40-a and .*n40-b"):
+        table1.ours_by_run([root / "n40-a", root / "n40-b"])
+    _scores(root / "n40-c/rho_07/step_2/ocr", {"ocr": 0.5})
+    _scores(root / "n40-c/rho_07/step_4/ocr", {"ocr": 0.7})
+    with pytest.raises(ValueError, match=r"run rho_07 has several evaluated checkpoints \(step_2, step_4\)"):
+        table1.ours_by_run([root / "n40-c"])
+    # One checkpoint, one folder: its value, and a toy reward as its one mean over datasets.
+    _scores(root / "n40-d/rho_07/step_4/ocr", {"ocr": 0.7, "toy": 0.2})
+    _scores(root / "n40-d/rho_07/step_4/pickscore", {"toy": 0.4})
+    ours = table1.ours_by_run([root / "n40-d"])
+    assert ours == {"rho_07": {"OCR": 0.7, "toy (mean over datasets)": pytest.approx(0.3)}}
+
+
+def test_the_workflow_comparison_page_is_the_builders_table(tmp_path):
+    """workflow/scripts/published.py lists THE builder's frame: same ours, same rows."""
+    from test_workflow_eval import _published_script
+
+    rows = load_published(PUBLISHED)
+    ours = {"sd35m": {"OCR": 0.2, "PickScore": 20.8}}
+    frame = table1.build(ours, rows)
+    records = _published_script().comparison(ours, rows)
+    assert {(r["row"], r["metric"]): r["ours"] for r in records if r["ours"] is not None} == {
+        ("SD3.5-M (w/o CFG)", "OCR"): 0.2, ("SD3.5-M (w/o CFG)", "PickScore"): 20.8}
+    assert len(records) == frame[[("published", c) for c, *_ in table1.PAPER_METRICS]].notna().sum().sum()
+
+
+def test_table1_names_its_geneval_aggregate_and_prompt_set_and_keeps_the_others(tmp_path):
+    """eval.table1_geneval / eval.table1_prompts select what stands beside the paper; the
+    header names it, and the other aggregates and prompt set stay in table1.csv/json."""
+    from marble.evaluation.results import geneval_summary
+
+    root = tmp_path / "eval/n40-a/sd35m/base"
+    _scores(root / "geneval", {"geneval": 0.34})
+    (root / "geneval/average_scores.json").write_text(json.dumps(
+        {"geneval": 0.34, "n_geneval": 4, "accuracy": 0.256, "geneval_overall": 0.264}))
+    _scores(root / "pickscore", {"pickscore": 0.8})
+    _scores(root / "drawbench", {"pickscore": 0.9})
+    out = tmp_path / "out"
+    assert table1.main(["--eval-dir", str(tmp_path / "eval/n40-a"), "--published", str(PUBLISHED),
+                        "--out-dir", str(out), "--geneval", "image_accuracy", "--prompts", "drawbench"]) == 0
+    text = (out / "table1.md").read_text()
+    assert "| GenEval (image accuracy) |" in text and "| PickScore (drawbench prompts) |" in text
+    assert "| SD3.5-M (w/o CFG) | sd35m | 0.26 / 0.24 |" in text  # 0.256, the per-image accuracy
+    ours = json.loads((out / "table1.json").read_text())["SD3.5-M (w/o CFG)"]
+    assert ours["PickScore"] == pytest.approx(0.9 * 26) and ours["GenEval"] == pytest.approx(0.256)
+    assert ours["alt: GenEval (task mean)"] == pytest.approx(0.264)
+    assert ours["alt: GenEval (partial credit)"] == pytest.approx(0.34)
+    assert ours["alt: PickScore (pickscore prompts)"] == pytest.approx(0.8 * 26)
+    shown = table1.report_frame(out / "table1.csv")  # the report's HTML Table 1
+    assert "GenEval (image accuracy)" in shown.columns and not any(c.startswith("alt:") for c in shown.columns)
+    # Per tag, the partial-credit mean beside the accuracies (the reference's per-tag means).
+    rows = [{"scores": {"geneval": s, "accuracy": a}, "metadata": {"tag": tag}}
+            for s, a, tag in [(0.5, 0.0, "counting"), (1.0, 1.0, "counting"), (0.2, 0.0, "colors")]]
+    summary = geneval_summary(rows)
+    assert summary["counting_partial_credit"] == pytest.approx(0.75) and summary["colors_partial_credit"] == 0.2

@@ -26,6 +26,8 @@ from test_workflow_lib import (  # noqa: F401  (tiny_pipeline is a fixture)
     tiny_pipeline,
 )
 
+from marble.workflow import configs
+
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
 
@@ -89,7 +91,7 @@ def test_schema_fills_defaults_and_accepts_shipped_configs():
     assert cfg["cluster"] == {"partition": None, "gpu_partition": None, "account": None,
                               "gpu_type": None, "constraint": None, "local_downloads": True}
     for name in ["config.yaml", "config/paper.yaml", "config/paper-eval.yaml", ".test/config.yaml"]:
-        _validate(yaml.safe_load((ROOT / name).read_text()))
+        _validate(configs.load([name], ROOT))
 
 
 @pytest.mark.parametrize("cfg, named", [

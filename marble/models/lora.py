@@ -270,3 +270,17 @@ class AdapterStates:
             raise KeyError(f"adapters {sorted(states)} where this run has {sorted(self.names)}")
         for name in self.names:
             load_adapter_state(self.transformer, name, states[name])
+
+
+def merge_lora(model) -> int:
+    """Merge every active LoRA adapter of `model` into its base weights, in the weights' own
+    dtype (peft's public BaseTunerLayer.merge): the reference merges into the fp32 transformer
+    before casting, so the delta is added at full precision. Returns the layers merged."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    merged = 0
+    for module in model.modules():
+        if isinstance(module, BaseTunerLayer) and not module.merged:
+            module.merge()
+            merged += 1
+    return merged

@@ -188,10 +188,7 @@ def _paper_section(b: Builder, runs: list[RunData], evals: pd.DataFrame | None) 
         "the tiny model with toy rewards (brightness and saturation stand in for the general "
         "rewards, text contrast for OCR, colour match for GenEval). Compare directions and "
         f"orderings, not values. Source of every `published` column: {published.SOURCE}."))
-    b.table(s, "table1_beside_paper", "Table 1, this run (eval scores, mean over a balancer's "
-            "seeds) beside the published row of the same method (`published: ...` columns; "
-            "equal_alpha has no published row)",
-            published.beside_paper(evals, {r.name: r.balancer for r in runs}))
+    # This run beside the published rows is the lead's Table 1 (marble.report.table1.build).
     b.table(s, "table1_published", f"Table 1 as published ({published.SOURCE})", published.table1())
 
 
