@@ -79,3 +79,14 @@ def test_a_bad_lock_file_is_one_line(tmp_path):
     config = {"eval": {"checkpoints": {"x": "hf:a/b@PIN-A-COMMIT", "y": "hf:a/b@" + "4" * 40}}}
     assert hub_lock.apply_lock(config, {"a/b": {"commit": "5" * 40}}) == ["a/b"]
     assert config["eval"]["checkpoints"] == {"x": "hf:a/b@" + "5" * 40, "y": "hf:a/b@" + "4" * 40}
+
+
+def test_broken_yaml_is_one_line_naming_the_file(tmp_path):
+    """A lock or an overlay's base that is not YAML at all: one line naming the file (it was a
+    yaml.ScannerError traceback from marble hub lock, marble doctor and the DAG build)."""
+    (tmp_path / "hub.lock").write_text("repos: {a/b: {commit: [1\n")
+    with pytest.raises(SystemExit, match="hub.lock: a hub lock is"):
+        hub_lock.read_lock(tmp_path / "hub.lock")
+    (tmp_path / "base.yaml").write_text("eval: [1,\n")
+    with pytest.raises(SystemExit, match=r"base\.yaml line 2: not valid YAML"):
+        configs.compose({"overlay_on": "base.yaml"}, tmp_path)

@@ -32,6 +32,10 @@ def read_yaml(path: Path) -> dict:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise SystemExit(f"error: config file {path} does not exist") from None
+    except yaml.YAMLError as exc:  # where the YAML breaks, on one line (not a traceback)
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise SystemExit(f"error: {path}{where}: not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -54,7 +54,10 @@ def read_lock(path: Path) -> dict[str, dict]:
     path = Path(path)
     if not path.is_file():
         return {}
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError:  # one line naming the file, as for a well-formed but wrong lock
+        data = None
     repos = data.get("repos") if isinstance(data, dict) else None
     if not isinstance(repos, dict) or not all(
             isinstance(v, dict) and len(str(v.get("commit", ""))) == 40 for v in repos.values()):
