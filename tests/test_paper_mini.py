@@ -22,6 +22,8 @@ def test_paper_mini_shrinks_sizes_only():
     paper = configs.load(["config/paper.yaml"], ROOT)
     mini = yaml.safe_load((ROOT / ".test/paper-mini.yaml").read_text())
     assert set(mini["runs"]) == set(paper["runs"])
+    # the paper path evaluates with the reference's numerics, and paper-mini keeps them
+    assert paper["eval"]["numerics"] == "reference" and "numerics" not in (mini.get("eval") or {})
     # Only the rho ablation's other four trainings and the staged run are dropped (proven by
     # dry runs instead; the stage switch by the tiny curriculum's resume test).
     assert sorted(n for n, run in mini["runs"].items() if run is None) == [
