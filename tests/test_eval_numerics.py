@@ -39,3 +39,42 @@ def test_reference_mode_merges_before_the_cast_marble_mode_does_not(tmp_path):
         assert layers and next(pipe.transformer.parameters()).dtype == torch.float16, mode
         assert next(pipe.vae.parameters()).dtype == torch.float32, mode  # the VAE stays fp32
     assert all(m.merged for m in modes["reference"][0]) and not any(m.merged for m in modes["marble"][0])
+
+
+def test_reference_mode_decodes_inside_the_autocast_marble_mode_outside(monkeypatch):
+    """The VAE decode's place (no CUDA here: the pipeline reports a CUDA device, torch.autocast
+    records whether it is active, sampling and decode are stand-ins with the real signatures)."""
+    import contextlib
+    import types
+
+    from marble.evaluation import runner
+    from marble.evaluation.prompts import EvalSample
+
+    active = []
+
+    @contextlib.contextmanager
+    def autocast(device_type, dtype=None, enabled=True, cache_enabled=None):
+        active.append(enabled)
+        try:
+            yield
+        finally:
+            active.pop()
+
+    def sd3_latents(pipe, samples, generators, args):
+        return torch.zeros(len(samples), 4, 2, 2)
+
+    seen = {}
+
+    def decode_latents(pipe, latents):
+        seen["autocast"] = bool(active and active[-1])
+        return torch.zeros(latents.shape[0], 3, 8, 8)
+
+    monkeypatch.setattr(runner.torch, "autocast", autocast)
+    monkeypatch.setattr(runner, "sd3_latents", sd3_latents)
+    monkeypatch.setattr(runner, "decode_latents", decode_latents)
+    pipe = types.SimpleNamespace(transformer=types.SimpleNamespace(device=torch.device("cuda")))
+    samples = [EvalSample(sample_id=0, prompt_id="p0", prompt="a cat")]
+    for mode, inside in (("reference", True), ("marble", False)):
+        args = types.SimpleNamespace(seed=0, mixed_precision="fp16", numerics=mode, model_type="sd3")
+        assert runner.generate_images(pipe, samples, args).shape == (1, 3, 8, 8)
+        assert seen.pop("autocast") is inside, mode
