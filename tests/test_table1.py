@@ -197,6 +197,16 @@ def test_table1_merge_guards_refuse_two_protocols_or_two_checkpoints_for_a_row(t
     _scores(root / "n40-b/sd35m/base/ocr", {"ocr": 0.3})
     with pytest.raises(ValueError, match="sd35m/base is evaluated in both .*n40-a and .*n40-b"):
         table1.ours_by_run([root / "n40-a", root / "n40-b"])
+    # the table1 rule's command says so in one line (it was a ValueError traceback)
+    with pytest.raises(SystemExit, match=r"^python -m marble\.report\.table1: error: sd35m/base is evaluated"):
+        table1.main(["--eval-dir", str(root / "n40-a"), "--eval-dir", str(root / "n40-b"),
+                     "--published", str(PUBLISHED), "--out-dir", str(tmp_path / "t1")])
+    assert not (tmp_path / "t1").exists()  # nothing half written
+    from test_workflow_eval import _published_script
+
+    with pytest.raises(SystemExit, match=r"^published\.py: error: sd35m/base is evaluated"):
+        _published_script().main(["--eval-dir", str(root / "n40-a"), "--eval-dir", str(root / "n40-b"),
+                                  "--published", str(PUBLISHED), "--out", str(tmp_path / "cmp.md")])
     _scores(root / "n40-c/rho_07/step_2/ocr", {"ocr": 0.5})
     _scores(root / "n40-c/rho_07/step_4/ocr", {"ocr": 0.7})
     with pytest.raises(ValueError, match=r"run rho_07 has several evaluated checkpoints \(step_2, step_4\)"):

@@ -248,7 +248,11 @@ def main(argv: list[str] | None = None) -> int:
     choice = Choice(args.geneval, args.prompts)
     published = load_published(args.published)
     dirs = [d for d in args.eval_dir if Path(d).is_dir()]
-    frame = build(ours_by_run(dirs, choice), published, stand_in_engines(dirs))
+    try:
+        ours = ours_by_run(dirs, choice)
+    except ValueError as exc:  # a merge guard (two protocols or two checkpoints for a row): one line
+        raise SystemExit(f"python -m marble.report.table1: error: {exc}") from None
+    frame = build(ours, published, stand_in_engines(dirs))
     flat = frame.copy()
     # The csv's headers name the choice (the report's HTML Table 1 is read from it).
     flat.columns = [f"{a}: {choice.label(b)}" if a else b for a, b in frame.columns]

@@ -49,8 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", choices=table1.PROMPT_SETS, default="pickscore")
     args = p.parse_args(argv)
     published = load_published(args.published)
-    records = comparison(table1.ours_by_run(args.eval_dir, table1.Choice(args.geneval, args.prompts)),
-                         published)
+    try:
+        ours = table1.ours_by_run(args.eval_dir, table1.Choice(args.geneval, args.prompts))
+    except ValueError as exc:  # the builder's merge guards: one line in the job's log, no traceback
+        raise SystemExit(f"published.py: error: {exc}") from None
+    records = comparison(ours, published)
     write_text(args.out, render(records, published.get("source", str(args.published))))
     return 0
 
