@@ -90,3 +90,35 @@ def test_broken_yaml_is_one_line_naming_the_file(tmp_path):
     (tmp_path / "base.yaml").write_text("eval: [1,\n")
     with pytest.raises(SystemExit, match=r"base\.yaml line 2: not valid YAML"):
         configs.compose({"overlay_on": "base.yaml"}, tmp_path)
+
+
+def test_the_lock_is_all_or_nothing(tmp_path, monkeypatch, capsys):
+    """One repo the hub does not answer: no commit is written (the lock keeps what it held) and
+    the command says why in one line; the hub's API is a stand-in with its real signature."""
+    import types
+
+    from huggingface_hub import HfApi
+
+    from marble.workflow import hub_cli
+
+    down = {"o/b"}
+
+    def model_info(self, repo_id, *, revision=None, timeout=None, securityStatus=None, files_metadata=False,
+                   expand=None, token=None):
+        if repo_id in down:
+            raise OSError(f"{repo_id}: 404 Not Found")
+        return types.SimpleNamespace(sha="6" * 40)
+
+    monkeypatch.setattr(HfApi, "model_info", model_info)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text("hub_lock: hub.lock\neval: {checkpoints: {a: hf:o/a@PIN-A-COMMIT, "
+                                     "b: hf:o/b@PIN-A-COMMIT}}\n")
+    before = "repos:\n  o/z: {commit: " + "7" * 40 + "}\n"
+    (tmp_path / "hub.lock").write_text(before)
+    assert hub_cli.main(["lock", "--configfile", "c.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "o/b: 404 Not Found" in err
+    assert (tmp_path / "hub.lock").read_text() == before
+    down.clear()  # the hub answers again: both locked, the earlier entry kept
+    assert hub_cli.main(["lock", "--configfile", "c.yaml"]) == 0
+    assert set(hub_lock.read_lock(tmp_path / "hub.lock")) == {"o/a", "o/b", "o/z"}
