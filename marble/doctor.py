@@ -26,8 +26,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from marble.workflow import configs
 from marble.workflow import doctor_checks as checks
 from marble.workflow import hub_lock
@@ -49,14 +47,10 @@ def load_workflow_config(files: list[str], root: Path) -> dict:
     """Like the Snakefile: config.yaml unless --configfile files are given (merged in
     order, later keys win), then the schema's defaults."""
     paths = [root / f for f in files] if files else [root / "config.yaml"]
-    config: dict = {}
-    for path in paths:
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except FileNotFoundError:
-            raise SystemExit(f"marble doctor: error: config file {path} does not exist") from None
-        checks.merge(config, data)
-    config = configs.compose(config, root)  # an overlay's `overlay_on:` base beneath it
+    try:  # the workflow's own reading, merge and `overlay_on:` composition (one line on bad input)
+        config = configs.load(files or ["config.yaml"], root)
+    except SystemExit as exc:
+        raise SystemExit(f"marble doctor: {exc}") from None
     schema = root / "workflow/schemas/config.schema.yaml"
     try:
         from snakemake.utils import validate

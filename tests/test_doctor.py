@@ -107,9 +107,16 @@ def test_slurm_settings_are_checked_against_sinfo_and_sacctmgr(tmp_path, monkeyp
     assert rows["slurm account"].status == "FAIL" and "proj42, team7" in rows["slurm account"].fix
 
 
-@pytest.mark.parametrize("bad", ["nonexistent.yaml"])
-def test_a_missing_config_file_is_one_line(tmp_path, bad):
-    with pytest.raises(SystemExit, match=f"config file .*{bad} does not exist"):
+@pytest.mark.parametrize("bad, text, says", [
+    ("nonexistent.yaml", None, "config file .*nonexistent.yaml does not exist"),
+    ("broken.yaml", "eval: [1,\n", r"broken\.yaml line 2: not valid YAML"),
+    ("list.yaml", "- 1\n", r"list\.yaml: a workflow config is a mapping")])
+def test_a_missing_or_broken_config_file_is_one_line(tmp_path, bad, text, says):
+    """A broken or non-mapping file was a yaml / AttributeError traceback (the doctor read files
+    with its own loop; it now reads them as marble.workflow.configs does)."""
+    if text is not None:
+        (tmp_path / bad).write_text(text)
+    with pytest.raises(SystemExit, match=f"^marble doctor: error: .*{says}"):
         doctor.load_workflow_config([bad], tmp_path)
 
 
