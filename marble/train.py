@@ -27,7 +27,8 @@ from pathlib import Path
 from marble.config import ConfigError, RunConfig, load_config
 from marble.runtime.oserrors import describe_write_failure
 from marble.training import run_lock
-from marble.training.run_dir import TrainError, check_run_dir
+from marble.training.preflight import preflight
+from marble.training.run_dir import TrainError, check_run_dir  # noqa: F401 - re-exported for callers
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -92,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg = resolve_config(args)
             check_model_path(cfg)
             check_data_path(cfg)
-            check_run_dir(args.output_dir, cfg)
+            # Every input read and the folder's identity checked before anything is written.
+            preflight(cfg, args.output_dir)
             if _is_global_rank0():
                 lock = run_lock.acquire(args.output_dir)
         except (ConfigError, TrainError, run_lock.RunLockError) as exc:
@@ -121,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(args: argparse.Namespace, cfg: RunConfig, stop) -> dict:
+    from marble.data.embed_cache import EmbedCacheError
+    from marble.models.loading import ModelNotFoundError
     from marble.training.checkpoint import CheckpointError
     from marble.training.trainer import (
         run_training,  # heavy imports only once the config is sound
@@ -129,7 +133,7 @@ def _train(args: argparse.Namespace, cfg: RunConfig, stop) -> dict:
     try:
         return run_training(cfg, args.output_dir, device=args.device,
                             progress=not args.no_progress, stop=stop)
-    except (TrainError, CheckpointError) as exc:
+    except (TrainError, CheckpointError, EmbedCacheError, ModelNotFoundError) as exc:
         print(f"marble train: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     except Exception as exc:  # noqa: BLE001 - re-raised unless it is a write failure
