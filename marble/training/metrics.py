@@ -135,7 +135,7 @@ class MetricsLog:
             self._size = self.path.stat().st_size if self.path.is_file() else 0
             return
         size = self.path.stat().st_size if self.path.is_file() else -1
-        if size == self._size and self._tail_matches():
+        if (size == -1 and not self._lines) or (size == self._size and self._tail_matches()):
             return
         warnings.warn(f"{self.path} changed under this live run ({max(size, 0)} bytes, this run wrote "
                       f"{self._size}: restored by `dvc checkout`?); rewriting the {len(self._lines)} "
