@@ -20,7 +20,10 @@ images as `images/<id:05d>.jpg` (--image_format jpg, so its folders rescore with
 Differences from the reference: every sample's noise is seeded from (--seed, prompt id,
 repeat index), so reruns give identical images and any rank count the same noise (the
 reference sets no seed); the run resumes, skipping samples already in
-`evaluation_results.jsonl`, and refuses to mix results of different image-changing flags.
+`evaluation_results.jsonl`, and refuses to mix results of different image-changing flags or of a base model or LoRA
+whose content changed (compared by fingerprint, marble.evaluation.identity: a moved
+project is the same run). One evaluation per output folder (EVALUATION.lock,
+marble.training.run_lock); run_info.json is written once the pipeline and scorers load.
 Outputs: evaluation_results.jsonl, average_scores.json, image_prompts.json, run_info.json,
 images/ (when asked). A remote reward request that failed (e.g. UnifiedReward's server
 answered 503) is stored as missing, counted as `failed_<reward>` in average_scores.json,
@@ -245,8 +248,10 @@ def claim(args, info, run_identity) -> tuple[Path | None, str | None]:
             check_same_run(Path(args.output_dir) / "run_info.json", run_identity)
         except (ResultsError, run_lock.RunLockError) as exc:
             message = str(exc)
-        except OSError as exc:
-            message = f"{args.output_dir}: cannot take its lock ({exc})"
+        except OSError as exc:  # the lock is the first write: a full or read-only disk
+            from marble.runtime.oserrors import describe_write_failure
+
+            message = describe_write_failure(exc, args.output_dir) or f"{args.output_dir}: cannot take its lock ({exc})"
     return lock, dist.broadcast_object(message)
 
 

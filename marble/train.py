@@ -7,13 +7,19 @@
 DIR/config.yaml holds the resolved config; a DIR that already has one must agree with
 the requested config on every key that changes the result (marble.training.run_dir:
 RESULT_NEUTRAL_KEYS lists the others), otherwise the run refuses to start rather than
-silently mixing two experiments.
+silently mixing two experiments; DIR/inputs.json records what the inputs held (base model,
+table, embedding cache, reward weights: marble.training.inputs), so an input replaced
+under the same path is refused by name, and a moved project resumes. Every input is read
+and checked before the first file is written (marble.training.preflight): a failed start
+leaves nothing that refuses the corrected command.
 Errors are one line on stderr and exit status 2. SIGUSR1 or SIGTERM stop the run after
 the current optimizer step with a checkpoint and exit status 75 (marble.training.stopping:
 EXIT_REQUEUE), which the SLURM wrapper turns into a requeue; the handlers are installed
 first thing, so a signal during model loading also ends with 75 (and no new checkpoint).
-Global rank 0 holds DIR/TRAINING.lock while it trains (marble.training.run_lock): a
-second trainer on the same folder is refused (exit 2) while the first lives.
+Global rank 0 holds the folder's TRAINING.lock while it trains (marble.training.run_lock;
+under <project>/.marble/locks, where `dvc checkout` cannot remove it): a second trainer on
+the same folder is refused (exit 2) while the first lives. A run whose every step was
+skipped, or whose reward was NaN on every step, fails (exit 2, no train_summary.json).
 """
 
 from __future__ import annotations

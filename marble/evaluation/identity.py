@@ -17,10 +17,15 @@ from pathlib import Path
 from marble.evaluation.checkpoints import CheckpointError
 from marble.runtime.fingerprint import HashCache, fingerprint, project_relative
 from marble.training.inputs import model_entry, recorded_inputs
+from marble.training.preflight import unreadable_weights
 from marble.training.run_dir import TrainError
 
 
 def base_entry(model_path: str, cache: HashCache) -> dict:
+    folder = Path(model_path).expanduser()
+    damaged = unreadable_weights(folder) if folder.is_dir() else None
+    if damaged:  # one line here, not a traceback from deep in from_pretrained
+        raise CheckpointError(f"--model_path {model_path} does not load: {damaged}")
     return model_entry(model_path, None, cache)
 
 

@@ -48,6 +48,22 @@ def check_table(cfg: RunConfig) -> None:
         raise TrainError(f"`data.train` = {path!r} holds no prompts (an empty table)")
 
 
+def unreadable_weights(folder: Path) -> str | None:
+    """The first safetensors file of a model folder whose header does not parse (a truncated
+    or overwritten file: diffusers would fail deep in from_pretrained), with the reason."""
+    from safetensors import safe_open
+
+    for path in sorted(folder.rglob("*.safetensors")):
+        if any(part.startswith(".") for part in path.relative_to(folder).parts):
+            continue
+        try:
+            with safe_open(str(path), framework="np"):
+                pass
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own SafetensorError
+            return f"{path}: not a readable safetensors file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+    return None
+
+
 def check_model_folder(cfg: RunConfig) -> None:
     path = Path(cfg.model.path).expanduser()
     if cfg.model.path.startswith("random:") or not path.exists():
@@ -55,6 +71,9 @@ def check_model_folder(cfg: RunConfig) -> None:
     if not path.is_dir() or not (path / "model_index.json").is_file():
         raise TrainError(f"`model.path` = {cfg.model.path!r} is not a diffusers model folder "
                          "(no model_index.json)")
+    damaged = unreadable_weights(path)
+    if damaged:
+        raise TrainError(f"`model.path` = {cfg.model.path!r} does not load: {damaged}")
 
 
 def check_embed_cache(cfg: RunConfig) -> None:

@@ -61,7 +61,7 @@ def tiny_inputs(root):
     """A fake base model folder and a training table under `root` (no weights are loaded)."""
     (root / "model" / "transformer").mkdir(parents=True)
     (root / "model" / "model_index.json").write_text("{}")
-    (root / "model" / "transformer" / "w.safetensors").write_bytes(b"\0" * 256)
+    save_file({"w": torch.zeros(64)}, str(root / "model" / "transformer" / "w.safetensors"))
     rows = [PromptRecord.make("a cat", "pickscore"), PromptRecord.make('a "sign"', "ocr")]
     to_frame(rows, {"toy_brightness": [True, True]}).to_parquet(root / "train.parquet")
     return [f"model.path={root / 'model'}", f"data.train={root / 'train.parquet'}",
@@ -82,11 +82,12 @@ def test_resume_refuses_inputs_replaced_under_the_same_path(tmp_path, fault_tria
     cfg, run = started_run(tmp_path)
     preflight(cfg, run)  # unchanged: resumes
     weights = tmp_path / "model" / "transformer" / "w.safetensors"
-    rewrite_keeping_stat(weights, b"\1")
+    whole = weights.read_bytes()
+    rewrite_keeping_stat(weights, whole[:-4] + b"\1\1\1\1")  # one float changed, same size and mtime
     with pytest.raises(TrainError) as err:
         preflight(cfg, run)
     fault_trials.record("model.path" in str(err.value) and "\n" not in str(err.value), "base model replaced")
-    weights.write_bytes(b"\0" * 256)  # restored: resumes again
+    weights.write_bytes(whole)  # restored: resumes again
     preflight(cfg, run)
     to_frame([PromptRecord.make("a dog", "pickscore")], {"toy_brightness": [True]}).to_parquet(tmp_path / "train.parquet")
     with pytest.raises(TrainError, match=r"data.train \(") as err:
@@ -117,6 +118,7 @@ def _no_training(cfg, out_dir, device=None, progress=True, stop=None):  # run_tr
     ("table:empty", "holds no prompts"),
     ("table:damaged", "is not a readable parquet table"),
     ("model:nofolder", "is not a diffusers model folder"),
+    ("model:damaged", "w.safetensors: not a readable safetensors file"),
 ])
 def test_a_failed_start_is_one_line_writes_nothing_and_the_fix_runs(tmp_path, capsys, monkeypatch, bad, needle):
     monkeypatch.setattr("marble.training.trainer.run_training", _no_training)
@@ -130,9 +132,14 @@ def test_a_failed_start_is_one_line_writes_nothing_and_the_fix_runs(tmp_path, ca
     elif bad == "table:damaged":
         (tmp_path / "bad.parquet").write_bytes(b"PAR1 not really")
         sets[1] = f"data.train={tmp_path / 'bad.parquet'}"
-    else:
+    elif bad == "model:nofolder":
         (tmp_path / "notmodel").mkdir()
         sets[0] = f"model.path={tmp_path / 'notmodel'}"
+    else:  # a truncated weights file; the corrected command below has the whole one
+        (tmp_path / "bad").mkdir()
+        shutil.copytree(tmp_path / "model", tmp_path / "bad" / "model")
+        (tmp_path / "bad" / "model" / "transformer" / "w.safetensors").write_bytes(b"\x10\0\0\0")
+        sets[0] = f"model.path={tmp_path / 'bad' / 'model'}"
     argv = ["--preset", "tiny", "--output-dir", str(tmp_path / "run"), "--no-progress"]
     with pytest.raises(SystemExit) as exc:
         train.main(argv + [x for s in sets for x in ("--set", s)])
