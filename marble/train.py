@@ -33,6 +33,7 @@ from pathlib import Path
 from marble.config import ConfigError, RunConfig, load_config
 from marble.runtime.oserrors import describe_write_failure
 from marble.training import run_lock
+from marble.training.checkpoint_format import checkpoint_name
 from marble.training.preflight import preflight
 from marble.training.run_dir import TrainError, check_run_dir  # noqa: F401 - re-exported for callers
 
@@ -81,6 +82,11 @@ def check_data_path(cfg: RunConfig) -> None:
         )
 
 
+def checkpoint_of_step(last_checkpoint: str | None, step: int) -> bool:
+    """Whether the run's newest checkpoint is the one of `step` (step 0: a stop before any)."""
+    return bool(last_checkpoint) and step > 0 and Path(last_checkpoint).name == checkpoint_name(step)
+
+
 def _is_global_rank0() -> bool:
     # Before the process group exists: torchrun's RANK (absent for a plain run).
     return os.environ.get("RANK", "0") == "0"
@@ -118,9 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     if summary.get("requeue"):
         write_requeue_file(summary["final_step"], summary.get("stop_signal"))
         if summary.get("rank", 0) == 0:
+            # A stop while the model loaded writes nothing: say so, and where the requeue resumes.
+            saved = checkpoint_of_step(summary.get("last_checkpoint"), summary["final_step"])
             print(f"marble train: {summary.get('stop_signal')}: stopped after step "
-                  f"{summary['final_step']} with a checkpoint; exit {EXIT_REQUEUE} (requeue)",
-                  file=sys.stderr)
+                  f"{summary['final_step']} "
+                  f"{'with a checkpoint' if saved else '(no checkpoint of it: the requeue starts over)'}; "
+                  f"exit {EXIT_REQUEUE} (requeue)", file=sys.stderr)
         return EXIT_REQUEUE
     if summary.get("rank", 0) == 0:
         print(f"marble train: done at step {summary['final_step']} -> "

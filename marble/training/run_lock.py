@@ -4,7 +4,7 @@ Where the lock lives: outside the run folder, because run folders sit inside DVC
 (`results/runs`) and `dvc checkout --force` deletes what an output folder holds beyond its
 cached version: a lock there vanished under a live trainer and a second one was admitted.
 The lock of `<project>/<rel>` is `<project>/.marble/locks/<rel>/TRAINING.lock`, the
-project being the nearest folder above the run with a `dvc.yaml`, `.dvc` or `.git`
+project being the nearest folder above the run with a `dvc.yaml`, `.dvc`, `.git` or `Snakefile`
 (`$MARBLE_STATE_DIR` replaces `<project>/.marble`); a run outside any project keeps it
 in a sibling `.marble-locks/<name>/`. `marble evaluate` takes EVALUATION.lock of its
 output folder the same way (`acquire(folder, name=EVAL_LOCK_NAME)`).
@@ -41,7 +41,7 @@ from pathlib import Path
 LOCK_NAME = "TRAINING.lock"
 EVAL_LOCK_NAME = "EVALUATION.lock"
 STATE_ENV = "MARBLE_STATE_DIR"
-PROJECT_MARKERS = ("dvc.yaml", ".dvc", ".git")
+PROJECT_MARKERS = ("dvc.yaml", ".dvc", ".git", "Snakefile")  # a copied workflow folder too
 
 
 def project_root(folder: Path) -> Path | None:

@@ -285,3 +285,10 @@ def test_evaluate_refuses_in_one_line_before_writing(tmp_path, capsys, monkeypat
     finally:
         run_lock.release(lock)
     assert not (out / "run_info.json").exists()
+
+
+def test_a_stop_while_loading_does_not_claim_a_checkpoint():
+    """`marble train` printed "stopped ... with a checkpoint" when the stop came before any step."""
+    assert not train.checkpoint_of_step(None, 0)
+    assert not train.checkpoint_of_step("/r/checkpoints/checkpoint-000002", 3)  # resumed at 2, stopped at load
+    assert train.checkpoint_of_step("/r/checkpoints/checkpoint-000003", 3)
