@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from marble.config import RunConfig
+from marble.config import RunConfig, stage_config
 from marble.runtime.fingerprint import mismatched
 from marble.training.inputs import check_inputs, current_inputs
 from marble.training.run_dir import TrainError, check_run_dir
@@ -25,9 +25,13 @@ def check_rewards(cfg: RunConfig) -> None:
     from marble.rewards import available  # the registry imports torch: deferred past --help
 
     known = available()
-    for i, name in enumerate(cfg.reward_names):
-        if name not in known:
-            raise TrainError(f"`rewards[{i}].name` = {name!r} is not a reward (available: {', '.join(known)})")
+    # The run's rewards, then each stage's (a curriculum stage may name its own set).
+    stages = [(f"stages[{k}].", stage_config(cfg, k)) for k in range(len(cfg.stages))]
+    for where, config in [("", cfg), *stages]:
+        for i, name in enumerate(config.reward_names):
+            if name not in known:
+                raise TrainError(f"`{where}rewards[{i}].name` = {name!r} is not a reward "
+                                 f"(available: {', '.join(known)})")
 
 
 def check_table(cfg: RunConfig) -> None:
