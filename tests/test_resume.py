@@ -220,3 +220,19 @@ def test_staged_resume_across_every_boundary_is_bitwise(tiny_model_dir, table_pa
     # Step 5 applies the alpha cache that checkpoint 4 carried into the ocr stage's MARBLE.
     assert records[3]["full_solve"] == 1.0 and records[4]["full_solve"] == 0.0
     assert records[4]["balancer"] == "marble" and "alpha/toy_brightness" in records[4]
+
+
+def test_a_later_stage_without_rows_fails_before_the_first_step(
+        tiny_model_dir, table_path, tmp_path, capsys):
+    """Stage b is never reached in a 1-step run; its missing source still fails at start, in one
+    line naming the stage, not at its boundary hours into a long run."""
+    run = tmp_path / "run"
+    argv = args(tiny_model_dir, table_path, run, 1, "sampling.batch_size=2", "train.batch_size=2",
+                ("stages=[{name: a, steps: 1, sources: [pickscore]},"
+                 " {name: b, steps: 1, sources: [drawbench]}]"))
+    argv[argv.index("tiny")] = "tiny_sequential"
+    with pytest.raises(SystemExit) as exc:
+        train_main(argv)
+    assert exc.value.code == 2
+    assert "stage 'b': `sources` ['drawbench'] have no rows" in capsys.readouterr().err
+    assert not (run / "checkpoints").exists()

@@ -108,6 +108,10 @@ class Trainer:
         self.schedule, self.stage, self.rollouts = StageSchedule(cfg), None, None
         self.scorers: dict = {}  # built once per reward, shared by the stages that use it
         self.embed_cache = self._embed_cache()
+        for index in range(len(self.schedule.configs)):
+            # Every stage's prompts checked now: a bad later stage fails here in one line,
+            # not at its boundary hours into the run (samplers are cheap and draw no RNG).
+            self._stage_sampler(index)
         self._enter_stage(0)
         self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", enabled=self.info.is_main,
                                   backends=cfg.logging.backends)
@@ -142,15 +146,11 @@ class Trainer:
         """Build what stage `index` owns; the optimizer, EMA and adapters carry over."""
         if index == self.stage:
             return
-        cfg, s = self.schedule.config(index), self.cfg.sampling
+        cfg = self.schedule.config(index)
         if self.rollouts is not None:
             self.rollouts.close()
-        table = self.schedule.table(self.table, index)
+        table, self.sampler = self._stage_sampler(index)
         self.balancer = build_balancer(cfg.balancer, cfg.reward_names)  # fresh: a new reward set
-        self.sampler = StratifiedKRepeatSampler(
-            table["source"].tolist(), k=s.images_per_prompt, batch_size=s.batch_size,
-            world_size=self.info.world_size, rank=self.info.rank, seed=self.cfg.train.seed,
-            stratified=cfg.data.stratified, source_shares=self.schedule.shares(index))
         missing = [spec for spec in cfg.rewards if spec.name not in self.scorers]
         self.scorers.update(build_scorers(missing, self.reward_device))
         self.rollouts = RolloutEngine(self.pipe, cfg, table,
@@ -161,6 +161,20 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = cfg.train.lr
         self.stage, self.stage_cfg = index, cfg
+
+    def _stage_sampler(self, index: int) -> tuple:
+        """Stage `index`'s prompt rows and sampler; a TrainError naming the stage when its
+        sources cannot fill a sampling batch (`marble train` prints it as one line)."""
+        cfg, s = self.schedule.config(index), self.cfg.sampling
+        table = self.schedule.table(self.table, index)
+        try:
+            return table, StratifiedKRepeatSampler(
+                table["source"].tolist(), k=s.images_per_prompt, batch_size=s.batch_size,
+                world_size=self.info.world_size, rank=self.info.rank, seed=self.cfg.train.seed,
+                stratified=cfg.data.stratified, source_shares=self.schedule.shares(index))
+        except ValueError as exc:
+            where = f"stage {self.schedule.name(index)!r}: " if self.schedule.staged else ""
+            raise TrainError(f"{where}{exc}") from None
 
     def _embed_cache(self):
         if not self.cfg.data.embed_cache:
