@@ -294,7 +294,6 @@ def warn_failed(averages: dict, names: list[str], output_dir: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    from marble.evaluation import runner
     from marble.evaluation.checkpoints import CheckpointError
     from marble.evaluation.identity import content_identity
     from marble.runtime import distributed as dist

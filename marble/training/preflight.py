@@ -64,7 +64,8 @@ def unreadable_weights(folder: Path) -> str | None:
             with safe_open(str(path), framework="np"):
                 pass
         except Exception as exc:  # noqa: BLE001 - safetensors raises its own SafetensorError
-            return f"{path}: not a readable safetensors file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return f"{path}: not a readable safetensors file ({why})"
     return None
 
 

@@ -89,7 +89,8 @@ def test_resume_refuses_inputs_replaced_under_the_same_path(tmp_path, fault_tria
     fault_trials.record("model.path" in str(err.value) and "\n" not in str(err.value), "base model replaced")
     weights.write_bytes(whole)  # restored: resumes again
     preflight(cfg, run)
-    to_frame([PromptRecord.make("a dog", "pickscore")], {"toy_brightness": [True]}).to_parquet(tmp_path / "train.parquet")
+    table = to_frame([PromptRecord.make("a dog", "pickscore")], {"toy_brightness": [True]})
+    table.to_parquet(tmp_path / "train.parquet")
     with pytest.raises(TrainError, match=r"data.train \(") as err:
         preflight(cfg, run)
     fault_trials.record(True, "table replaced")
@@ -105,7 +106,8 @@ def test_a_moved_project_resumes(tmp_path, monkeypatch):
                                            f"data.train={tmp_path / 'b' / 'train.parquet'}",
                                            "rewards=[{name: toy_brightness}]"])
     preflight(moved, tmp_path / "b" / "run")  # other absolute paths in config.yaml, same content
-    assert json.loads((tmp_path / "b" / "run" / INPUTS_FILE).read_text())["data.train"]["fingerprint"].startswith("sha256:")
+    inputs = json.loads((tmp_path / "b" / "run" / INPUTS_FILE).read_text())
+    assert inputs["data.train"]["fingerprint"].startswith("sha256:")
 
 
 def _no_training(cfg, out_dir, device=None, progress=True, stop=None):  # run_training's signature
@@ -153,7 +155,8 @@ def embed_cache(folder, msl=32, model="random:tiny"):
     from marble.data.embed_cache import model_identity
 
     folder.mkdir()
-    save_file({"prompt_embeds": torch.ones(1, 4, 8), "pooled": torch.ones(1, 8)}, str(folder / "shard-00000.safetensors"))
+    save_file({"prompt_embeds": torch.ones(1, 4, 8), "pooled": torch.ones(1, 8)},
+              str(folder / "shard-00000.safetensors"))
     index = {"format": 1, "model": model_identity(model), "max_sequence_length": msl, "dtype": "float32",
              "shards": ["shard-00000.safetensors"], "entries": {},
              "checksums": {"shard-00000.safetensors": HashCache().sha256(folder / "shard-00000.safetensors")}}
