@@ -20,6 +20,7 @@ import pytest
 import torch
 from checkpoint_compare import assert_same_checkpoint
 
+from marble.training.run_lock import lock_path
 from marble.data.records import PromptRecord, to_frame
 from marble.train import main as train_main
 from marble.training.checkpoint import checkpoint_dir, damaged_files
@@ -140,14 +141,14 @@ def test_second_trainer_is_refused_and_usr1_during_loading_exits_75(
         tiny_model_dir, table_path, tmp_path, capsys):
     """Two `marble train` on one folder: the second is refused while the first lives (the
     orphaned-trainer case: its lock names a live pid). A SIGUSR1 that reaches the first
-    while it loads (after config.yaml, before any step) ends it with 75, not a kill."""
+    while it loads (after the lock, before any step) ends it with 75, not a kill."""
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     env.pop("SLURM_JOB_ID", None)
     cmd = [sys.executable, "-m", "marble", "train", *args(tiny_model_dir, table_path, run, 4)]
     first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-    lock = run / "TRAINING.lock"
+    lock = lock_path(run)  # outside the run folder (marble.training.run_lock)
     for _ in range(6000):  # readiness polling only
         if first.poll() is not None or lock.is_file():
             break
@@ -157,10 +158,9 @@ def test_second_trainer_is_refused_and_usr1_during_loading_exits_75(
         train_main(args(tiny_model_dir, table_path, run, 4))
     assert exc.value.code == 2
     assert f"being trained by pid {first.pid}" in capsys.readouterr().err
-    for _ in range(6000):  # config.yaml is written just before the model loads
-        if first.poll() is not None or (run / "config.yaml").is_file():
-            break
-        time.sleep(0.01)
+    # The first trainer holds the lock and is loading (config.yaml is written only once the
+    # model, table and rewards loaded: marble.training.preflight): stop it now.
+    assert first.poll() is None
     first.send_signal(signal.SIGUSR1)
     _, err = first.communicate(timeout=600)
     assert first.returncode == EXIT_REQUEUE, err[-3000:]

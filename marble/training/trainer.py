@@ -62,7 +62,10 @@ from marble.training.rollout import (
     RolloutEngine,
     Rollouts,
 )
-from marble.training.run_dir import TrainError, check_run_dir
+from marble.training.inputs import write_inputs
+from marble.training.outcome import failed_run_reason
+from marble.training.preflight import preflight
+from marble.training.run_dir import TrainError
 from marble.training.stages import CurrentState, StageSchedule, StageState
 from marble.training.stopping import StopRequest
 
@@ -355,17 +358,20 @@ def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
     without one the handlers are installed here, before the model loads.
     """
     out_dir = Path(out_dir)
-    check_run_dir(out_dir, cfg)  # before config.yaml is replaced: refuse a changed config
+    # Validate, then write: every input and the folder's identity (config and input
+    # content) are checked before config.yaml is replaced (marble.training.preflight).
+    inputs = preflight(cfg, out_dir)
     info = dist.init_distributed(device)
-    if info.is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_text(out_dir / "config.yaml", dump_yaml(cfg))
-        write_provenance(out_dir, to_dict(cfg))  # this attempt's code and libraries
     start = time.perf_counter()
     with contextlib.ExitStack() as scope:
         if stop is None:
             stop = scope.enter_context(StopRequest())
         trainer = Trainer(cfg, out_dir, device=device, progress=progress)
+        if info.is_main:  # once the model, table and rewards loaded: a failed start writes nothing
+            out_dir.mkdir(parents=True, exist_ok=True)
+            write_text(out_dir / "config.yaml", dump_yaml(cfg))
+            write_inputs(out_dir, inputs)
+            write_provenance(out_dir, to_dict(cfg))  # this attempt's code and libraries
         try:
             resumed, requeue = _train_loop(trainer, cfg, progress and info.is_main, stop)
         finally:
@@ -380,6 +386,11 @@ def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
         "balancer": cfg.balancer.method, "final_rewards": _final_rewards(trainer.metrics.read()),
         "requeue": requeue, "stop_signal": stop.signal_name,
     }
+    # Every step skipped, or a reward NaN throughout: a failed run, no summary (all ranks raise).
+    reason = dist.broadcast_object(failed_run_reason(trainer.metrics.read(), cfg.reward_names)
+                                   if info.is_main and not requeue else None)
+    if reason:
+        raise TrainError(f"{out_dir}: {reason}; no train_summary.json written")
     if info.is_main and not requeue:  # the workflow's output: only for a finished run
         write_json(out_dir / "train_summary.json", summary)
     dist.barrier()
