@@ -11,6 +11,7 @@ format for all four, so checkpoints load across versions.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Sequence
 
 import numpy as np
@@ -29,6 +30,7 @@ from marble.balancers.common import (
 from marble.balancers.solve import combine, cosine_metrics, gradient_passes, reduce_reward_grads
 from marble.config import BalancerConfig
 from marble.maths.ema import update_alpha_cache
+from marble.maths.qp import min_norm_weights
 from marble.runtime.distributed import all_reduce_mean_
 
 __all__ = ["Balancer", "WeightedSum", "EqualAlpha", "MGDA", "Marble"]
@@ -75,6 +77,11 @@ class Balancer:
 
     def step_metrics(self, step: MicroStep, metrics: dict) -> None:
         pass
+
+    def solve_weights(self, step: MicroStep, unit_gram: np.ndarray, rewards: tuple) -> np.ndarray:
+        """A full solve's weights from the Gramian of the valid unit gradients (`rewards`:
+        their indices)."""
+        return min_norm_weights(unit_gram)
 
     # -------------------------------------------------------------- the contract
 
@@ -187,12 +194,13 @@ class Balancer:
         grads, gram, _, valid_dev, nonfinite = reduce_reward_grads(local[:k], self.cfg.grad_eps)
         kl_grad, bad = zero_nonfinite(all_reduce_mean_(local[k]))
         # The solve's one host read: the K x K Gram matrix for the QP (solve.host_gram).
-        combined, alpha, failed, norms, valid = combine(grads, gram, self.cfg.grad_eps)
+        combined, alpha, failed, norms, valid = combine(grads, gram, self.cfg.grad_eps,
+                                                        partial(self.solve_weights, step))
         self.solver_fallbacks += int(failed)  # reference: uniform alpha on solver failure
         metrics = self._reward_metrics([float(x) for x in norms], values[:k])
         # float64 as before; a reward with no sample on this rank has a NaN float value (no pass)
         used = [float(a) * (v.double() if torch.is_tensor(v) else float(v))
-                for a, v in zip(alpha, values[:k]) if a > 0]
+                for a, v in zip(alpha, values[:k]) if a != 0]
         metrics["loss/policy"] = sum(used) if used else float("nan")
         metrics["loss/kl"] = values[k]
         metrics.update({f"alpha/{n}": float(a) for n, a in zip(self.reward_names, alpha)})
