@@ -88,7 +88,7 @@ class Gramian(Marble):
             weighting = made.weighting if self.spec.aggregator else made
             state = self._pending.pop(_key(idx), None)
             if state is not None:
-                weighting.prvs_alpha = np.asarray(state, dtype=np.float32)
+                weighting.prvs_alpha = np.asarray(state, dtype=np.float64)
             self._weightings[idx] = weighting
         return self._weightings[idx]
 
