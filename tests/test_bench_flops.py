@@ -81,3 +81,25 @@ def test_cli_tiny_json_and_markdown(tmp_path, capsys):
     assert res["rows"]["marble"]["flops"] == res["rows"]["weighted_sum"]["flops"] > 0
     assert res["runs"] == {} and "needs rows" in res["runs_unpriced"]["tiny"]
     assert md.read_text() == capsys.readouterr().out and "| marble |" in md.read_text()
+
+
+def test_zoo_rows_amortize_at_the_weighted_sums_flops_exactly():
+    """The balancer zoo's rows on the tiny preset: amortized = weighted_sum FLOPs exactly,
+    each full-solve row (listed above its amortized row) K + 1 backward passes, and a
+    tiny_zoo run priced from its own rows like MARBLE's tiny run."""
+    pytest.importorskip("torchjd")
+    from marble.tools.bench_flops import bench_flops
+
+    rows = ("weighted_sum", "weighted_sum_diag", "mgda", "mgda_diag", "marble", "marble_diag",
+            "zoo_pcgrad_full", "zoo_pcgrad", "gdpo")  # one row per code path
+    res = bench_flops(load_config("tiny"), rows=rows, runs=("tiny", "tiny_zoo_pcgrad",
+                                                             "tiny_gdpo"))
+    r, k = res["rows"], res["num_rewards"]
+    for row in ("zoo_pcgrad", "gdpo"):
+        assert r[row]["flops_ratio"] == 1.0 and r[row]["backward"] == 1, row
+    assert r["zoo_pcgrad_full"]["backward"] == k + 1 and r["zoo_pcgrad_full"]["flops_ratio"] > 1
+    assert list(r).index("zoo_pcgrad_full") < list(r).index("zoo_pcgrad")
+    runs = res["runs"]
+    assert runs["tiny_zoo_pcgrad"]["full_solves"] == runs["tiny"]["full_solves"] > 0
+    assert runs["tiny_zoo_pcgrad"]["ratio"] == pytest.approx(runs["tiny"]["ratio"], rel=1e-6)
+    assert runs["tiny_gdpo"]["full_solves"] == 0 and runs["tiny_gdpo"]["ratio"] > 1  # diagnostics
