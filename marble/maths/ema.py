@@ -67,7 +67,9 @@ class WeightEMA:
         shadow = state["shadow"]
         self._check(shadow)
         self.max_decay = float(state["max_decay"])
-        self.shadow = [s.detach().to(torch.float32).clone() for s in shadow]
+        # Onto the device of the shadow it replaces (a checkpoint is read onto the CPU).
+        self.shadow = [s.detach().to(device=own.device, dtype=torch.float32).clone()
+                       for s, own in zip(shadow, self.shadow)]
 
     def _check(self, tensors: list) -> None:
         if len(tensors) != len(self.shadow):

@@ -252,3 +252,20 @@ def load_lora_into_pipeline(pipe, path: str | os.PathLike, adapter_name: str = "
         f"{DIFFUSERS_LORA_FILE} (diffusers) or {PEFT_CONFIG_FILE} + {PEFT_WEIGHTS_FILE} or "
         f"{PEFT_BIN_WEIGHTS_FILE} (peft)"
         + ("" if folder.is_dir() else " — the folder does not exist"))
+
+
+class AdapterStates:
+    """Named adapters of a transformer as one stateful object (the checkpoint manager's
+    "adapters" state): {adapter: adapter_state(...)}; a load needs exactly these names."""
+
+    def __init__(self, transformer, names: tuple[str, ...] = (TRAINABLE, OLD)):
+        self.transformer, self.names = transformer, tuple(names)
+
+    def state_dict(self) -> dict[str, dict[str, Tensor]]:
+        return {name: adapter_state(self.transformer, name) for name in self.names}
+
+    def load_state_dict(self, states: dict[str, dict[str, Tensor]]) -> None:
+        if sorted(states) != sorted(self.names):
+            raise KeyError(f"adapters {sorted(states)} where this run has {sorted(self.names)}")
+        for name in self.names:
+            load_adapter_state(self.transformer, name, states[name])

@@ -29,13 +29,18 @@ _RESUME_TEST = "tests/test_trainer.py::test_resume_is_bitwise"
 MUTANTS: list[Mutant] = [
     # ---------------------------------------------------------------- resume, checkpoints
     Mutant("resume_skips_ema", _TRAINER,
-           'self.ema.load_state_dict(state["ema"])', "None",
+           '"ema": self.ema,', "",
            (_RESUME_TEST,),
-           "resume leaves the weight EMA at its fresh init: the lora/ evaluation loads differs"),
+           "the weight EMA is not a checkpointed state: after a resume the lora/ evaluation "
+           "loads differs"),
     Mutant("resume_skips_balancer_state", _TRAINER,
-           'self.balancer.load_state_dict(state["balancer"])', "None",
+           '"balancer": self.balancer,', "",
            (_RESUME_TEST,),
-           "resume forgets the alpha cache: the next solve restarts the EMA"),
+           "the balancer is not a checkpointed state: resume forgets the alpha cache"),
+    Mutant("resume_ignores_a_missing_state", "marble/training/checkpoint.py",
+           "missing = [name for name in self.states if name not in stored]", "missing = []",
+           ("tests/test_checkpoint_manager.py::test_a_registered_state_the_checkpoint_lacks_is_refused",),
+           "a checkpoint without a registered state resumes, leaving that state at its init"),
     Mutant("checkpoint_without_complete_marker_used", "marble/training/checkpoint_format.py",
            "if step is not None and child.is_dir() and (child / COMPLETE).is_file():",
            "if step is not None and child.is_dir():",
