@@ -74,6 +74,15 @@ def check_data_path(cfg: RunConfig) -> None:
         )
 
 
+def check_balancer(cfg: RunConfig) -> None:
+    """Build the balancer once before the model loads: a zoo balancer's missing package
+    (torchjd), unknown weighting or bad options is one line and exit 2, not a traceback
+    minutes later (ConfigError)."""
+    from marble.balancers import build_balancer
+
+    build_balancer(cfg.balancer, cfg.reward_names)
+
+
 def _is_global_rank0() -> bool:
     # Before the process group exists: torchrun's RANK (absent for a plain run).
     return os.environ.get("RANK", "0") == "0"
@@ -92,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = resolve_config(args)
             check_model_path(cfg)
             check_data_path(cfg)
+            check_balancer(cfg)
             check_run_dir(args.output_dir, cfg)
             if _is_global_rank0():
                 lock = run_lock.acquire(args.output_dir)

@@ -163,3 +163,19 @@ def test_signed_weights_amortize_as_the_weighted_sum_of_masked_losses():
     assert torch.allclose(bal.policy_loss(step), want)
     # r = A / 2C + 1/2, C = 5: L_a = (0.55 + 2 * 0.4 + 3 * 0.5) / 3, L_b = (2 * 0.6 + 3 * 0.7) / 2
     assert float(want) == pytest.approx(1.5 * 2.85 / 3 - 0.5 * 3.3 / 2)
+
+
+def test_train_refuses_a_bad_weighting_before_the_model_loads(tmp_path, capsys):
+    from marble.train import main as train_main
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "train.parquet").write_bytes(b"")
+    argv = ["--preset", "tiny_zoo_upgrad", "--output-dir", str(tmp_path / "run"),
+            "--set", f"model.path={tmp_path / 'model'}",
+            "--set", f"data.train={tmp_path / 'train.parquet'}",
+            "--set", "balancer.weighting_options={bogus: 1}"]
+    with pytest.raises(SystemExit) as code:
+        train_main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code.value.code == 2 and "UPGradWeighting" in err and "bogus" in err
+    assert len(err.splitlines()) == 1

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import warnings
+from functools import partial
 from typing import Sequence
 
 import numpy as np
@@ -92,7 +93,11 @@ class Gramian(Marble):
             self._weightings[idx] = weighting
         return self._weightings[idx]
 
+    def solver(self, step: MicroStep):
+        return partial(self.solve_weights, step)
+
     def solve_weights(self, step: MicroStep, unit_gram: np.ndarray, rewards: tuple) -> np.ndarray:
+        """torchjd's weights for the valid rewards `rewards` (the Gramian's rows)."""
         gram = torch.as_tensor(unit_gram, dtype=torch.float64)
         stat = gram_factor(gram) if self.spec.reads == "matrix" else gram
         # PCGrad's order and random weighting draw from torch's global generator: a seed of

@@ -11,7 +11,6 @@ format for all four, so checkpoints load across versions.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Sequence
 
 import numpy as np
@@ -30,7 +29,6 @@ from marble.balancers.common import (
 from marble.balancers.solve import combine, cosine_metrics, gradient_passes, reduce_reward_grads
 from marble.config import BalancerConfig
 from marble.maths.ema import update_alpha_cache
-from marble.maths.qp import min_norm_weights
 from marble.runtime.distributed import all_reduce_mean_
 
 __all__ = ["Balancer", "WeightedSum", "EqualAlpha", "MGDA", "Marble"]
@@ -78,10 +76,10 @@ class Balancer:
     def step_metrics(self, step: MicroStep, metrics: dict) -> None:
         pass
 
-    def solve_weights(self, step: MicroStep, unit_gram: np.ndarray, rewards: tuple) -> np.ndarray:
-        """A full solve's weights from the Gramian of the valid unit gradients (`rewards`:
-        their indices)."""
-        return min_norm_weights(unit_gram)
+    def solver(self, step: MicroStep):
+        """What computes a full solve's weights from the Gramian of the valid unit gradients:
+        None = the min-norm QP (solve.combine), else `f(unit_gram, rewards) -> weights`."""
+        return None
 
     # -------------------------------------------------------------- the contract
 
@@ -195,7 +193,7 @@ class Balancer:
         kl_grad, bad = zero_nonfinite(all_reduce_mean_(local[k]))
         # The solve's one host read: the K x K Gram matrix for the QP (solve.host_gram).
         combined, alpha, failed, norms, valid = combine(grads, gram, self.cfg.grad_eps,
-                                                        partial(self.solve_weights, step))
+                                                        self.solver(step))
         self.solver_fallbacks += int(failed)  # reference: uniform alpha on solver failure
         metrics = self._reward_metrics([float(x) for x in norms], values[:k])
         # float64 as before; a reward with no sample on this rank has a NaN float value (no pass)
