@@ -103,6 +103,9 @@ RANGES: dict[str, Rule] = {
     "balancer.grad_eps": at_least(0),
     "balancer.diagnostics_every": at_least(0),  # 0 = off
     "rewards.weight": at_least(0),  # a weighted-sum weight; that one is > 0: validate()
+    "stages.steps": above(0),  # a stage trains at least one step (marble.config_stages)
+    "stages.mix": each(above(0)),  # shares of a sampling batch; their count: config_stages
+    "stages.lr": above(0),  # None: the run's train.lr
 }
 
 
@@ -119,33 +122,29 @@ def _is_number(tp: Any) -> bool:
     return tp in (int, float)
 
 
-def numeric_keys(cls: type, prefix: str = "") -> list[str]:
-    """Every dotted key of the dataclass tree `cls` whose value is a number or a list of
-    numbers (bools and Literals excluded); list-of-section keys as `rewards.weight`."""
-    out = []
+def _leaves(cls: type, prefix: str = ""):
+    """(dotted key, type, list item type or None) of every leaf of the dataclass tree `cls`;
+    a list of sections contributes its item's keys (`rewards.weight`)."""
     for name, tp in typing.get_type_hints(cls).items():
         key, tp = f"{prefix}{name}", _plain(tp)
         inner = _plain(get_args(tp)[0]) if get_origin(tp) is list and get_args(tp) else None
         if dataclasses.is_dataclass(tp):
-            out += numeric_keys(tp, key + ".")
+            yield from _leaves(tp, key + ".")
         elif inner is not None and dataclasses.is_dataclass(inner):
-            out += numeric_keys(inner, key + ".")
-        elif _is_number(tp) or (inner is not None and _is_number(inner)):
-            out.append(key)
-    return out
+            yield from _leaves(inner, key + ".")
+        else:
+            yield key, tp, inner
 
 
-def literal_keys(cls: type, prefix: str = "") -> list[str]:
+def numeric_keys(cls: type) -> list[str]:
+    """The keys whose value is a number or a list of numbers (bools and Literals excluded)."""
+    return [key for key, tp, inner in _leaves(cls) if _is_number(tp) or _is_number(inner)]
+
+
+def literal_keys(cls: type) -> list[str]:
     """The keys whose type is a Literal (or a list of one): their type is their range."""
-    out = []
-    for name, tp in typing.get_type_hints(cls).items():
-        key, tp = f"{prefix}{name}", _plain(tp)
-        inner = _plain(get_args(tp)[0]) if get_origin(tp) is list and get_args(tp) else None
-        if dataclasses.is_dataclass(tp):
-            out += literal_keys(tp, key + ".")
-        elif get_origin(tp) is Literal or (inner is not None and get_origin(inner) is Literal):
-            out.append(key)
-    return out
+    return [key for key, tp, inner in _leaves(cls)
+            if get_origin(tp) is Literal or get_origin(inner) is Literal]
 
 
 def values_at(cfg: Any, key: str) -> list[tuple[str, Any]]:

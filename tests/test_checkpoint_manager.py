@@ -5,6 +5,7 @@ is refused naming it. No model: a Linear, AdamW and toy states keep this under a
 from __future__ import annotations
 
 import random
+import types
 
 import numpy as np
 import pytest
@@ -96,13 +97,14 @@ def test_every_registered_state_is_saved_and_restored(tmp_path):
 
 def test_a_registered_state_the_checkpoint_lacks_is_refused(tmp_path):
     Run(tmp_path).manager.save(1)
-    stage = AttributeState(types_namespace(stage=4), "stage")
+    stage = AttributeState(types.SimpleNamespace(stage=4), "stage")
     with pytest.raises(CheckpointError, match=r"checkpoint-000001: .*no saved state for stage$"):
         Run(tmp_path, extra={"stage": stage}).manager.resume()
 
 
 def test_a_saved_state_no_registered_state_restores_is_refused(tmp_path):
-    Run(tmp_path, extra={"stage": AttributeState(types_namespace(stage=4), "stage")}).manager.save(1)
+    stage = AttributeState(types.SimpleNamespace(stage=4), "stage")
+    Run(tmp_path, extra={"stage": stage}).manager.save(1)
     with pytest.raises(CheckpointError, match="no registered state restores stage"):
         Run(tmp_path).manager.resume()
 
@@ -110,11 +112,6 @@ def test_a_saved_state_no_registered_state_restores_is_refused(tmp_path):
 def test_a_state_that_does_not_fit_names_itself(tmp_path):
     Run(tmp_path).manager.save(1)
     scaler = torch.amp.GradScaler("cpu")
-    with pytest.raises(CheckpointError, match=r"state 'scaler' does not fit .*lacks a fp16 GradScaler"):
+    with pytest.raises(CheckpointError,
+                       match=r"state 'scaler' does not fit .*lacks a fp16 GradScaler"):
         Run(tmp_path, scaler=scaler).manager.resume()
-
-
-def types_namespace(**values):
-    import types
-
-    return types.SimpleNamespace(**values)

@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from marble.balancers import build_balancer
-from marble.config import RunConfig, dump_yaml, grad_accumulation, training_timesteps
+from marble.config import RunConfig, dump_yaml, grad_accumulation, to_dict, training_timesteps
 from marble.data import load_table
 from marble.data.embed_cache import EmbeddingCache
 from marble.data.sampler import StratifiedKRepeatSampler
@@ -41,6 +41,7 @@ from marble.runtime.precision import (
     make_precision,
     optimizer_update,
 )
+from marble.runtime.provenance import write_provenance
 from marble.runtime.seeds import keyed_generator
 from marble.training.checkpoint import (
     AttributeState,
@@ -61,7 +62,8 @@ from marble.training.rollout import (
     RolloutEngine,
     Rollouts,
 )
-from marble.training.run_dir import check_run_dir
+from marble.training.run_dir import TrainError, check_run_dir
+from marble.training.stages import CurrentState, StageSchedule, StageState
 from marble.training.stopping import StopRequest
 
 log = logging.getLogger(__name__)
@@ -92,23 +94,22 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.params, lr=t.lr, betas=tuple(t.adam_betas),
                                            weight_decay=t.weight_decay, eps=t.adam_eps)
         self.ema = WeightEMA(self.params, max_decay=t.ema_decay)
-        self.balancer = build_balancer(cfg.balancer, cfg.reward_names)
         self.precision: Precision = make_precision(m.mixed_precision, dev)
         self.scaler = self.precision.scaler  # fp16 only
         self.autocast = self.precision
         self.table = load_table(cfg.data.train)
-        self.sampler = StratifiedKRepeatSampler(
-            self.table["source"].tolist(), k=s.images_per_prompt, batch_size=s.batch_size,
-            world_size=self.info.world_size, rank=self.info.rank, seed=t.seed,
-            stratified=cfg.data.stratified)
         self.sigmas = sigma_schedule(self.pipe.scheduler, s.num_steps).to(dev, torch.float32)
         self.reward_device = reward_device(t.reward_device, self.info.local_rank,
                                            cuda=dev.type == "cuda")
-        self.rollouts = RolloutEngine(self.pipe, cfg, self.table,
-                                      build_scorers(cfg.rewards, self.reward_device), self.sampler,
-                                      self.sigmas, self.info, self.autocast,
-                                      self._embed_cache(), progress,
-                                      reward_device=self.reward_device)
+        # Stage-owned pieces (sampler, scorers, balancer, lr) come from _enter_stage.
+        self.schedule, self.stage, self.rollouts = StageSchedule(cfg), None, None
+        self.scorers: dict = {}  # built once per reward, shared by the stages that use it
+        self.embed_cache = self._embed_cache()
+        for index in range(len(self.schedule.configs)):
+            # Every stage's prompts checked now: a bad later stage fails here in one line,
+            # not at its boundary hours into the run (samplers are cheap and draw no RNG).
+            self._stage_sampler(index)
+        self._enter_stage(0)
         self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", enabled=self.info.is_main,
                                   backends=cfg.logging.backends)
         self.step, self.epoch = 0, 0
@@ -119,17 +120,58 @@ class Trainer:
     def _checkpoint_states(self) -> dict:
         """Everything a resume restores, by name: one line per piece of state (the manager
         refuses a checkpoint that lacks one, so none can be forgotten)."""
-        return {
+        states = {
             "adapters": AdapterStates(self.pipe.transformer),  # online "default" and "old"
             "optimizer": self.optimizer,
             "step": AttributeState(self, "step"),
             "epoch": AttributeState(self, "epoch"),
-            "sampler": self.sampler,
-            "balancer": self.balancer,
+            # The stage's own objects (a boundary replaces them): whichever the trainer holds.
+            "sampler": CurrentState(self, "sampler"),
+            "balancer": CurrentState(self, "balancer"),
             "ema": self.ema,
             "scaler": OptionalState(self.scaler, "fp16 GradScaler"),
             "rng": RNGState(),
         }
+        if self.schedule.staged:
+            # Restored first (dicts keep order): it enters the stage whose sampler and
+            # balancer the checkpoint holds. A run without stages saves no stage key.
+            states = {"stage": StageState(self.schedule, lambda: self.stage, self._enter_stage),
+                      **states}
+        return states
+
+    def _enter_stage(self, index: int) -> None:
+        """Build what stage `index` owns; the optimizer, EMA and adapters carry over."""
+        if index == self.stage:
+            return
+        cfg = self.schedule.config(index)
+        if self.rollouts is not None:
+            self.rollouts.close()
+        table, self.sampler = self._stage_sampler(index)
+        self.balancer = build_balancer(cfg.balancer, cfg.reward_names)  # fresh: a new reward set
+        missing = [spec for spec in cfg.rewards if spec.name not in self.scorers]
+        self.scorers.update(build_scorers(missing, self.reward_device))
+        self.rollouts = RolloutEngine(self.pipe, cfg, table,
+                                      {r.name: self.scorers[r.name] for r in cfg.rewards},
+                                      self.sampler, self.sigmas, self.info, self.autocast,
+                                      self.embed_cache, self.progress,
+                                      reward_device=self.reward_device)
+        for group in self.optimizer.param_groups:
+            group["lr"] = cfg.train.lr
+        self.stage, self.stage_cfg = index, cfg
+
+    def _stage_sampler(self, index: int) -> tuple:
+        """Stage `index`'s prompt rows and sampler; a TrainError naming the stage when its
+        sources cannot fill a sampling batch (`marble train` prints it as one line)."""
+        cfg, s = self.schedule.config(index), self.cfg.sampling
+        table = self.schedule.table(self.table, index)
+        try:
+            return table, StratifiedKRepeatSampler(
+                table["source"].tolist(), k=s.images_per_prompt, batch_size=s.batch_size,
+                world_size=self.info.world_size, rank=self.info.rank, seed=self.cfg.train.seed,
+                stratified=cfg.data.stratified, source_shares=self.schedule.shares(index))
+        except ValueError as exc:
+            where = f"stage {self.schedule.name(index)!r}: " if self.schedule.staged else ""
+            raise TrainError(f"{where}{exc}") from None
 
     def _embed_cache(self):
         if not self.cfg.data.embed_cache:
@@ -161,12 +203,14 @@ class Trainer:
 
     def train_epoch(self) -> dict:
         t0 = time.perf_counter()
+        self._enter_stage(self.schedule.index(self.step))  # a boundary: the next stage's pieces
         ro = self.rollouts.collect(self.epoch)
         # Means over micro-steps: `full_solve` is the fraction of micro-steps that solved;
         # alpha/* keep the last value (the weights in force after the step).
         averager = StepAverager()
         self._optimize(ro, averager)
-        record = {"step": self.step, "epoch": self.epoch, "balancer": self.cfg.balancer.method}
+        record = {"step": self.step, "epoch": self.epoch, "balancer": self.stage_cfg.balancer.method,
+                  **self.schedule.record(self.stage)}
         record.update(ro.metrics)
         step_metrics = averager.result()
         loss_keys = sorted(k for k in step_metrics if k.startswith("loss/"))
@@ -316,6 +360,7 @@ def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
     if info.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         write_text(out_dir / "config.yaml", dump_yaml(cfg))
+        write_provenance(out_dir, to_dict(cfg))  # this attempt's code and libraries
     start = time.perf_counter()
     with contextlib.ExitStack() as scope:
         if stop is None:
