@@ -64,6 +64,7 @@ class Gramian(Marble):
         if problem:
             raise ConfigError(problem)
         self.spec = WEIGHTINGS[cfg.weighting]
+        self.cache_on_simplex = self.spec.simplex  # UPGrad's, PCGrad's, ... EMA is not
         if not cfg.exact_masking and not self.spec.simplex:
             raise ConfigError(
                 f"balancer.weighting = {cfg.weighting}: its weights are not on the simplex, and "

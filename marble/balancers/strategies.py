@@ -39,16 +39,18 @@ def _kl(step: MicroStep) -> torch.Tensor:
     return torch.as_tensor(step.kl)
 
 
-def schedule_state_problem(cache, last_alpha, last_full, k: int) -> str | None:
+def schedule_state_problem(cache, last_alpha, last_full, k: int,
+                           simplex: bool = True) -> str | None:
     """What is wrong with a saved schedule state, or None. The cache is an EMA of simplex
-    points, so it is one (a NaN or a wrong length would be applied as the step's alpha);
+    points, so it is one (a NaN or a wrong length would be applied as the step's alpha;
+    `simplex=False`: a zoo weighting whose weights are off the simplex, finite only);
     `last_full` is the optimizer step of the last solve, >= 0."""
     for key, value in (("alpha_cache", cache), ("last_alpha", last_alpha)):
         if value is not None:
             a = np.asarray(value, np.float64)
             if a.shape != (k,) or not np.all(np.isfinite(a)):
                 return f"{key} {value} must be {k} finite values"
-    if cache is not None and (np.min(cache) < -1e-9 or abs(float(np.sum(cache)) - 1.0) > 1e-6):
+    if simplex and cache is not None and (np.min(cache) < -1e-9 or abs(float(np.sum(cache)) - 1.0) > 1e-6):
         return f"alpha_cache {cache} is not on the simplex (>= 0, sum 1)"
     if last_full is not None and (isinstance(last_full, bool) or not isinstance(last_full, int) or last_full < 0):
         return f"last_full {last_full!r} must be an optimizer step >= 0"
@@ -59,6 +61,7 @@ class Balancer:
     """Shared machinery; subclasses are the methods. Use `build_balancer`."""
 
     method = ""
+    cache_on_simplex = True  # the alpha cache is an EMA of simplex points (load checks it)
 
     def __init__(self, cfg: BalancerConfig, reward_names: Sequence[str], weights=None):
         self.cfg = cfg
@@ -256,7 +259,8 @@ class Balancer:
             self.alpha_cache, self.last_full, self.last_alpha = None, None, None
             return
         cache, last = state.get("alpha_cache"), state.get("last_alpha")
-        problem = schedule_state_problem(cache, last, state.get("last_full"), len(self.reward_names))
+        problem = schedule_state_problem(cache, last, state.get("last_full"), len(self.reward_names),
+                                         self.cache_on_simplex)
         if problem:
             raise ValueError(f"balancer state: {problem}")
         self.alpha_cache = None if cache is None else np.asarray(cache, np.float64)
