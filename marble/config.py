@@ -96,7 +96,12 @@ class TrainConfig:
 
 @dataclass
 class BalancerConfig:
-    method: Literal["weighted_sum", "equal_alpha", "mgda", "marble"] = "marble"
+    method: Literal["weighted_sum", "equal_alpha", "mgda", "marble", "gramian", "gdpo",
+                    "reward_sum"] = "marble"
+    # method gramian: the torchjd weighting solved on the Gram matrix, on MARBLE's schedule
+    # (marble/balancers/weightings.py names them); its constructor options (e.g. {c: 0.5}).
+    weighting: str | None = None
+    weighting_options: dict[str, Any] = field(default_factory=dict)
     amortize_every: int = 10  # N: optimizer steps between full solves
     warmup_steps: int = 1  # every micro-step is a full solve before this step
     alpha_ema: float = 0.7  # rho
@@ -385,6 +390,11 @@ def validate(cfg: RunConfig, origin: str = "config") -> None:
             f"per epoch (sampling.batch_size x sampling.num_batches_per_epoch = "
             f"{s.batch_size * s.num_batches_per_epoch})"
         )
+    if (b.method == "gramian") != (b.weighting is not None) or (
+            b.weighting_options and b.method != "gramian"):
+        raise ConfigError(f"{origin}: `balancer.weighting` (and `weighting_options`) go with "
+                          f"`balancer.method: gramian` and only with it (method "
+                          f"{b.method!r}, weighting {b.weighting!r})")
     if b.fixed_alphas is not None:
         if len(b.fixed_alphas) != len(names) or abs(sum(b.fixed_alphas) - 1) > 1e-6:
             raise ConfigError(

@@ -87,6 +87,15 @@ def checkpoint_of_step(last_checkpoint: str | None, step: int) -> bool:
     return bool(last_checkpoint) and step > 0 and Path(last_checkpoint).name == checkpoint_name(step)
 
 
+def check_balancer(cfg: RunConfig) -> None:
+    """Build the balancer once before the model loads: a zoo balancer's missing package
+    (torchjd), unknown weighting or bad options is one line and exit 2, not a traceback
+    minutes later (ConfigError)."""
+    from marble.balancers import build_balancer
+
+    build_balancer(cfg.balancer, cfg.reward_names)
+
+
 def _is_global_rank0() -> bool:
     # Before the process group exists: torchrun's RANK (absent for a plain run).
     return os.environ.get("RANK", "0") == "0"
@@ -105,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = resolve_config(args)
             check_model_path(cfg)
             check_data_path(cfg)
+            check_balancer(cfg)
             # Every input read and the folder's identity checked before anything is written.
             preflight(cfg, args.output_dir)
             if _is_global_rank0():

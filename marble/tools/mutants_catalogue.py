@@ -126,6 +126,15 @@ MUTANTS: list[Mutant] = [
            "return a, b * (1.0 + inv_2r), -b * inv_2r", "return a, b * (1.0 - inv_2r), b * inv_2r",
            ("tests/test_sampling.py::test_dpm2_coefficients_by_hand",),
            "DPM-Solver++(2M)'s second-order correction with the wrong sign"),
+    Mutant("zoo_nash_state_not_checkpointed", "marble/balancers/gramian.py",
+           'state["weighting_state"] = {**self._pending, **kept}', 'state["weighting_state"] = {}',
+           ("tests/test_gramian.py::test_nash_mtl_state_round_trips_through_a_checkpoint",),
+           "Nash-MTL's warm start is not checkpointed: a resumed run's solves start elsewhere "
+           "(tests/test_zoo_resume.py catches it too, in 70 s)"),
+    Mutant("gdpo_population_std", "marble/maths/advantage_balancers.py",
+           "/ (n - 1)", "/ n",
+           ("tests/test_advantage_balancers.py::test_gdpo_by_hand",),
+           "GDPO's group and batch std without Bessel's correction (the authors' torch.std has it)"),
     # ---------------------------------------------------------------- sampler
     Mutant("sampler_no_shuffle", "marble/data/sampler.py",
            "shuffled = repeated[rng.permutation(len(repeated))]", "shuffled = repeated",
