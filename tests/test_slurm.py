@@ -66,6 +66,9 @@ def test_sbatch_call_for_paper_training(tmp_path):
     for name in ["sbatch", "squeue", "sinfo", "scontrol", "sacct", "scancel", "sacctmgr", "sshare"]:
         (stubs / name).write_text(STUB.format(name=name))
         (stubs / name).chmod(0o755)
+    # The preflight gates the training job (marble.workflow.preflight): a doctor that passes.
+    (stubs / "marble").write_text(f'#!/bin/sh\n[ "$1" = doctor ] && exit 0\nexec {BIN}/marble "$@"\n')
+    (stubs / "marble").chmod(0o755)
     environ = env()
     environ.update(PATH=f"{stubs}:{environ['PATH']}", STUB_DIR=str(stubs))
     proc = subprocess.Popen(
