@@ -11,7 +11,8 @@ preset names; the UnifiedReward server answers; torch / torchvision / mmcv impor
 pair and, with a GPU visible, run a kernel on it (the CUDA arch they were built for);
 HF_TOKEN when a gated model still has to be downloaded; free disk for the model,
 checkpoints and the embedding cache (estimate printed); the SLURM partition, GPU type and
-account of `cluster:` (sinfo / sacctmgr, when present); every hub reference evaluation
+account of `cluster:` (sinfo / sacctmgr, when present) and whether each job shape fits
+(`sbatch --test-only` with the job's own options); every hub reference evaluation
 fetches names a commit. Exit 1 on any FAIL; WARN rows
 (e.g. no GPU on a login node) do not fail.
 """
@@ -22,6 +23,7 @@ import argparse
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,8 @@ from pathlib import Path
 import yaml
 
 from marble.workflow import doctor_checks as checks
+from marble.workflow import evaluation as wf_eval
+from marble.workflow import slurm_capacity as capacity
 
 OK, FAIL, WARN, SKIP = "ok", "FAIL", "warn", "skip"
 
@@ -239,6 +243,20 @@ def hub_rows(config: dict) -> list[Check]:
     return rows
 
 
+def gated_rows(config: dict, root: Path) -> list[Check]:
+    """HF_TOKEN for every gated base model evaluation still has to fetch (SD3.5-L, FLUX.1-Dev)."""
+    models = wf_eval.hub_models(config.get("eval") or {})
+    hub_dir = root / wf_eval.HUB_MODEL_DIR
+    present = {p.name for p in hub_dir.iterdir() if p.is_dir()} if hub_dir.is_dir() else set()
+    gated = capacity.gated_to_fetch(models, present)
+    if not gated or os.environ.get("HF_TOKEN"):
+        return []
+    names = ", ".join(capacity.GATED_REPOS[r] for r in gated)
+    return [Check("HF_TOKEN (hub models)", FAIL, f"{names} gated and still to be fetched",
+                  "accept each licence on its model page, then export HF_TOKEN=hf_... "
+                  f"({', '.join(gated)})")]
+
+
 def disk_row(config: dict, root: Path) -> Check:
     need_gb, parts = checks.disk_estimate(config, root)
     target = root / "data"
@@ -250,10 +268,25 @@ def disk_row(config: dict, root: Path) -> Check:
     return Check("disk", OK, detail)
 
 
+def _probe(cmd: list[str]) -> subprocess.CompletedProcess | None:
+    """A SLURM command's result (None when it is missing or hangs)."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
 def slurm_rows(config: dict) -> list[Check]:
     cluster = config.get("cluster") or {}
     if not shutil.which("sinfo"):
         return [Check("slurm", SKIP, "no sinfo here: cluster: not checked")]
+    ping = _probe(["scontrol", "ping"])
+    if ping is None or ping.returncode != 0 or "UP" not in ping.stdout:
+        # Not "ok": nothing about partitions, capacity or accounts is known.
+        detail = (ping.stdout or ping.stderr).strip().splitlines()[:1] if ping else ["no scontrol"]
+        return [Check("slurm controller", WARN, f"no controller answers ({' '.join(detail)}): "
+                      "partitions, job shapes and account not checked",
+                      "run the doctor where `scontrol ping` says UP (the login node)")]
     rows = []
     for key in ("partition", "gpu_partition"):
         part = cluster.get(key)
@@ -267,24 +300,54 @@ def slurm_rows(config: dict) -> list[Check]:
         ok = f"gpu:{gpu_type}" in gres
         rows.append(Check("slurm gres", OK if ok else FAIL, f"gpu:{gpu_type} in {gres.split() or 'nothing'}",
                           "" if ok else "set cluster.gpu_type to a type `sinfo -o %G` shows"))
+    rows.extend(capacity_rows(config))
     rows.append(_account_row(cluster.get("account")))
     return rows
 
 
+def capacity_rows(config: dict) -> list[Check]:
+    """Every job shape the workflow submits, asked of SLURM with `sbatch --test-only`."""
+    rows = []
+    for name, res in capacity.job_shapes(config).items():
+        proc = _probe(capacity.test_only_args(res))
+        if proc is None:
+            rows.append(Check(f"slurm fits {name}", WARN, "sbatch --test-only did not answer"))
+            continue
+        fits, words = capacity.test_only_verdict(proc.returncode, proc.stderr + proc.stdout)
+        rows.append(Check(f"slurm fits {name}", OK if fits else FAIL,
+                          f"{capacity.describe(res)}: {words}",
+                          "" if fits else f"`sinfo -p <partition> -o '%D %c %m %G %l'` shows what a "
+                          f"partition holds; shrink the job ({_shape_keys(name)}) or use a partition "
+                          "that holds it (cluster.gpu_partition)"))
+    return rows
+
+
+def _shape_keys(name: str) -> str:
+    return {"train_run": "train.nodes, train.gpus_per_node, train.cpus_per_task, train.mem_mb, "
+                         "train.runtime",
+            "evaluate_ckpt": "eval.resources", "bench_step": "bench.resources",
+            "embed_prompts": "dataset.embed_resources"}.get(name, "report.resources")
+
+
 def _account_row(account: str | None) -> Check:
-    user = os.environ.get("USER", "")
-    known = checks.run_out(["sacctmgr", "-nP", "show", "assoc", f"user={user}", "format=account"]).split()
+    user = capacity.slurm_user()
+    proc = _probe(["sacctmgr", "-nP", "show", "assoc", f"user={user}", "format=account"])
+    if proc is None or proc.returncode != 0:
+        # No accounting daemon (or no sacctmgr): unknown, not "ok".
+        return Check("slurm account", WARN, f"{account or 'none set'}: sacctmgr cannot answer for "
+                     f"{user}", "ask the site which account to use (cluster.account)")
+    known = proc.stdout.split()
     if account is None and known:
         # The plugin would guess one from sacct, and 2.8's guess is broken (it passes the
         # pipe of its command line as an argument): name it.
         return Check("slurm account", FAIL, "cluster.account is null (the plugin's guess is broken)",
                      f"set cluster.account to one of {', '.join(sorted(set(known)))}")
     if account is None:
-        return Check("slurm account", OK, "none needed (sacctmgr lists no account for you)")
+        return Check("slurm account", OK, f"none needed (sacctmgr lists no account for {user})")
     if known and account not in known:
-        return Check("slurm account", FAIL, f"{account} not among your accounts {sorted(set(known))}",
+        return Check("slurm account", FAIL, f"{account} not among {user}'s accounts {sorted(set(known))}",
                      "set cluster.account to one of them")
-    return Check("slurm account", OK, account + ("" if known else " (sacctmgr cannot tell)"))
+    return Check("slurm account", OK, account + ("" if known else " (sacctmgr lists no association)"))
 
 
 # ------------------------------------------------------------------ the table
@@ -294,6 +357,7 @@ def run_checks(config: dict, root: Path, downloads_pending: bool = False) -> lis
     rows: list[Check] = []
     for group in (lambda: torch_rows(config), lambda: reward_rows(config),
                   lambda: asset_rows(config, root, downloads_pending), lambda: hub_rows(config),
+                  lambda: gated_rows(config, root),
                   lambda: [disk_row(config, root)],
                   lambda: slurm_rows(config)):
         rows.extend(group())

@@ -89,6 +89,8 @@ def _stub(tmp_path: Path, name: str, text: str) -> None:
 def test_slurm_settings_are_checked_against_sinfo_and_sacctmgr(tmp_path, monkeypatch):
     _stub(tmp_path, "sinfo", 'case "$*" in *"-p gpu"*) echo "gpu gpu:h100:8";; *"-p cpu"*) echo "cpu (null)";; esac')
     _stub(tmp_path, "sacctmgr", "printf 'proj42\\nteam7\\n'")
+    _stub(tmp_path, "scontrol", 'echo "Slurmctld(primary) at ctl is UP"')
+    _stub(tmp_path, "sbatch", 'echo "sbatch: Job 1 to start at 2026-12-01T22:00:00" >&2')
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
     root = _root(tmp_path, "config/paper.yaml")
     (root / "site.yaml").write_text(yaml.safe_dump({"cluster": {
@@ -141,3 +143,68 @@ def test_unpinned_hub_references_fail_the_preflight_naming_each_key():
     mini = checks.merge(paper, yaml.safe_load((ROOT / ".test/paper-mini.yaml").read_text()))
     assert checks.unpinned_hub_references(mini) == {}
     assert [r.status for r in doctor.hub_rows(mini)] == ["ok"]
+
+
+def _paper_site(tmp_path: Path, **cluster) -> dict:
+    root = _root(tmp_path, "config/paper.yaml")
+    (root / "site.yaml").write_text(yaml.safe_dump({"cluster": {
+        "partition": "cpu", "gpu_partition": "gpu", "gpu_type": "h100", "account": "proj42",
+        **cluster}}))
+    return doctor.load_workflow_config(["config.yaml", "site.yaml"], root)
+
+
+def test_a_job_shape_the_partition_cannot_hold_is_named_with_slurms_reason(tmp_path, monkeypatch):
+    """sbatch --test-only with the job's own options: the 2-node x 8-GPU training is refused,
+    the 1-GPU jobs fit; the row names the job, its shape and SLURM's words."""
+    _stub(tmp_path, "sinfo", 'echo "gpu gpu:h100:8"')
+    _stub(tmp_path, "sacctmgr", "echo proj42")
+    _stub(tmp_path, "scontrol", 'echo "Slurmctld(primary) at ctl is UP"')
+    _stub(tmp_path, "sbatch", 'echo "$*" >> "$0.calls"; case "$*" in *--nodes=2*) '
+          'echo "sbatch: error: Batch job submission failed: Requested node configuration is '
+          'not available" >&2; exit 1;; esac; echo "sbatch: Job 3 to start at now" >&2')
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    rows = {r.name: r for r in doctor.slurm_rows(_paper_site(tmp_path))}
+    train = rows["slurm fits train_run"]
+    assert train.status == "FAIL" and "node configuration is not available" in train.detail
+    assert "2 nodes x gpu:h100:8" in train.detail and "2880 min" in train.detail
+    assert "train.nodes" in train.fix
+    assert rows["slurm fits evaluate_ckpt"].status == "ok"
+    calls = (tmp_path / "bin/sbatch.calls").read_text()
+    assert "--test-only" in calls and "--ntasks-per-node=1" in calls and "--account=proj42" in calls
+
+
+def test_no_controller_is_a_warning_not_account_ok(tmp_path, monkeypatch):
+    _stub(tmp_path, "sinfo", "exit 1")
+    _stub(tmp_path, "scontrol", 'echo "Slurmctld(primary) at ctl is DOWN"; exit 1')
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    rows = doctor.slurm_rows(_paper_site(tmp_path))
+    assert [(r.name, r.status) for r in rows] == [("slurm controller", "warn")]
+    assert "DOWN" in rows[0].detail
+
+
+def test_unset_user_asks_sacctmgr_for_the_process_owner(tmp_path, monkeypatch):
+    _stub(tmp_path, "sacctmgr", 'echo "$*" > "$0.args"; exit 1')
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    monkeypatch.delenv("USER", raising=False)
+    monkeypatch.delenv("LOGNAME", raising=False)
+    row = doctor._account_row("proj42")
+    import getpass
+    assert f"user={getpass.getuser()}" in (tmp_path / "bin/sacctmgr.args").read_text()
+    assert row.status == "warn"  # sacctmgr failed: unknown, never "ok"
+
+
+def test_every_gated_hub_model_still_to_fetch_needs_the_token(tmp_path, monkeypatch):
+    """SD3.5-L and FLUX.1-Dev are gated like SD3.5-M: HF_TOKEN while either is to be fetched."""
+    config = _paper_site(tmp_path)
+    root = tmp_path / "wf"
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    row, = doctor.gated_rows(config, root)
+    assert row.status == "FAIL" and "SD3.5 Large" in row.detail and "FLUX.1-Dev" in row.detail
+    from marble.workflow import evaluation as wf_eval
+    for folder, (ref, _) in wf_eval.hub_models(config["eval"]).items():
+        if "FLUX" in ref:
+            (root / wf_eval.HUB_MODEL_DIR / folder).mkdir(parents=True)
+    row, = doctor.gated_rows(config, root)
+    assert "FLUX.1-Dev" not in row.detail and "SD3.5 Large" in row.detail
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
+    assert doctor.gated_rows(config, root) == []
