@@ -115,7 +115,8 @@ def _ocr_engine_row(options: dict) -> Check:
     module = {"paddle": "paddleocr"}.get(backend, backend)
     if not importlib.util.find_spec(module):
         return Check("ocr engine", FAIL, f"backend {backend!r}: {module} not installed",
-                     f"pip install -c workflow/envs/constraints.txt {module}")
+                     "pip install -c workflow/envs/constraints.txt -e "
+                     f"\".[{'paddle' if module == 'paddleocr' else 'ocr'}]\"")
     detail = f"backend {backend}"
     if backend == "paddle" and options.get("use_gpu"):
         import paddle
@@ -176,7 +177,8 @@ def _torchvision_row() -> Check:
         torchvision.ops.nms(boxes, torch.tensor([1.0]), 0.5)  # fails on a mismatched pair
     except Exception as exc:
         return Check("torchvision", FAIL, f"{type(exc).__name__}: {exc}"[:200],
-                     "install the torchvision built for this torch (workflow/envs/constraints.txt)")
+                     "install the torchvision built for this torch: pip install -c site-torch.txt torchvision "
+                     "(docs/cluster.md; on the CPU: -c workflow/envs/constraints-clip.txt)")
     return Check("torchvision", OK, f"torchvision {torchvision.__version__} pairs with torch")
 
 
