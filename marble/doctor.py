@@ -206,7 +206,8 @@ def _gpu_row(config: dict, torch) -> Check:
 # ------------------------------------------------------------------ assets, disk, SLURM
 
 
-def asset_rows(config: dict, root: Path, downloads_pending: bool = False) -> list[Check]:
+def asset_rows(config: dict, root: Path, downloads_pending: bool = False,
+               configfiles: tuple[str, ...] = ()) -> list[Check]:
     """Model and reward files against the manifest. downloads_pending (the preflight rule,
     which runs before the workflow's own downloads): a missing file is a warning, unless
     the config is `offline`; HF_TOKEN for the gated model stays a failure."""
@@ -219,7 +220,9 @@ def asset_rows(config: dict, root: Path, downloads_pending: bool = False) -> lis
         bad, unpinned = checks.verify_group(group, root / folder)
         if bad:
             gated = group == "model" and not os.environ.get("HF_TOKEN")
-            fix = f"snakemake prepare (downloads {group} into {folder})"
+            # the command as the user runs it: the profile and the same config files
+            files = f" --configfile {' '.join(configfiles)}" if configfiles else ""
+            fix = f"snakemake --profile slurm prepare{files} (downloads {group} into {folder})"
             rows.append(Check(f"{group} files", WARN if pending else FAIL,
                               f"{len(bad)} missing or wrong in {folder}: "
                               f"{', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}", fix))
@@ -355,10 +358,11 @@ def _account_row(account: str | None) -> Check:
 # ------------------------------------------------------------------ the table
 
 
-def run_checks(config: dict, root: Path, downloads_pending: bool = False) -> list[Check]:
+def run_checks(config: dict, root: Path, downloads_pending: bool = False,
+               configfiles: tuple[str, ...] = ()) -> list[Check]:
     rows: list[Check] = []
     for group in (lambda: torch_rows(config), lambda: reward_rows(config),
-                  lambda: asset_rows(config, root, downloads_pending), lambda: hub_rows(config),
+                  lambda: asset_rows(config, root, downloads_pending, configfiles), lambda: hub_rows(config),
                   lambda: gated_rows(config, root),
                   lambda: [disk_row(config, root)],
                   lambda: slurm_rows(config)):
@@ -387,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="missing model/reward files are still to be downloaded (a warning)")
     args = p.parse_args(argv)
     config = load_workflow_config(args.configfile, args.root)
-    rows = run_checks(config, args.root, args.downloads_pending)
+    rows = run_checks(config, args.root, args.downloads_pending, tuple(args.configfile))
     print(render(rows))
     return 1 if any(r.status == FAIL for r in rows) else 0
 

@@ -46,8 +46,9 @@ def test_paper_config_fails_naming_each_missing_piece(tmp_path, capsys, monkeypa
     seen: list = []
     real = doctor.run_checks
 
-    def spy(config: dict, root: Path, downloads_pending: bool = False) -> list:
-        seen.extend(real(config, root, downloads_pending))  # the real checks, recorded
+    def spy(config: dict, root: Path, downloads_pending: bool = False,
+            configfiles: tuple[str, ...] = ()) -> list:
+        seen.extend(real(config, root, downloads_pending, configfiles))  # the real checks, recorded
         return seen
 
     monkeypatch.setattr(doctor, "run_checks", spy)
@@ -58,7 +59,7 @@ def test_paper_config_fails_naming_each_missing_piece(tmp_path, capsys, monkeypa
     for name in ["model files", "rewards files", "HF_TOKEN", "unifiedreward server"]:
         assert rows[name].status == "FAIL", (name, rows[name])
     assert "model_index.json (missing)" in rows["model files"].detail
-    assert "snakemake prepare" in rows["model files"].fix and "HF_TOKEN" in rows["HF_TOKEN"].fix
+    assert "snakemake --profile slurm prepare" in rows["model files"].fix and "HF_TOKEN" in rows["HF_TOKEN"].fix
     assert "sglang" in rows["unifiedreward server"].fix
     assert {"reward pickscore", "reward hpsv2", "reward ocr", "reward geneval", "ocr engine",
             "reward unifiedreward", "disk", "gpu", "torch"} <= set(rows)

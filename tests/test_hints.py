@@ -59,3 +59,19 @@ def test_the_paddle_extra_installs_a_version_the_code_accepts():
     require_paddleocr_2("2.9.1")  # the extra's lowest version passes
     with pytest.raises(ImportError, match=r'-e "\.\[paddle\]"'):
         require_paddleocr_2("3.7.0")
+
+
+def test_the_prepare_hint_runs_as_a_dry_run(tmp_path):
+    """The doctor's fix for missing downloads, with the profile and the same config files,
+    is a command Snakemake accepts (`-n`)."""
+    from marble import doctor
+
+    config = doctor.load_workflow_config(["config/paper.yaml"], ROOT)
+    config["model_dir"] = str(tmp_path / "absent")  # nothing downloaded
+    row = next(r for r in doctor.asset_rows(config, ROOT, configfiles=("config/paper.yaml",))
+               if r.name == "model files")
+    command = row.fix.split(" (", 1)[0].split()
+    assert command[:4] == ["snakemake", "--profile", "slurm", "prepare"], row.fix
+    proc = subprocess.run([str(Path(sys.executable).parent / "snakemake"), "-n", *command[1:]],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

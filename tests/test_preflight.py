@@ -181,3 +181,14 @@ def test_snakefile_gates_after_every_include():
     text = (ROOT / "Snakefile").read_text()
     gate = text.index("wf_preflight.gate_rules(")
     assert "include:" not in text[gate:] and "rule " not in text[gate:]
+
+
+def test_dry_run_warns_of_every_unpinned_hub_reference(paper_work):
+    proc = snakemake(["-n", "eval_only", *PAPER], paper_work)
+    warned = [line for line in proc.stderr.splitlines() if "is not pinned to a commit" in line]
+    assert len(warned) == 4 and any("eval.unifiedreward.model" in w for w in warned), proc.stderr[-2000:]
+
+
+def test_slurm_profile_keeps_the_logs_the_docs_point_at():
+    profile = yaml.safe_load((ROOT / "slurm/config.yaml").read_text())
+    assert profile["slurm-keep-successful-logs"] is True

@@ -269,3 +269,12 @@ if wf_plan.is_dry_run(sys.argv[1:]):
     _bench = Path("results/bench/step.json")
     _measured = json.loads(_bench.read_text()) if _bench.is_file() else None
     print(plan_text(config, _measured, Path("results/runs")), file=sys.stderr)
+    # An unpinned hub reference (PIN-A-COMMIT, @main) fails its fetch and the preflight.
+    from marble.workflow.doctor_checks import unpinned_hub_references
+
+    for _key, _ref in unpinned_hub_references(config).items():
+        print(
+            f"warning: {_key} = {_ref} is not pinned to a commit: the preflight fails on it"
+            " (pin a 40-hex commit, or null the row)",
+            file=sys.stderr,
+        )
