@@ -132,7 +132,7 @@ def _unifiedreward_row(options: dict, managed: str | None = None) -> Check:
     from marble.rewards.unifiedreward import BASE_URL_ENV, DEFAULT_BASE_URL
 
     if managed:  # marble.rewards.service starts it beside each evaluation that scores it
-        return Check("unifiedreward server", OK, f"started by the workflow per job: {managed}"[:200])
+        return _judge_env_row(managed)
     base = options.get("base_url") or os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL
     answer = checks.http_get(base.rstrip("/") + "/models")
     if answer is None:
@@ -140,6 +140,23 @@ def _unifiedreward_row(options: dict, managed: str | None = None) -> Check:
     return Check("unifiedreward server", FAIL, f"{base}: {answer}",
                  f"start the sglang server (workflow/envs/sglang.txt, docs/rewards.md) or set "
                  f"{BASE_URL_ENV} to where it runs")
+
+
+def _judge_env_row(server: str) -> Check:
+    """The judge's environment exists and imports sglang (each judged evaluation would else
+    wait in the queue for a GPU, then die starting it)."""
+    probe = checks.judge_probe(server)
+    if probe is None:
+        return Check("unifiedreward server", OK, f"started by the workflow per job: {server}"[:200])
+    proc = _probe(probe)
+    if proc is not None and proc.returncode == 0:
+        return Check("unifiedreward server", OK, f"environment starts ({' '.join(probe[:4])}): "
+                     "sglang imports; started by the workflow per job")
+    why = "not found" if proc is None else (proc.stderr.strip().splitlines() or ["failed"])[-1]
+    return Check("unifiedreward server", FAIL, f"{' '.join(probe)}: {why}"[:200],
+                 "create the judge's environment: conda env create -n marble-sglang -f "
+                 "workflow/envs/sglang.yaml (docs/cluster.md; or point eval.unifiedreward.server "
+                 "at a venv's python, workflow/envs/sglang.txt)")
 
 
 def _mmcv_row() -> Check:

@@ -209,3 +209,23 @@ def test_every_gated_hub_model_still_to_fetch_needs_the_token(tmp_path, monkeypa
     assert "FLUX.1-Dev" not in row.detail and "SD3.5 Large" in row.detail
     monkeypatch.setenv("HF_TOKEN", "hf_x")
     assert doctor.gated_rows(config, root) == []
+
+
+def test_the_judges_environment_must_exist_and_import_sglang(tmp_path, monkeypatch):
+    """config/paper.yaml starts the judge with `conda run -n marble-sglang`: the doctor runs
+    that environment's python (a missing env fails naming the recipe); a venv python too."""
+    from marble.workflow import doctor_checks as checks
+
+    server = yaml.safe_load((ROOT / "config/paper.yaml").read_text())["eval"]["unifiedreward"]["server"]
+    assert checks.judge_probe(server) == ["conda", "run", "-n", "marble-sglang", "python", "-c",
+                                          "import sglang"]
+    assert checks.judge_probe(".venv-sglang/bin/python -m sglang.launch_server --port {port}") == [
+        ".venv-sglang/bin/python", "-c", "import sglang"]
+    assert checks.judge_probe("python -m marble.tools.dev.fake_sglang --port {port}") is None
+    _stub(tmp_path, "conda", 'echo "EnvironmentLocationNotFound: Not a conda environment: $4" >&2; exit 1')
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    row = doctor._unifiedreward_row({}, managed=server)
+    assert row.status == "FAIL" and "Not a conda environment" in row.detail
+    assert "workflow/envs/sglang.yaml" in row.fix
+    _stub(tmp_path, "conda", "exit 0")
+    assert doctor._unifiedreward_row({}, managed=server).status == "ok"

@@ -3,6 +3,7 @@ the modules each needs, manifest verification, the disk estimate, command probes
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import urllib.error
 import urllib.request
@@ -193,3 +194,17 @@ def without_it(key: str) -> str:
         return "point eval.unifiedreward.model at a local folder of the judge's weights"
     row = key.split(".")[2]
     return f"drop the row in your own --configfile (eval.checkpoints.{row}: null)"
+
+
+def judge_probe(server: str) -> list[str] | None:
+    """The command that proves the judge's environment exists and imports sglang, from the
+    server command the workflow starts (eval.unifiedreward.server): `conda run -n NAME ...`
+    -> `conda run -n NAME python -c "import sglang"`; `/path/python -m sglang...` -> that
+    python. None for any other launcher (a wrapper script: its own business)."""
+    words = shlex.split(server)
+    if words[:2] == ["conda", "run"] and "-n" in words:
+        name = words[words.index("-n") + 1]
+        return ["conda", "run", "-n", name, "python", "-c", "import sglang"]
+    if words and Path(words[0]).name.startswith("python") and "sglang.launch_server" in words:
+        return [words[0], "-c", "import sglang"]
+    return None
