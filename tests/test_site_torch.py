@@ -83,3 +83,20 @@ def test_a_torch_pip_cannot_see_is_refused(tmp_path):
     proc = _run([sys.executable, "-S", ROOT / "workflow/envs/site_torch.py"],
                 env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 2 and "pip cannot see it" in proc.stderr, proc.stdout + proc.stderr
+
+
+def test_the_conda_env_holds_every_stack_of_the_paper_path():
+    """`--sdm conda` builds workflow/envs/marble.yaml: the workflow, both OCR engines and
+    HPSv2's open_clip (GenEval's mmcv-full is compiled in it, workflow/envs/geneval.txt)."""
+    import re
+    import tomllib
+
+    import yaml
+
+    env = yaml.safe_load((ROOT / "workflow/envs/marble.yaml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    extras = set(re.search(r"\[([a-z,]+)\]", next(p for p in pip if p.startswith("-e"))).group(1)
+                 .split(","))
+    assert {"workflow", "ocr", "paddle", "clip"} <= extras
+    defined = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras <= set(defined)
