@@ -52,11 +52,13 @@ def load_workflow_config(files: list[str], root: Path) -> dict:
     order, later keys win), then the schema's defaults."""
     paths = [root / f for f in files] if files else [root / "config.yaml"]
     config: dict = {}
+    layers = []
     for path in paths:
         try:
             data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except FileNotFoundError:
             raise SystemExit(f"marble doctor: error: config file {path} does not exist") from None
+        layers.append(data)
         checks.merge(config, data)
     schema = root / "workflow/schemas/config.schema.yaml"
     try:
@@ -66,7 +68,9 @@ def load_workflow_config(files: list[str], root: Path) -> dict:
     try:
         validate(config, str(schema))
     except Exception as exc:  # snakemake's WorkflowError names the key
-        raise SystemExit(f"marble doctor: error: {paths[-1]}: {exc}") from None
+        # One line, blaming the file that sets the key (not merely the last one given).
+        line = checks.schema_error_line(str(exc), paths, layers)
+        raise SystemExit(f"marble doctor: error: {line}") from None
     return config
 
 

@@ -229,3 +229,26 @@ def test_the_judges_environment_must_exist_and_import_sglang(tmp_path, monkeypat
     assert "workflow/envs/sglang.yaml" in row.fix
     _stub(tmp_path, "conda", "exit 0")
     assert doctor._unifiedreward_row({}, managed=server).status == "ok"
+
+
+def test_a_schema_error_names_the_file_that_sets_the_key(tmp_path):
+    """Not the last --configfile: the one holding the bad key, in one line."""
+    root = _root(tmp_path, "config/paper.yaml")
+    (root / "bad.yaml").write_text("train:\n  bogus: 1\n")
+    (root / "site.yaml").write_text("cluster:\n  partition: cpu\n")
+    with pytest.raises(SystemExit) as err:
+        doctor.load_workflow_config(["config.yaml", "bad.yaml", "site.yaml"], root)
+    line = str(err.value)
+    assert "\n" not in line and "bad.yaml: train.bogus: Additional properties" in line
+    (root / "bad.yaml").write_text("train:\n  nodes: two\n")
+    with pytest.raises(SystemExit, match=r"bad\.yaml: train\.nodes: 'two' is not of type"):
+        doctor.load_workflow_config(["config.yaml", "bad.yaml", "site.yaml"], root)
+
+
+def test_key_owner_takes_the_last_layer_that_sets_the_key():
+    from marble.workflow.doctor_checks import key_owner
+
+    layers = [{"train": {"nodes": 2}}, {"train": {"nodes": 1}}, {"cluster": {}}]
+    assert key_owner(layers, ["train", "nodes"]) == 1
+    assert key_owner(layers, ["train", "gpus"]) == 1  # the deepest prefix: train
+    assert key_owner(layers, ["eval", "limit"]) is None  # a schema default

@@ -3,6 +3,7 @@ the modules each needs, manifest verification, the disk estimate, command probes
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 import urllib.error
@@ -208,3 +209,47 @@ def judge_probe(server: str) -> list[str] | None:
     if words and Path(words[0]).name.startswith("python") and "sglang.launch_server" in words:
         return [words[0], "-c", "import sglang"]
     return None
+
+
+_INSTANCE = re.compile(r"On instance((?:\[[^\]]+\])*):")
+_UNEXPECTED = re.compile(r"\('([^']+)' was unexpected\)")
+
+
+def schema_error(text: str) -> tuple[list[str], str]:
+    """(key path, message) of a Snakemake schema ValidationError's text: the instance path
+    (`On instance['train']['nodes']:`) plus, for an unknown key, that key's name."""
+    lines = [line.strip() for line in text.splitlines()]
+    message = next((line.split(":", 1)[1].strip() for line in lines
+                    if line.startswith("ValidationError:")), lines[0] if lines else text)
+    match = _INSTANCE.search(text)
+    path = re.findall(r"\['([^']*)'\]", match.group(1)) if match else []
+    unexpected = _UNEXPECTED.search(message)
+    return (path + [unexpected.group(1)] if unexpected else path), message
+
+
+def key_owner(layers: list[dict], path: list[str]) -> int | None:
+    """Index of the last config layer (merge order) that sets `path`, or the longest prefix of
+    it; None when no layer names even its first key (a schema default)."""
+    best, best_depth = None, 0
+    for index, layer in enumerate(layers):
+        node, depth = layer, 0
+        for key in path:
+            if not isinstance(node, dict) or key not in node:
+                break
+            node, depth = node[key], depth + 1
+        if depth and depth >= best_depth:
+            best, best_depth = index, depth
+    return best
+
+
+def schema_error_line(text: str, files: list, layers: list[dict] | None = None) -> str:
+    """`FILE: key.path: message` for a schema error of the config merged from `files` (in
+    order): the file is the last one that sets the key (else the schema's default)."""
+    import yaml
+
+    if layers is None:
+        layers = [yaml.safe_load(Path(f).read_text(encoding="utf-8")) or {} for f in files]
+    key, message = schema_error(text)
+    owner = key_owner(layers, key)
+    where = files[owner] if owner is not None else "workflow/schemas/config.schema.yaml (a default)"
+    return f"{where}: {'.'.join(key) or 'config'}: {message}"

@@ -4,6 +4,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
 from marble.workflow import checkpoints as wf_ckpts
@@ -22,7 +23,15 @@ if not workflow.config_settings.configfiles:
     configfile: "config.yaml"
 
 
-validate(config, "../schemas/config.schema.yaml")
+try:
+    validate(config, "../schemas/config.schema.yaml")
+except WorkflowError as err:  # one line, naming the config file that sets the bad key
+    from marble.workflow.doctor_checks import schema_error_line
+
+    _files = [str(f) for f in workflow.config_settings.configfiles] or ["config.yaml"]
+    raise WorkflowError(
+        f"config error: {schema_error_line(str(err), _files)}"
+    ) from None
 
 MODE = config["mode"]
 MODEL_DIR = config["model_dir"]
