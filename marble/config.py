@@ -20,6 +20,7 @@ from typing import Any, Literal, get_args, get_origin
 import yaml
 
 from marble.config_ranges import range_problem
+from marble.config_stages import StageError, schedule_problem, stage_overlay, stage_problem
 
 PRESET_DIR = Path(__file__).parent / "presets"
 
@@ -142,6 +143,19 @@ class LoggingConfig:
 
 
 @dataclass
+class StageConfig:
+    """One stage of a staged curriculum (marble.config_stages): the run with these replaced."""
+
+    name: str = ""
+    steps: int = 0  # optimizer steps of this stage
+    sources: list[str] | None = None  # prompt sources of data.train (None: all)
+    mix: list[float] | None = None  # share of each source per sampling batch (None: even)
+    rewards: list[str] | None = None  # names from the run's `rewards` (None: all of them)
+    balancer: dict[str, Any] | None = None  # `balancer` keys over the run's (None: the run's)
+    lr: float | None = None  # None: train.lr
+
+
+@dataclass
 class RunConfig:
     preset: str = ""
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -151,6 +165,7 @@ class RunConfig:
     rewards: list[RewardSpec] = field(default_factory=list)
     data: DataConfig = field(default_factory=DataConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    stages: list[StageConfig] = field(default_factory=list)  # empty: one stage, the run
 
     @property
     def reward_names(self) -> list[str]:
@@ -326,11 +341,35 @@ def load_config(
         origin += " + " + ", ".join([str(f) for f in files] + [f"--set {o}" for o in overrides])
     cfg = _build(RunConfig, data, "", origin)
     validate(cfg, origin)
+    for i in range(len(cfg.stages)):
+        stage_config(cfg, i, origin)  # every stage is built and validated like a run
+    if cfg.stages:
+        problem = schedule_problem([s.name for s in cfg.stages], [s.steps for s in cfg.stages],
+                                   cfg.train.max_steps)
+        if problem:
+            raise ConfigError(f"{origin}: {problem}")
     return cfg
 
 
+def stage_config(cfg: RunConfig, index: int, origin: str = "config") -> RunConfig:
+    """Stage `index` as a run config of its own (marble.config_stages.stage_overlay)."""
+    stage = to_dict(cfg.stages[index])
+    where = f"stages[{index}]"
+    try:
+        problem = stage_problem(stage, where)
+        data = stage_overlay(to_dict(cfg), stage, where)
+    except StageError as exc:
+        problem = str(exc)
+    if problem:
+        raise ConfigError(f"{origin}: {problem}")
+    origin = f"{origin}, {where} ({stage['name'] or 'unnamed'})"
+    out = _build(RunConfig, data, "", origin)
+    validate(out, origin)
+    return out
+
+
 def validate(cfg: RunConfig, origin: str = "config") -> None:
-    """Cross-field checks that the types alone cannot express."""
+    """Each key in its range (marble.config_ranges.RANGES), then the cross-field checks."""
     problem = range_problem(cfg)
     if problem:
         raise ConfigError(f"{origin}: {problem}")
@@ -346,23 +385,14 @@ def validate(cfg: RunConfig, origin: str = "config") -> None:
             f"per epoch (sampling.batch_size x sampling.num_batches_per_epoch = "
             f"{s.batch_size * s.num_batches_per_epoch})"
         )
-    if not 0 < t.timestep_fraction <= 1:
-        raise ConfigError(f"{origin}: `train.timestep_fraction` must be in (0, 1]")
-    if not 0 <= b.alpha_ema < 1:
-        raise ConfigError(f"{origin}: `balancer.alpha_ema` must be in [0, 1)")
-    if b.diagnostics_every < 0:
-        raise ConfigError(f"{origin}: `balancer.diagnostics_every` must be >= 0 (0 = off)")
     if b.fixed_alphas is not None:
         if len(b.fixed_alphas) != len(names) or abs(sum(b.fixed_alphas) - 1) > 1e-6:
             raise ConfigError(
                 f"{origin}: `balancer.fixed_alphas` needs {len(names)} values summing to 1"
             )
-    rd = t.reward_device
-    if rd not in ("auto", "cpu", "cuda") and not (rd.startswith("cuda:") and rd[5:].isdigit()):
-        raise ConfigError(f"{origin}: `train.reward_device` = {rd!r}: expected auto, cpu, "
-                          f"cuda or cuda:N")
-    if t.old_decay_type not in (0, 1, 2):
-        raise ConfigError(f"{origin}: `train.old_decay_type` must be 0, 1 or 2")
+    if not any(r.weight > 0 for r in cfg.rewards):
+        # the weighted mean divides by the weights' sum: all zero is NaN for every sample
+        raise ConfigError(f"{origin}: every `rewards[].weight` is 0: at least one must be > 0")
 
 
 def to_dict(cfg: Any) -> dict:
@@ -370,7 +400,10 @@ def to_dict(cfg: Any) -> dict:
 
 
 def dump_yaml(cfg: RunConfig) -> str:
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+    data = to_dict(cfg)
+    if not data["stages"]:
+        del data["stages"]  # a run without stages writes the config.yaml it always has
+    return yaml.safe_dump(data, sort_keys=False)
 
 
 def training_timesteps(cfg: RunConfig) -> int:

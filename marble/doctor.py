@@ -30,8 +30,10 @@ from pathlib import Path
 
 import yaml
 
+from marble.workflow import configs
 from marble.workflow import doctor_checks as checks
 from marble.workflow import evaluation as wf_eval
+from marble.workflow import hub_lock
 from marble.workflow import slurm_capacity as capacity
 
 OK, FAIL, WARN, SKIP = "ok", "FAIL", "warn", "skip"
@@ -60,6 +62,10 @@ def load_workflow_config(files: list[str], root: Path) -> dict:
             raise SystemExit(f"marble doctor: error: config file {path} does not exist") from None
         layers.append(data)
         checks.merge(config, data)
+    base = config.get(configs.OVERLAY_KEY)
+    if base:  # the lowest layer, for a schema error's file name
+        paths, layers = [root / base, *paths], [configs.read_yaml(root / base), *layers]
+    config = configs.compose(config, root)  # an overlay's `overlay_on:` base beneath it
     schema = root / "workflow/schemas/config.schema.yaml"
     try:
         from snakemake.utils import validate
@@ -266,6 +272,10 @@ def hub_rows(config: dict) -> list[Check]:
             for key, ref in unpinned.items()]
     if refs and not unpinned:
         rows.append(Check("hub pins", OK, f"{len(refs)} hub references, each at a commit"))
+    # A commit from `marble hub lock` is main on the day it ran: for repos known to have moved
+    # since the paper, say so (a WARN: the run can go, the comparison may not be like for like).
+    rows += [Check(f"hub revision {repo}", WARN, note, "pin the paper's commit if its authors name one")
+             for repo, note in hub_lock.postdate_notes(config).items()]
     return rows
 
 

@@ -214,7 +214,7 @@ def test_ours_beside_published_numbers(tmp_path):
     from test_workflow_lib import ROOT
 
     rows = published.load_published(ROOT / "config/paper_published.yaml")
-    records = published.comparison(published.ours_by_run(eval_dir), rows)
+    records = published.comparison(published.table1.ours_by_run([eval_dir]), rows)
     by = {(r["run"], r["metric"]): r for r in records}
     assert by[("sd35m", "PickScore")]["ours"] == pytest.approx(20.8)  # x26, as the paper
     assert by[("sd35m", "PickScore")]["diff"] == pytest.approx(20.8 - 20.51)

@@ -15,6 +15,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from marble.config_stages import source_counts
+
 
 def per_source_counts(m: int, n_sources: int) -> list[int]:
     """m prompts split evenly over n sources; the remainder goes to the first sources."""
@@ -39,6 +41,7 @@ class StratifiedKRepeatSampler:
         rank: int,
         seed: int,
         stratified: bool = True,
+        source_shares: dict[str, float] | None = None,
     ):
         if k < 1 or batch_size < 1 or world_size < 1:
             raise ValueError(f"k={k}, batch_size={batch_size}, world_size={world_size} must be >= 1")
@@ -63,6 +66,11 @@ class StratifiedKRepeatSampler:
         self.counts = (
             per_source_counts(self.m, len(self.source_names)) if self.stratified else [self.m]
         )
+        if source_shares is not None:  # a stage's `mix`: shares instead of the even split
+            if not self.stratified or set(source_shares) != set(self.source_names):
+                raise ValueError(f"sampler: shares for {sorted(source_shares)} need stratified "
+                                 f"sampling over exactly those sources ({self.source_names})")
+            self.counts = source_counts(self.m, [source_shares[n] for n in self.source_names])
         pools = self.rows_by_source if self.stratified else [np.arange(len(self.sources))]
         for name, pool, n in zip(self.source_names if self.stratified else ["all"], pools, self.counts):
             if n > len(pool):

@@ -102,6 +102,10 @@ def geneval_summary(rows: list[dict]) -> dict[str, float]:
         for key in GENEVAL_DETAIL_KEYS:
             if tag in means[key]:
                 out[f"{tag}_{key}"] = means[key][tag]
+    # The reference's per-tag means of the partial-credit score, beside the per-tag accuracies.
+    credit = per_tag_means([{"score": (r.get("scores") or {}).get("geneval"), "tag": d["tag"]}
+                            for r, d in zip(rows, details)], "score")
+    out.update({f"{tag}_partial_credit": credit[tag] for tag in GENEVAL_TAGS if tag in credit})
     tag_acc = [means["accuracy"][tag] for tag in GENEVAL_TAGS if tag in means["accuracy"]]
     # The official overall needs every tag; a --limit subset leaves it undefined (NaN).
     out["geneval_overall"] = _mean(tag_acc) if len(tag_acc) == len(GENEVAL_TAGS) else float("nan")

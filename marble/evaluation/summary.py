@@ -36,6 +36,31 @@ PAPER_METRICS = [
     ("UniRwd", ("unifiedreward",), ("drawbench", "pickscore"), 5.0, 2),
 ]
 PAPER_KEYS = {key for _, keys, _, _, _ in PAPER_METRICS for key in keys}
+# The reference's evaluation writes three GenEval aggregates and does not say which the paper
+# prints (issue 29): each is kept in average_scores.json; Table 1 takes the one selected
+# (eval.table1_geneval) and its header names it.
+GENEVAL_AGGREGATES = {"task_mean": "geneval_overall", "image_accuracy": "accuracy",
+                      "partial_credit": "geneval"}
+# The model-based columns: the MARBLE evaluation scores them on both prompt sets; Table 1 takes
+# one (eval.table1_prompts), the other set's numbers stay in the results.
+MODEL_COLUMNS = ("PickScore", "CLIPScore", "HPSv2.1", "Aesthetic", "ImgRwd")
+PROMPT_SETS = ("pickscore", "drawbench")
+
+
+def paper_metrics(geneval: str = "task_mean", prompts: str = "pickscore") -> list[tuple]:
+    """PAPER_METRICS with one GenEval aggregate and one prompt set for the model-based
+    columns, no fallback: a cell the selected protocol did not produce is NaN ("–")."""
+    if geneval not in GENEVAL_AGGREGATES or prompts not in PROMPT_SETS:
+        raise ValueError(f"GenEval aggregate {geneval!r} (one of {sorted(GENEVAL_AGGREGATES)}), "
+                         f"prompt set {prompts!r} (one of {list(PROMPT_SETS)})")
+    out = []
+    for column, keys, datasets, scale, places in PAPER_METRICS:
+        if column == "GenEval":
+            keys = (GENEVAL_AGGREGATES[geneval],)
+        elif column in MODEL_COLUMNS:
+            datasets = (prompts,)
+        out.append((column, keys, datasets, scale, places))
+    return out
 GENEVAL_DETAIL = ("accuracy", "strict_accuracy", "geneval_overall")
 COMPOSITE = "Composite"
 
@@ -109,14 +134,16 @@ def _paper_value(cell: dict[tuple[str, str], float], keys, datasets, scale) -> f
     return math.nan
 
 
-def wide_table(long: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, int]]:
-    """Rows `run/checkpoint`, metric columns + Composite; also each column's decimals."""
+def wide_table(long: pd.DataFrame, metrics: list[tuple] | None = None) -> tuple[pd.DataFrame, dict[str, int]]:
+    """Rows `run/checkpoint`, metric columns + Composite; also each column's decimals.
+    `metrics`: PAPER_METRICS (each column's first candidate present) or a paper_metrics()."""
+    metrics = PAPER_METRICS if metrics is None else metrics
     decimals: dict[str, int] = {}
     rows: dict[str, dict[str, float]] = {}
     for (run, checkpoint), group in long.groupby(["run", "checkpoint"], sort=True):
         cell = {(d, m): v for d, m, v in zip(group["dataset"], group["metric"], group["value"])}
         row: dict[str, float] = {}
-        for column, keys, datasets, scale, places in PAPER_METRICS:
+        for column, keys, datasets, scale, places in metrics:
             value = _paper_value(cell, keys, datasets, scale)
             if math.isfinite(value):
                 row[column], decimals[column] = value, places

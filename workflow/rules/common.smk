@@ -8,6 +8,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
 from marble.workflow import checkpoints as wf_ckpts
+from marble.workflow import configs as wf_configs
 from marble.workflow import evaluation as wf_eval
 from marble.workflow import plan as wf_plan
 from marble.workflow import runs as wf_runs
@@ -23,14 +24,20 @@ if not workflow.config_settings.configfiles:
     configfile: "config.yaml"
 
 
+# config/paper.yaml & co. are overlays on config/eval.yaml (`overlay_on:`): the base goes beneath
+# them here, so one --configfile is complete, never the schema's default eval protocol.
+# the lowest layer, for the file names of schema errors
+_BASE = config.get(wf_configs.OVERLAY_KEY)
+_FILES = [str(f) for f in workflow.config_settings.configfiles] or ["config.yaml"]
+_CONFIG_LAYERS = ([_BASE] if _BASE else []) + _FILES
+wf_configs.compose_in_place(config)
 try:
     validate(config, "../schemas/config.schema.yaml")
 except WorkflowError as err:  # one line, naming the config file that sets the bad key
     from marble.workflow.doctor_checks import schema_error_line
 
-    _files = [str(f) for f in workflow.config_settings.configfiles] or ["config.yaml"]
     raise WorkflowError(
-        f"config error: {schema_error_line(str(err), _files)}"
+        f"config error: {schema_error_line(str(err), _CONFIG_LAYERS)}"
     ) from None
 
 MODE = config["mode"]
@@ -63,6 +70,13 @@ wildcard_constraints:
 def run_overrides(run):
     embed = EMBED_DIR if config["dataset"]["embed"] else None
     return wf_runs.run_overrides(RUNS[run], MODEL_DIR, DATASET_DIR, embed)
+
+
+def table1_choice():
+    """Table 1's open choices (eval.table1_geneval, eval.table1_prompts) as arguments."""
+    return "--geneval {} --prompts {}".format(
+        shlex.quote(EVAL["table1_geneval"]), shlex.quote(EVAL["table1_prompts"])
+    )
 
 
 def final_ckpt(run):

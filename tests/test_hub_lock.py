@@ -1,0 +1,80 @@
+"""The hub revision lock (issue 29 item 4): `marble hub lock` against the loopback hub mirror
+resolves config/paper.yaml's three PIN-A-COMMIT references, and the fetch evaluation runs
+takes the locked commit; a reference neither pinned nor locked is still refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from test_workflow_lib import ROOT
+
+from marble import doctor
+from marble.tools.dev.mirror_server import MirrorServer
+from marble.workflow import configs, doctor_checks, hub_lock
+
+PLACEHOLDER_REPOS = {"jieliu/SD3.5M-FlowGRPO-GenEval": "1" * 40, "jieliu/SD3.5M-FlowGRPO-Text": "2" * 40,
+                     "CodeGoat24/UnifiedReward-7b-v1.5": "3" * 40}
+
+
+def _mirror(root):
+    """A hub mirror serving the three repos at made-up commits (their `main`)."""
+    for repo in PLACEHOLDER_REPOS:
+        (root / "hub" / repo).mkdir(parents=True)
+        (root / "hub" / repo / "adapter_config.json").write_text(json.dumps({"r": 4, "repo": repo}))
+    (root / "mirror.json").write_text(json.dumps(
+        {"repos": {repo: {"revision": sha, "gated": False} for repo, sha in PLACEHOLDER_REPOS.items()}}))
+    return root
+
+
+def _run(args, cwd, endpoint):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+    env.update(HF_ENDPOINT=endpoint, HF_HOME=str(cwd / "hf-home"), PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True)
+
+
+def test_lock_resolves_the_placeholders_and_the_fetch_honours_it(tmp_path):
+    work = tmp_path / "wf"
+    shutil.copytree(ROOT / "config", work / "config")
+    (work / "config/hub.lock").unlink(missing_ok=True)
+    before = configs.load(["config/paper.yaml"], work)
+    assert set(hub_lock.placeholders(before)) == set(PLACEHOLDER_REPOS)
+    with MirrorServer(_mirror(tmp_path / "mirror"), idle_s=60) as server:
+        out = _run(["marble.workflow.hub_cli", "lock", "--configfile", "config/paper.yaml"], work, server.url)
+        assert out.returncode == 0, out.stderr
+        for repo, sha in PLACEHOLDER_REPOS.items():
+            assert f"{repo}: {sha}" in out.stdout
+        assert "wrote config/hub.lock (3 locked)" in out.stdout
+        locked = configs.load(["config/paper.yaml"], work)
+        assert doctor_checks.unpinned_hub_references(locked) == {}
+        ref = locked["eval"]["checkpoints"]["flowgrpo_ocr"]
+        assert ref == f"hf:jieliu/SD3.5M-FlowGRPO-Text@{'2' * 40}"
+        # The pinned rows keep their own commits (the lock fills placeholders only).
+        assert locked["eval"]["checkpoints"]["flowgrpo_pickscore"] == before["eval"]["checkpoints"]["flowgrpo_pickscore"]
+        # The fetch rule's command with the locked reference downloads; the placeholder is refused.
+        got = _run(["marble.assets.hub", ref, "--out", str(tmp_path / "lora"), "--require-commit"], work, server.url)
+        assert got.returncode == 0, got.stderr
+        assert json.loads((tmp_path / "lora/adapter_config.json").read_text())["repo"] == "jieliu/SD3.5M-FlowGRPO-Text"
+        refused = _run(["marble.assets.hub", "hf:jieliu/SD3.5M-FlowGRPO-Text@PIN-A-COMMIT", "--out",
+                        str(tmp_path / "no"), "--require-commit"], work, server.url)
+        assert refused.returncode == 2 and not (tmp_path / "no").exists()
+    # The doctor warns that the locked GenEval and UnifiedReward commits may postdate the paper.
+    rows = {r.name: r for r in doctor.hub_rows(locked)}
+    for repo in ("jieliu/SD3.5M-FlowGRPO-GenEval", "CodeGoat24/UnifiedReward-7b-v1.5"):
+        assert rows[f"hub revision {repo}"].status == doctor.WARN
+        assert "may postdate the paper" in rows[f"hub revision {repo}"].detail
+    assert "hub revision jieliu/SD3.5M-FlowGRPO-Text" not in rows
+    assert rows["hub pins"].status == doctor.OK
+
+
+def test_a_bad_lock_file_is_one_line(tmp_path):
+    (tmp_path / "hub.lock").write_text("repos: {a/b: {commit: main}}\n")
+    with pytest.raises(SystemExit, match="hub.lock: a hub lock is"):
+        hub_lock.read_lock(tmp_path / "hub.lock")
+    config = {"eval": {"checkpoints": {"x": "hf:a/b@PIN-A-COMMIT", "y": "hf:a/b@" + "4" * 40}}}
+    assert hub_lock.apply_lock(config, {"a/b": {"commit": "5" * 40}}) == ["a/b"]
+    assert config["eval"]["checkpoints"] == {"x": "hf:a/b@" + "5" * 40, "y": "hf:a/b@" + "4" * 40}
