@@ -255,3 +255,27 @@ def test_key_owner_takes_the_last_layer_that_sets_the_key():
     assert key_owner(layers, ["train", "nodes"]) == 1
     assert key_owner(layers, ["train", "gpus"]) == 1  # the deepest prefix: train
     assert key_owner(layers, ["eval", "limit"]) is None  # a schema default
+
+
+def test_disk_estimate_adds_what_evaluation_writes_and_dvc_copies(tmp_path, monkeypatch):
+    """Hub models still to fetch, LoRAs, evaluation outputs and DVC's cache copies are in the
+    estimate; a model folder that exists but does not verify still counts as to download;
+    before the downloads a shortfall made only of guessed parts is a warning."""
+    from marble.workflow import doctor_checks as checks
+
+    config = _paper_site(tmp_path)
+    root = tmp_path / "wf"
+    (root / config["model_dir"]).mkdir(parents=True)  # exists, holds nothing the manifest lists
+    need, parts = checks.disk_estimate(config, root)
+    for part in ("model", "hub models (guessed)", "LoRAs", "evaluations (guessed)"):
+        assert part in parts, parts
+    assert "DVC cache" not in parts
+    (root / ".dvc").mkdir()
+    need_dvc, parts_dvc = checks.disk_estimate(config, root)
+    assert "DVC cache copies" in parts_dvc and need_dvc == pytest.approx(2 * need, rel=1e-3)
+    assert checks.guessed_gb(parts_dvc) > 0
+    counted = need_dvc - checks.guessed_gb(parts_dvc)
+    usage = type("Usage", (), {"free": (counted + 1) * 2**30})
+    monkeypatch.setattr(doctor.shutil, "disk_usage", lambda _: usage)
+    assert doctor.disk_row(config, root, downloads_pending=True).status == "warn"
+    assert doctor.disk_row(config, root).status == "FAIL"

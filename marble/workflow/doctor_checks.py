@@ -117,25 +117,73 @@ def _prompt_count(raw_dir: Path) -> int | None:
     return sum(sum(1 for _ in p.open(encoding="utf-8", errors="replace")) for p in files)
 
 
+# Sizes of what evaluation fetches and writes, in GB. Assumed from the repositories' file lists
+# (the pipeline components in the precision the protocol loads), not measured here.
+HUB_MODEL_GB = {"stable-diffusion-3.5-large": 27.0, "FLUX.1-dev": 34.0,
+                "stable-diffusion-xl-base-1.0": 7.0, "UnifiedReward-7b-v1.5": 16.0}
+HUB_MODEL_GB_DEFAULT = 20.0  # a hub model not in the table
+LORA_GB = 0.1  # a public LoRA of SD3.5-M (rank 32 or less)
+EVAL_GB = 1.0  # one evaluation (row x dataset): ~1000 PNGs and their scores, assumed
+GUESSED = "(guessed)"  # marks the parts of an estimate that are not counted from files
+
+
 def disk_estimate(config: dict, root: Path) -> tuple[float, str]:
-    """(GB still to be written, what it is made of). Already present data counts 0."""
+    """(GB still to be written, what it is made of). A download counts as present only when
+    it verifies (manifest sizes and hashes), not because its folder exists; in a DVC
+    repository every output is written twice (the cache: most cluster filesystems have no
+    reflinks)."""
     if config.get("mode") != "paper":
         return 0.5, "tiny model, tables, runs, evaluations"
     parts: dict[str, float] = {}
-    if not (root / config["model_dir"]).is_dir():
-        parts["model"] = MODEL_GB["paper"]
-    if not (root / config["reward_ckpt_dir"]).is_dir():
-        parts["reward checkpoints"] = REWARD_CKPTS_GB
+    for group, folder, label in (("model", config["model_dir"], "model"),
+                                 ("rewards", config["reward_ckpt_dir"], "reward checkpoints")):
+        if verify_group(group, root / folder)[0]:
+            parts[label] = manifest_gb(group) or {"model": MODEL_GB["paper"]}.get(group, REWARD_CKPTS_GB)
     dataset = config.get("dataset") or {}
     if dataset.get("embed"):
         count = _prompt_count(root / config["raw_dir"])
         tokens = CLIP_TOKENS + 128  # marble.config: model.max_sequence_length default
         row = (tokens * EMBED_WIDTH + POOLED) * 2
-        parts["embedding cache" + ("" if count else " (prompt count guessed)")] = \
+        parts["embedding cache" + ("" if count else f" {GUESSED}")] = \
             (count or PAPER_PROMPTS_GUESS) * row / 2**30
     parts["checkpoints"] = CHECKPOINT_GB * 3 * len(configured(config.get("runs")))  # keep_checkpoints 3
+    parts.update(_evaluation_parts(config, root))
+    if (root / ".dvc").is_dir():  # DVC copies every output into its cache
+        guessed = sum(v for k, v in parts.items() if GUESSED in k)
+        parts["DVC cache copies"] = sum(parts.values()) - guessed
+        if guessed:
+            parts[f"DVC cache copies {GUESSED}"] = guessed
     total = sum(parts.values())
     return total, ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
+
+
+def _evaluation_parts(config: dict, root: Path) -> dict[str, float]:
+    """Hub base models and the judge still to fetch, public LoRAs, evaluation outputs."""
+    from marble.workflow.evaluation import HUB_MODEL_DIR, hub_models
+
+    ev = config.get("eval") or {}
+    hub = root / HUB_MODEL_DIR
+    missing = [folder for folder in hub_models(ev) if not any((hub / folder).glob("*"))]
+    gb = sum(next((size for name, size in HUB_MODEL_GB.items() if name in folder),
+                  HUB_MODEL_GB_DEFAULT) for folder in missing)
+    loras = [row for row, src in configured(ev.get("checkpoints")).items() if is_hub_ref(str(src))]
+    rows = len(configured(ev.get("checkpoints"))) + len(configured(config.get("runs")))
+    out = {f"hub models {GUESSED}": gb} if gb else {}
+    if loras:
+        out["LoRAs"] = LORA_GB * len(loras)
+    out[f"evaluations {GUESSED}"] = EVAL_GB * rows * len(ev.get("datasets") or [])
+    return out
+
+
+def manifest_gb(group: str) -> float | None:
+    """A download group's size from the manifest (every entry sized), else None."""
+    sizes = [e.size for e in load_manifest() if e.group == group]
+    return sum(sizes) / 2**30 if sizes and None not in sizes else None
+
+
+def guessed_gb(parts: str) -> float:
+    """The share of a disk estimate's parts (its text) that is a guess, not a count."""
+    return sum(float(part.rsplit(" ", 1)[1]) for part in parts.split(", ") if GUESSED in part)
 
 
 def http_get(url: str, timeout: float = 3.0) -> str | None:
