@@ -68,7 +68,8 @@ def test_the_recipe_keeps_a_torch_installed_from_a_wheel_file(tmp_path):
     assert pins.returncode == 0, pins.stderr
     assert pins.stdout.strip() == f"torch @ {site_wheel.as_uri()}"  # `pip freeze | grep ==` misses it
     (tmp_path / "site-torch.txt").write_text(pins.stdout)
-    eager = [*pip, "--find-links", index, "--upgrade", "--upgrade-strategy", "eager", "--force-reinstall", "needs_torch"]
+    eager = [*pip, "--find-links", index, "--upgrade", "--upgrade-strategy", "eager",
+             "--force-reinstall", "needs_torch"]
     kept = _run([*eager, "-c", tmp_path / "site-torch.txt"])
     assert kept.returncode == 0, kept.stderr
     assert _torch_version(python) == "2.14.1+site"
