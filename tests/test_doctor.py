@@ -219,7 +219,9 @@ def test_the_judges_environment_must_exist_and_import_sglang(tmp_path, monkeypat
     that environment's python (a missing env fails naming the recipe); a venv python too."""
     from marble.workflow import doctor_checks as checks
 
-    server = yaml.safe_load((ROOT / "config/paper.yaml").read_text())["eval"]["unifiedreward"]["server"]
+    from marble.workflow import configs
+
+    server = configs.load(["config/paper.yaml"], ROOT)["eval"]["unifiedreward"]["server"]
     assert checks.judge_probe(server) == ["conda", "run", "-n", "marble-sglang", "python", "-c",
                                           "import sglang"]
     assert checks.judge_probe(".venv-sglang/bin/python -m sglang.launch_server --port {port}") == [

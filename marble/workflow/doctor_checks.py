@@ -10,11 +10,14 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import yaml
+
 from marble.assets.download import load_manifest
 from marble.assets.hub_ref import COMMIT, is_hub_ref, parse_hub_ref
 from marble.config import load_config
 from marble.evaluation.datasets import DEFAULT_REWARDS
 from marble.runtime.io import sha256_file
+from marble.workflow.evaluation import HUB_MODEL_DIR, hub_models
 from marble.workflow.runs import configured
 
 # The import names each scorer needs beyond torch (its own module imports lazily), and the
@@ -159,8 +162,6 @@ def disk_estimate(config: dict, root: Path) -> tuple[float, str]:
 
 def _evaluation_parts(config: dict, root: Path) -> dict[str, float]:
     """Hub base models and the judge still to fetch, public LoRAs, evaluation outputs."""
-    from marble.workflow.evaluation import HUB_MODEL_DIR, hub_models
-
     ev = config.get("eval") or {}
     hub = root / HUB_MODEL_DIR
     missing = [folder for folder in hub_models(ev) if not any((hub / folder).glob("*"))]
@@ -293,8 +294,6 @@ def key_owner(layers: list[dict], path: list[str]) -> int | None:
 def schema_error_line(text: str, files: list, layers: list[dict] | None = None) -> str:
     """`FILE: key.path: message` for a schema error of the config merged from `files` (in
     order): the file is the last one that sets the key (else the schema's default)."""
-    import yaml
-
     if layers is None:
         layers = [yaml.safe_load(Path(f).read_text(encoding="utf-8")) or {} for f in files]
     key, message = schema_error(text)
