@@ -23,7 +23,6 @@ import argparse
 import importlib.util
 import os
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,7 +157,7 @@ def _judge_env_row(server: str) -> Check:
     probe = checks.judge_probe(server)
     if probe is None:
         return Check("unifiedreward server", OK, f"started by the workflow per job: {server}"[:200])
-    proc = _probe(probe)
+    proc = checks.run_probe(probe)
     if proc is not None and proc.returncode == 0:
         return Check("unifiedreward server", OK, f"environment starts ({' '.join(probe[:4])}): "
                      "sglang imports; started by the workflow per job")
@@ -309,19 +308,11 @@ def disk_row(config: dict, root: Path, downloads_pending: bool = False) -> Check
     return Check("disk", OK, detail)
 
 
-def _probe(cmd: list[str]) -> subprocess.CompletedProcess | None:
-    """A SLURM command's result (None when it is missing or hangs)."""
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-
-
 def slurm_rows(config: dict) -> list[Check]:
     cluster = config.get("cluster") or {}
     if not shutil.which("sinfo"):
         return [Check("slurm", SKIP, "no sinfo here: cluster: not checked")]
-    ping = _probe(["scontrol", "ping"])
+    ping = checks.run_probe(["scontrol", "ping"])
     if ping is None or ping.returncode != 0 or "UP" not in ping.stdout:
         # Not "ok": nothing about partitions, capacity or accounts is known.
         detail = (ping.stdout or ping.stderr).strip().splitlines()[:1] if ping else ["no scontrol"]
@@ -350,7 +341,7 @@ def capacity_rows(config: dict) -> list[Check]:
     """Every job shape the workflow submits, asked of SLURM with `sbatch --test-only`."""
     rows = []
     for name, res in capacity.job_shapes(config).items():
-        proc = _probe(capacity.test_only_args(res))
+        proc = checks.run_probe(capacity.test_only_args(res))
         if proc is None:
             rows.append(Check(f"slurm fits {name}", WARN, "sbatch --test-only did not answer"))
             continue
@@ -358,21 +349,14 @@ def capacity_rows(config: dict) -> list[Check]:
         rows.append(Check(f"slurm fits {name}", OK if fits else FAIL,
                           f"{capacity.describe(res)}: {words}",
                           "" if fits else f"`sinfo -p <partition> -o '%D %c %m %G %l'` shows what a "
-                          f"partition holds; shrink the job ({_shape_keys(name)}) or use a partition "
+                          f"partition holds; shrink the job ({capacity.SHAPE_KEYS[name]}) or use a partition "
                           "that holds it (cluster.gpu_partition)"))
     return rows
 
 
-def _shape_keys(name: str) -> str:
-    return {"train_run": "train.nodes, train.gpus_per_node, train.cpus_per_task, train.mem_mb, "
-                         "train.runtime",
-            "evaluate_ckpt": "eval.resources", "bench_step": "bench.resources",
-            "embed_prompts": "dataset.embed_resources"}.get(name, "report.resources")
-
-
 def _account_row(account: str | None) -> Check:
     user = capacity.slurm_user()
-    proc = _probe(["sacctmgr", "-nP", "show", "assoc", f"user={user}", "format=account"])
+    proc = checks.run_probe(["sacctmgr", "-nP", "show", "assoc", f"user={user}", "format=account"])
     if proc is None or proc.returncode != 0:
         # No accounting daemon (or no sacctmgr): unknown, not "ok".
         return Check("slurm account", WARN, f"{account or 'none set'}: sacctmgr cannot answer for "

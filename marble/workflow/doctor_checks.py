@@ -207,6 +207,14 @@ def run_out(cmd: list[str]) -> str:
     return proc.stdout.strip() if proc.returncode == 0 else ""
 
 
+def run_probe(cmd: list[str]) -> subprocess.CompletedProcess | None:
+    """A command's result with its exit status and stderr (None when missing or hung)."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
 def mmcv_cuda_kernel() -> str | None:
     """Run one mmcv CUDA op; the error of a build for another arch, else None."""
     try:

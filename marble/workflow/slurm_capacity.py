@@ -33,6 +33,14 @@ def job_shapes(config: dict) -> dict[str, dict]:
     return shapes
 
 
+# The config keys that size each job shape (the fix of a shape that does not fit).
+SHAPE_KEYS = {
+    "train_run": "train.nodes, train.gpus_per_node, train.cpus_per_task, train.mem_mb, train.runtime",
+    "evaluate_ckpt": "eval.resources", "bench_step": "bench.resources",
+    "embed_prompts": "dataset.embed_resources", "report": "report.resources",
+}
+
+
 def test_only_args(res: dict) -> list[str]:
     """`sbatch --test-only` options for one job's resources (the plugin's own option names:
     nodes, tasks, CPUs per task, memory, minutes, partition, account, gres, constraint)."""
