@@ -63,8 +63,15 @@ rule all:
 # files the workflow downloads itself are only warned about (--downloads-pending).
 # Its input is the resolved configuration (marble.workflow.preflight): a changed config
 # reruns it; every other rule waits for its output (the gate at the end of this file).
-wf_preflight.sync_snapshot(PREFLIGHT_CONFIG, config)
-wf_preflight.ensure_gate(PREFLIGHT, request=PREFLIGHT_REQUEST)
+_DUE = wf_preflight.prepare_gate(
+    PREFLIGHT,
+    PREFLIGHT_CONFIG,
+    PREFLIGHT_REQUEST,
+    config,
+    execute=wf_preflight.executes(sys.argv[1:], wf_plan.is_dry_run(sys.argv[1:])),
+)
+if _DUE and wf_plan.is_dry_run(sys.argv[1:]):
+    print(f"preflight: marble doctor runs first ({_DUE})", file=sys.stderr)
 
 
 checkpoint preflight:
@@ -124,8 +131,8 @@ rule report:
 # the preflight checkpoint's output (marble.workflow.preflight). ancient(): an existing gate
 # file never makes a finished job rerun; nothing downloads, fetches or is submitted before
 # the doctor passed (tests/test_preflight.py walks each target's DAG and runs it with stub
-# SLURM). A dry run while the preflight is due lists the preflight only ("DAG of jobs will
-# be updated"): `-n --forceall` shows every job.
+# SLURM). A dry run never makes it due (it would hide the plan): it prints why the doctor
+# runs first instead (marble.workflow.preflight.prepare_gate).
 wf_preflight.gate_rules(
     workflow.rules,
     "preflight",

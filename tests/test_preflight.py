@@ -162,13 +162,26 @@ def test_changed_config_reruns_the_preflight_and_nothing_else(tmp_path):
     assert not list(tmp_path.glob("results/.*tmp"))  # atomic: no temporary left behind
 
 
-def test_config_switch_after_a_finished_run_plans_the_preflight(tmp_path):
-    """After a run with one config, a dry run with another plans the doctor again."""
-    work = copy_workflow(tmp_path / "repo", config=None)
-    snakemake(["-n", "all"], work)
-    (work / "results/preflight.txt").write_text("doctor table\n")  # the doctor passed
-    assert "preflight" not in _planned(snakemake(["-n", "all"], work).stdout)
-    assert "preflight" in _planned(snakemake(["-n", "all", *PAPER], work).stdout)
+def test_config_switch_after_a_finished_run_plans_the_preflight(paper_work):
+    """A dry run says the doctor runs first until it passed, and again after a config change;
+    it still lists the whole plan (a due checkpoint would hide it)."""
+    (paper_work / "results/preflight.txt").unlink(missing_ok=True)
+    first = snakemake(["-n", "cost", *PAPER, "site.yaml"], paper_work)
+    assert "marble doctor runs first (it has not passed here yet)" in first.stderr
+    assert "bench_step" in _planned(first.stdout)
+    (paper_work / "results/preflight.txt").write_text("doctor table\n")  # the doctor passed
+    (paper_work.parent / "switch").mkdir(exist_ok=True)
+    environ, _ = _stubs(paper_work.parent / "switch", doctor_rc=0)
+    run_doctor = subprocess.run(  # a run with this config records it (the snapshot)
+        [str(BIN / "snakemake"), "-c1", "results/preflight.txt", "--forcerun", "preflight",
+         *PAPER, "site.yaml"], cwd=paper_work, env=environ, capture_output=True, text=True,
+        timeout=300, check=False)
+    assert run_doctor.returncode == 0, run_doctor.stdout[-2000:] + run_doctor.stderr[-2000:]
+    same = snakemake(["-n", "cost", *PAPER, "site.yaml"], paper_work)
+    assert "runs first" not in same.stderr
+    (paper_work / "site2.yaml").write_text("cluster:\n  partition: cpu2\n")
+    other = snakemake(["-n", "cost", *PAPER, "site.yaml", "site2.yaml"], paper_work)
+    assert "runs first (the configuration changed since it passed)" in other.stderr
 
 
 def _planned(stdout: str) -> set[str]:
@@ -197,3 +210,14 @@ def test_dry_run_warns_of_every_unpinned_hub_reference(paper_work):
 def test_slurm_profile_keeps_the_logs_the_docs_point_at():
     profile = yaml.safe_load((ROOT / "slurm/config.yaml").read_text())
     assert profile["slurm-keep-successful-logs"] is True
+
+
+def test_a_dry_run_leaves_the_doctor_due_for_the_next_run(tmp_path):
+    """A dry run writes the gate's files without making the doctor due; the next run renews
+    the request past the placeholder, so the checkpoint runs."""
+    gate, snap, req = (tmp_path / name for name in ("preflight.txt", "config.json", "request"))
+    assert preflight.prepare_gate(gate, snap, req, {"a": 1}, execute=False) == \
+        "it has not passed here yet"
+    assert gate.stat().st_mtime > max(snap.stat().st_mtime, req.stat().st_mtime)  # not due
+    assert preflight.prepare_gate(gate, snap, req, {"a": 1}, execute=True) is not None
+    assert gate.stat().st_mtime < req.stat().st_mtime  # due: the request is newer

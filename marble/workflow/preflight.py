@@ -78,6 +78,49 @@ def _write(path: Path, text: str, mtime: float | None = None) -> None:
     os.replace(tmp, path)
 
 
+# Command lines that plan, draw or touch but run no job: they never make the doctor due.
+NON_EXECUTING = {"--touch", "-t", "--lint", "--dag", "--rulegraph", "--filegraph", "--d3dag",
+                 "--summary", "-S", "--detailed-summary", "-D", "--list-rules", "-l", "--unlock",
+                 "--list-target-rules", "--lt", "--report", "--containerize", "--cleanup-metadata",
+                 "--list-changes", "--lc", "--print-compilation"}
+
+
+def executes(argv: list[str], dry_run: bool) -> bool:
+    """Whether this Snakemake invocation runs jobs (not -n, --touch, --dag, ...)."""
+    return not dry_run and not NON_EXECUTING.intersection(a.split("=", 1)[0] for a in argv)
+
+
+def prepare_gate(gate: str | Path, snapshot: str | Path, request: str | Path, config: dict,
+                 execute: bool) -> str | None:
+    """Bind the gate's files for one invocation; the reason the doctor is due, or None.
+
+    execute (a run): the snapshot follows the config, a missing or placeholder gate renews
+    the request, so the preflight checkpoint runs first. Otherwise (a dry run, a DAG drawing,
+    `--touch`) nothing is made due: missing inputs are written dated a day back and a missing
+    gate as a placeholder newer than them. A due checkpoint would hide the whole plan ("DAG of
+    jobs will be updated"); the next run still runs the doctor (the placeholder says so).
+    """
+    gate, snapshot, request = Path(gate), Path(snapshot), Path(request)
+    placeholder = gate.is_file() and gate.read_text(encoding="utf-8", errors="replace") == PLACEHOLDER
+    changed = not snapshot.is_file() or snapshot.read_text(encoding="utf-8") != snapshot_text(config)
+    reason = ("it has not passed here yet" if not gate.exists() or placeholder
+              else "the configuration changed since it passed" if changed else None)
+    if execute:
+        sync_snapshot(snapshot, config)
+        if placeholder:
+            gate.unlink()
+        ensure_gate(gate, request)
+        return reason
+    old = time.time() - 86400
+    if not snapshot.is_file():
+        _write(snapshot, snapshot_text(config), mtime=old)
+    if not request.is_file():
+        _write(request, f"{time.time_ns()} {os.getpid()}\n", mtime=old)
+    if not gate.exists():
+        _write(gate, PLACEHOLDER)
+    return reason
+
+
 def gate_rules(
     rules: Iterable, preflight_rule: str, gate_file: Callable, path_modifier
 ) -> list[str]:
