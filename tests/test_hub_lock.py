@@ -54,7 +54,8 @@ def test_lock_resolves_the_placeholders_and_the_fetch_honours_it(tmp_path):
         ref = locked["eval"]["checkpoints"]["flowgrpo_ocr"]
         assert ref == f"hf:jieliu/SD3.5M-FlowGRPO-Text@{'2' * 40}"
         # The pinned rows keep their own commits (the lock fills placeholders only).
-        assert locked["eval"]["checkpoints"]["flowgrpo_pickscore"] == before["eval"]["checkpoints"]["flowgrpo_pickscore"]
+        pinned = "flowgrpo_pickscore"
+        assert locked["eval"]["checkpoints"][pinned] == before["eval"]["checkpoints"][pinned]
         # The fetch rule's command with the locked reference downloads; the placeholder is refused.
         got = _run(["marble.assets.hub", ref, "--out", str(tmp_path / "lora"), "--require-commit"], work, server.url)
         assert got.returncode == 0, got.stderr

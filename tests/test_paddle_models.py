@@ -39,7 +39,6 @@ def test_a_tar_without_the_model_is_refused_and_leaves_nothing(tmp_path):
 
 
 def test_paper_presets_and_evaluation_name_the_reference_engine():
-    import yaml
     from test_workflow_lib import ROOT
 
     from marble.config import load_config

@@ -7,7 +7,6 @@ import json
 import re
 
 import pytest
-import yaml
 from test_workflow_lib import ROOT, snakemake
 
 from marble.config import load_config

@@ -20,6 +20,7 @@ import pytest
 import torch
 from checkpoint_compare import assert_same_checkpoint
 
+from marble.training.run_lock import lock_path
 from marble.data.records import PromptRecord, to_frame
 from marble.train import main as train_main
 from marble.training.checkpoint import checkpoint_dir, damaged_files
@@ -140,14 +141,14 @@ def test_second_trainer_is_refused_and_usr1_during_loading_exits_75(
         tiny_model_dir, table_path, tmp_path, capsys):
     """Two `marble train` on one folder: the second is refused while the first lives (the
     orphaned-trainer case: its lock names a live pid). A SIGUSR1 that reaches the first
-    while it loads (after config.yaml, before any step) ends it with 75, not a kill."""
+    while it loads (after the lock, before any step) ends it with 75, not a kill."""
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     env.pop("SLURM_JOB_ID", None)
     cmd = [sys.executable, "-m", "marble", "train", *args(tiny_model_dir, table_path, run, 4)]
     first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-    lock = run / "TRAINING.lock"
+    lock = lock_path(run)  # outside the run folder (marble.training.run_lock)
     for _ in range(6000):  # readiness polling only
         if first.poll() is not None or lock.is_file():
             break
@@ -157,10 +158,9 @@ def test_second_trainer_is_refused_and_usr1_during_loading_exits_75(
         train_main(args(tiny_model_dir, table_path, run, 4))
     assert exc.value.code == 2
     assert f"being trained by pid {first.pid}" in capsys.readouterr().err
-    for _ in range(6000):  # config.yaml is written just before the model loads
-        if first.poll() is not None or (run / "config.yaml").is_file():
-            break
-        time.sleep(0.01)
+    # The first trainer holds the lock and is loading (config.yaml is written only once the
+    # model, table and rewards loaded: marble.training.preflight): stop it now.
+    assert first.poll() is None
     first.send_signal(signal.SIGUSR1)
     _, err = first.communicate(timeout=600)
     assert first.returncode == EXIT_REQUEUE, err[-3000:]
@@ -220,3 +220,19 @@ def test_staged_resume_across_every_boundary_is_bitwise(tiny_model_dir, table_pa
     # Step 5 applies the alpha cache that checkpoint 4 carried into the ocr stage's MARBLE.
     assert records[3]["full_solve"] == 1.0 and records[4]["full_solve"] == 0.0
     assert records[4]["balancer"] == "marble" and "alpha/toy_brightness" in records[4]
+
+
+def test_a_later_stage_without_rows_fails_before_the_first_step(
+        tiny_model_dir, table_path, tmp_path, capsys):
+    """Stage b is never reached in a 1-step run; its missing source still fails at start, in one
+    line naming the stage, not at its boundary hours into a long run."""
+    run = tmp_path / "run"
+    argv = args(tiny_model_dir, table_path, run, 1, "sampling.batch_size=2", "train.batch_size=2",
+                ("stages=[{name: a, steps: 1, sources: [pickscore]},"
+                 " {name: b, steps: 1, sources: [drawbench]}]"))
+    argv[argv.index("tiny")] = "tiny_sequential"
+    with pytest.raises(SystemExit) as exc:
+        train_main(argv)
+    assert exc.value.code == 2
+    assert "stage 'b': `sources` ['drawbench'] have no rows" in capsys.readouterr().err
+    assert not (run / "checkpoints").exists()

@@ -125,3 +125,21 @@ def test_a_stage_draws_only_its_sources_rows_and_a_missing_source_is_named():
     assert [schedule.index(s) for s in (0, 9, 10, 29, 30)] == [0, 0, 1, 1, 2]
     with pytest.raises(TrainError, match=r"stage 'c': `sources` \['drawbench'\] have no rows"):
         schedule.table(table, 2)
+
+
+def test_a_staged_run_does_not_make_a_generalist_a_specialist():
+    """Specialists are read from the rollouts a reward applies to; a staged run logs `b` in one
+    stage of two only (half the steps), which is a stage length, not applicability."""
+    import pandas as pd
+
+    from marble.report.build import all_specialists
+    from marble.report.loading import RunData
+
+    joint = pd.DataFrame({"step": [1, 2], "reward_applicable/a": [6, 6], "reward_applicable/b": [6, 6],
+                          "reward_applicable/c": [2, 2]})
+    staged = pd.DataFrame({"step": [1, 2], "reward_applicable/a": [6, 6],
+                           "reward_applicable/b": [6, None], "reward_applicable/c": [None, 6]})
+    config = {"rewards": [{"name": n} for n in "abc"]}
+    runs = [RunData("ws", None, config, joint),
+            RunData("seq", None, {**config, "stages": [{"name": "p"}, {"name": "q"}]}, staged)]
+    assert all_specialists(runs) == {"c": 2 / 6}

@@ -186,7 +186,9 @@ def process_batch(pipe, rewards, batch, previous: dict[int, dict], args, output_
         old = previous.get(sample.sample_id, {})
         path = image_io.image_path(output_dir, sample.sample_id, fmt)
         rows.append({
-            "sample_id": sample.sample_id, "prompt_id": sample.prompt_id, "prompt": sample.prompt,
+            # The next revision of a rescored sample (results.read_results: a repeat without it is an edit).
+            "sample_id": sample.sample_id, "rev": old.get("rev", 1) + 1 if old else 1,
+            "prompt_id": sample.prompt_id, "prompt": sample.prompt,
             "metadata": dict(sample.metadata),
             "scores": {**(old.get("scores") or {}), **json_scores(new_scores)},
             "not_applicable": [] if args.no_score else not_applicable(rewards, sample),
@@ -207,8 +209,13 @@ def pending_samples(samples: list[EvalSample], previous: dict[int, dict], reward
     return [s for s in samples if not done(s)]
 
 
-def run(samples: list[EvalSample], reward_names: list[str], reward_options: dict, lora, args) -> dict:
-    """Evaluate `samples` into args.output_dir; rank 0 appends rows. Returns phase timings."""
+def run(samples: list[EvalSample], reward_names: list[str], reward_options: dict, lora, args,
+        on_ready=None) -> dict:
+    """Evaluate `samples` into args.output_dir; rank 0 appends rows. Returns phase timings.
+
+    `on_ready()` runs once the pipeline and the scorers are built, before the first row is
+    written (`marble evaluate` writes run_info.json there: a start that fails to load
+    leaves nothing that refuses the corrected command)."""
     info = dist.world()
     output_dir = Path(args.output_dir)
     results_path = output_dir / RESULTS_FILE
@@ -234,6 +241,8 @@ def run(samples: list[EvalSample], reward_names: list[str], reward_options: dict
     specs = [RewardSpec(name=name, options=dict(reward_options.get(name, {}))) for name in reward_names]
     rewards = {} if args.no_score else build_scorers(specs, scorer_device)
     totals["scorers"] = describe_scorers(rewards)
+    if on_ready is not None:
+        on_ready()
     for index in tqdm(range(rounds), desc=f"evaluate {args.dataset}", disable=not info.is_main):
         batch = mine[index] if index < len(mine) else []
         rows, timing = process_batch(pipe, rewards, batch, previous, args, output_dir)

@@ -22,7 +22,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from marble.evaluation.results import ResultsError, read_results
 from marble.runtime.io import write_text
+
+RESULTS_FILE = "evaluation_results.jsonl"  # marble.evaluation.runner's (which imports torch)
 
 # (column, candidate keys in order, datasets in order of preference, scale, decimals)
 PAPER_METRICS = [
@@ -114,10 +117,25 @@ def collect(eval_dir) -> pd.DataFrame:
             scores = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: invalid JSON: {exc}") from exc
+        check_recorded_count(path, scores)
         for metric, value in sorted(scores.items()):
             if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
                 records.append((run, checkpoint, dataset, metric, math.nan if value is None else float(value)))
     return pd.DataFrame(records, columns=["run", "checkpoint", "dataset", "metric", "value"])
+
+
+def check_recorded_count(path: Path, scores: dict) -> None:
+    """The averages must come from the results beside them: every row valid (read_results:
+    no duplicate, no non-finite score) and at least `num_samples` of them (a --limit run
+    averages a subset, so more rows are fine; fewer means rows were removed or lost)."""
+    results = path.parent / RESULTS_FILE
+    if not results.is_file():
+        return  # an averages-only folder (a published reference): nothing to compare with
+    rows = read_results(results)
+    recorded = scores.get("num_samples")
+    if isinstance(recorded, int) and len(rows) < recorded:
+        raise ResultsError(f"{path}: num_samples = {recorded}, but {results} holds {len(rows)} samples: "
+                           "rows were removed or the files come from different runs; rerun `marble evaluate`")
 
 
 def _reward_keys(metrics: set[str]) -> list[str]:

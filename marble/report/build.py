@@ -72,6 +72,10 @@ def run_trends(runs: list[RunData], window: int | None, min_gain: float) -> list
 def all_specialists(runs: list[RunData]) -> dict[str, float]:
     found: dict[str, float] = {}
     for run in runs:
+        if run.config.get("stages"):
+            # A staged run logs a reward only in its stages: its shares measure stage lengths,
+            # not applicability (a generalist of a short stage would read as a specialist).
+            continue
         for name, share in specialist_rewards(run.metrics, run.reward_names).items():
             found[name] = min(share, found.get(name, 1.0))
     return found

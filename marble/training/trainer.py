@@ -62,7 +62,10 @@ from marble.training.rollout import (
     RolloutEngine,
     Rollouts,
 )
-from marble.training.run_dir import check_run_dir
+from marble.training.inputs import write_inputs
+from marble.training.outcome import failed_run_reason
+from marble.training.preflight import preflight
+from marble.training.run_dir import TrainError
 from marble.training.stages import CurrentState, StageSchedule, StageState
 from marble.training.stopping import StopRequest
 
@@ -105,6 +108,10 @@ class Trainer:
         self.schedule, self.stage, self.rollouts = StageSchedule(cfg), None, None
         self.scorers: dict = {}  # built once per reward, shared by the stages that use it
         self.embed_cache = self._embed_cache()
+        for index in range(len(self.schedule.configs)):
+            # Every stage's prompts checked now: a bad later stage fails here in one line,
+            # not at its boundary hours into the run (samplers are cheap and draw no RNG).
+            self._stage_sampler(index)
         self._enter_stage(0)
         self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", enabled=self.info.is_main,
                                   backends=cfg.logging.backends)
@@ -139,15 +146,11 @@ class Trainer:
         """Build what stage `index` owns; the optimizer, EMA and adapters carry over."""
         if index == self.stage:
             return
-        cfg, s = self.schedule.config(index), self.cfg.sampling
+        cfg = self.schedule.config(index)
         if self.rollouts is not None:
             self.rollouts.close()
-        table = self.schedule.table(self.table, index)
+        table, self.sampler = self._stage_sampler(index)
         self.balancer = build_balancer(cfg.balancer, cfg.reward_names)  # fresh: a new reward set
-        self.sampler = StratifiedKRepeatSampler(
-            table["source"].tolist(), k=s.images_per_prompt, batch_size=s.batch_size,
-            world_size=self.info.world_size, rank=self.info.rank, seed=self.cfg.train.seed,
-            stratified=cfg.data.stratified, source_shares=self.schedule.shares(index))
         missing = [spec for spec in cfg.rewards if spec.name not in self.scorers]
         self.scorers.update(build_scorers(missing, self.reward_device))
         self.rollouts = RolloutEngine(self.pipe, cfg, table,
@@ -158,6 +161,20 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = cfg.train.lr
         self.stage, self.stage_cfg = index, cfg
+
+    def _stage_sampler(self, index: int) -> tuple:
+        """Stage `index`'s prompt rows and sampler; a TrainError naming the stage when its
+        sources cannot fill a sampling batch (`marble train` prints it as one line)."""
+        cfg, s = self.schedule.config(index), self.cfg.sampling
+        table = self.schedule.table(self.table, index)
+        try:
+            return table, StratifiedKRepeatSampler(
+                table["source"].tolist(), k=s.images_per_prompt, batch_size=s.batch_size,
+                world_size=self.info.world_size, rank=self.info.rank, seed=self.cfg.train.seed,
+                stratified=cfg.data.stratified, source_shares=self.schedule.shares(index))
+        except ValueError as exc:
+            where = f"stage {self.schedule.name(index)!r}: " if self.schedule.staged else ""
+            raise TrainError(f"{where}{exc}") from None
 
     def _embed_cache(self):
         if not self.cfg.data.embed_cache:
@@ -341,17 +358,20 @@ def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
     without one the handlers are installed here, before the model loads.
     """
     out_dir = Path(out_dir)
-    check_run_dir(out_dir, cfg)  # before config.yaml is replaced: refuse a changed config
+    # Validate, then write: every input and the folder's identity (config and input
+    # content) are checked before config.yaml is replaced (marble.training.preflight).
+    inputs = preflight(cfg, out_dir)
     info = dist.init_distributed(device)
-    if info.is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_text(out_dir / "config.yaml", dump_yaml(cfg))
-        write_provenance(out_dir, to_dict(cfg))  # this attempt's code and libraries
     start = time.perf_counter()
     with contextlib.ExitStack() as scope:
         if stop is None:
             stop = scope.enter_context(StopRequest())
         trainer = Trainer(cfg, out_dir, device=device, progress=progress)
+        if info.is_main:  # once the model, table and rewards loaded: a failed start writes nothing
+            out_dir.mkdir(parents=True, exist_ok=True)
+            write_text(out_dir / "config.yaml", dump_yaml(cfg))
+            write_inputs(out_dir, inputs)
+            write_provenance(out_dir, to_dict(cfg))  # this attempt's code and libraries
         try:
             resumed, requeue = _train_loop(trainer, cfg, progress and info.is_main, stop)
         finally:
@@ -366,6 +386,11 @@ def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
         "balancer": cfg.balancer.method, "final_rewards": _final_rewards(trainer.metrics.read()),
         "requeue": requeue, "stop_signal": stop.signal_name,
     }
+    # Every step skipped, or a reward NaN throughout: a failed run, no summary (all ranks raise).
+    reason = dist.broadcast_object(failed_run_reason(trainer.metrics.read(), cfg.reward_names)
+                                   if info.is_main and not requeue else None)
+    if reason:
+        raise TrainError(f"{out_dir}: {reason}; no train_summary.json written")
     if info.is_main and not requeue:  # the workflow's output: only for a finished run
         write_json(out_dir / "train_summary.json", summary)
     dist.barrier()

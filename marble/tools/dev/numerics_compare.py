@@ -76,7 +76,8 @@ def _vae_only(pipe, samples, args) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m marble.tools.dev.numerics_compare", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m marble.tools.dev.numerics_compare",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--resolution", type=int, default=64)
