@@ -173,7 +173,8 @@ def test_config_switch_after_a_finished_run_plans_the_preflight(paper_work):
     (paper_work.parent / "switch").mkdir(exist_ok=True)
     environ, _ = _stubs(paper_work.parent / "switch", doctor_rc=0)
     run_doctor = subprocess.run(  # a run with this config records it (the snapshot)
-        [str(BIN / "snakemake"), "-c1", "results/preflight.txt", "--forcerun", "preflight",
+        # --nolock: an earlier test killed its Snakemake here (stub jobs never end)
+        [str(BIN / "snakemake"), "-c1", "--nolock", "results/preflight.txt", "--forcerun", "preflight",
          *PAPER, "site.yaml"], cwd=paper_work, env=environ, capture_output=True, text=True,
         timeout=300, check=False)
     assert run_doctor.returncode == 0, run_doctor.stdout[-2000:] + run_doctor.stderr[-2000:]
