@@ -4,7 +4,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# torch is pinned here only to the CPU wheel a laptop wants; the package itself needs torch>=2.1.
+# torch is pinned to the version CI tests; the package itself needs torch>=2.1. On Linux PyPI's
+# torch==2.13.0 is the CUDA build: a CPU-only machine passes TORCH=torch==2.13.0+cpu and the
+# PyTorch CPU index (README.md); CI's wheelhouse (/opt/wheels) holds the +cpu wheel.
 # The install is docs/cluster.md's recipe with the CPU torch (workflow/envs/constraints-cpu.txt)
 # standing in for the site's build: torch first, then everything under the project's constraints.
 TORCH ?= torch==2.13.0

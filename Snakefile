@@ -16,6 +16,14 @@ include: "workflow/rules/report.smk"
 include: "workflow/rules/paper_tables.smk"
 
 
+from marble.workflow import preflight as wf_preflight
+
+PREFLIGHT = "results/preflight.txt"
+# the resolved config the doctor checked, and a nonce renewed whenever the gate file is missing
+PREFLIGHT_CONFIG = "results/preflight.config.json"
+PREFLIGHT_REQUEST = "results/preflight.request"
+
+
 localrules:
     all,
     preflight,
@@ -53,9 +61,25 @@ rule all:
 # run (marble doctor: rewards, checkpoints, torch pairing, GPU arch, HF_TOKEN, disk,
 # cluster:). A failure stops the run with a table naming each missing piece and its fix;
 # files the workflow downloads itself are only warned about (--downloads-pending).
-rule preflight:
+# Its input is the resolved configuration (marble.workflow.preflight): a changed config
+# reruns it; every other rule waits for its output (the gate at the end of this file).
+_DUE = wf_preflight.prepare_gate(
+    PREFLIGHT,
+    PREFLIGHT_CONFIG,
+    PREFLIGHT_REQUEST,
+    config,
+    execute=wf_preflight.executes(sys.argv[1:], wf_plan.is_dry_run(sys.argv[1:])),
+)
+if _DUE and wf_plan.is_dry_run(sys.argv[1:]):
+    print(f"preflight: marble doctor runs first ({_DUE})", file=sys.stderr)
+
+
+checkpoint preflight:
+    input:
+        config=PREFLIGHT_CONFIG,
+        request=PREFLIGHT_REQUEST,
     output:
-        "results/preflight.txt",
+        PREFLIGHT,
     log:
         "logs/preflight.log",
     priority: 1000
@@ -101,3 +125,17 @@ rule report:
     input:
         "results/report/report.md",
         "results/dvc",
+
+
+# The gate: every rule (all of the above, and any include added above this line) waits for
+# the preflight checkpoint's output (marble.workflow.preflight). ancient(): an existing gate
+# file never makes a finished job rerun; nothing downloads, fetches or is submitted before
+# the doctor passed (tests/test_preflight.py walks each target's DAG and runs it with stub
+# SLURM). A dry run never makes it due (it would hide the plan): it prints why the doctor
+# runs first instead (marble.workflow.preflight.prepare_gate).
+wf_preflight.gate_rules(
+    workflow.rules,
+    "preflight",
+    lambda: ancient(lambda wildcards: checkpoints.preflight.get().output[0]),
+    workflow.modifier.path_modifier,
+)

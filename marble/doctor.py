@@ -11,7 +11,8 @@ preset names; the UnifiedReward server answers; torch / torchvision / mmcv impor
 pair and, with a GPU visible, run a kernel on it (the CUDA arch they were built for);
 HF_TOKEN when a gated model still has to be downloaded; free disk for the model,
 checkpoints and the embedding cache (estimate printed); the SLURM partition, GPU type and
-account of `cluster:` (sinfo / sacctmgr, when present); every hub reference evaluation
+account of `cluster:` (sinfo / sacctmgr, when present) and whether each job shape fits
+(`sbatch --test-only` with the job's own options); every hub reference evaluation
 fetches names a commit. Exit 1 on any FAIL; WARN rows
 (e.g. no GPU on a login node) do not fail.
 """
@@ -28,7 +29,9 @@ from pathlib import Path
 
 from marble.workflow import configs
 from marble.workflow import doctor_checks as checks
+from marble.workflow import evaluation as wf_eval
 from marble.workflow import hub_lock
+from marble.workflow import slurm_capacity as capacity
 
 OK, FAIL, WARN, SKIP = "ok", "FAIL", "warn", "skip"
 
@@ -48,6 +51,10 @@ def load_workflow_config(files: list[str], root: Path) -> dict:
     order, later keys win), then the schema's defaults."""
     paths = [root / f for f in files] if files else [root / "config.yaml"]
     try:  # the workflow's own reading, merge and `overlay_on:` composition (one line on bad input)
+        layers = [configs.read_yaml(path) for path in paths]
+        base = next((layer[configs.OVERLAY_KEY] for layer in reversed(layers) if layer.get(configs.OVERLAY_KEY)), None)
+        if base:  # the lowest layer, for a schema error's file name
+            paths, layers = [root / base, *paths], [configs.read_yaml(root / base), *layers]
         config = configs.load(files or ["config.yaml"], root)
     except SystemExit as exc:
         raise SystemExit(f"marble doctor: {exc}") from None
@@ -59,7 +66,9 @@ def load_workflow_config(files: list[str], root: Path) -> dict:
     try:
         validate(config, str(schema))
     except Exception as exc:  # snakemake's WorkflowError names the key
-        raise SystemExit(f"marble doctor: error: {paths[-1]}: {exc}") from None
+        # One line, blaming the file that sets the key (not merely the last one given).
+        line = checks.schema_error_line(str(exc), paths, layers)
+        raise SystemExit(f"marble doctor: error: {line}") from None
     return config
 
 
@@ -108,7 +117,8 @@ def _ocr_engine_row(options: dict) -> Check:
     module = {"paddle": "paddleocr"}.get(backend, backend)
     if not importlib.util.find_spec(module):
         return Check("ocr engine", FAIL, f"backend {backend!r}: {module} not installed",
-                     f"pip install -c workflow/envs/constraints.txt {module}")
+                     "pip install -c workflow/envs/constraints.txt -e "
+                     f"\".[{'paddle' if module == 'paddleocr' else 'ocr'}]\"")
     detail = f"backend {backend}"
     if backend == "paddle" and options.get("use_gpu"):
         import paddle
@@ -124,7 +134,7 @@ def _unifiedreward_row(options: dict, managed: str | None = None) -> Check:
     from marble.rewards.unifiedreward import BASE_URL_ENV, DEFAULT_BASE_URL
 
     if managed:  # marble.rewards.service starts it beside each evaluation that scores it
-        return Check("unifiedreward server", OK, f"started by the workflow per job: {managed}"[:200])
+        return _judge_env_row(managed)
     base = options.get("base_url") or os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL
     answer = checks.http_get(base.rstrip("/") + "/models")
     if answer is None:
@@ -132,6 +142,23 @@ def _unifiedreward_row(options: dict, managed: str | None = None) -> Check:
     return Check("unifiedreward server", FAIL, f"{base}: {answer}",
                  f"start the sglang server (workflow/envs/sglang.txt, docs/rewards.md) or set "
                  f"{BASE_URL_ENV} to where it runs")
+
+
+def _judge_env_row(server: str) -> Check:
+    """The judge's environment exists and imports sglang (each judged evaluation would else
+    wait in the queue for a GPU, then die starting it)."""
+    probe = checks.judge_probe(server)
+    if probe is None:
+        return Check("unifiedreward server", OK, f"started by the workflow per job: {server}"[:200])
+    proc = checks.run_probe(probe)
+    if proc is not None and proc.returncode == 0:
+        return Check("unifiedreward server", OK, f"environment starts ({' '.join(probe[:4])}): "
+                     "sglang imports; started by the workflow per job")
+    why = "not found" if proc is None else (proc.stderr.strip().splitlines() or ["failed"])[-1]
+    return Check("unifiedreward server", FAIL, f"{' '.join(probe)}: {why}"[:200],
+                 "create the judge's environment: conda env create -n marble-sglang -f "
+                 "workflow/envs/sglang.yaml (docs/cluster.md; or point eval.unifiedreward.server "
+                 "at a venv's python, workflow/envs/sglang.txt)")
 
 
 def _mmcv_row() -> Check:
@@ -169,7 +196,8 @@ def _torchvision_row() -> Check:
         torchvision.ops.nms(boxes, torch.tensor([1.0]), 0.5)  # fails on a mismatched pair
     except Exception as exc:
         return Check("torchvision", FAIL, f"{type(exc).__name__}: {exc}"[:200],
-                     "install the torchvision built for this torch (workflow/envs/constraints.txt)")
+                     "install the torchvision built for this torch: pip install -c site-torch.txt torchvision "
+                     "(docs/cluster.md; on the CPU: -c workflow/envs/constraints-clip.txt)")
     return Check("torchvision", OK, f"torchvision {torchvision.__version__} pairs with torch")
 
 
@@ -197,7 +225,8 @@ def _gpu_row(config: dict, torch) -> Check:
 # ------------------------------------------------------------------ assets, disk, SLURM
 
 
-def asset_rows(config: dict, root: Path, downloads_pending: bool = False) -> list[Check]:
+def asset_rows(config: dict, root: Path, downloads_pending: bool = False,
+               configfiles: tuple[str, ...] = ()) -> list[Check]:
     """Model and reward files against the manifest. downloads_pending (the preflight rule,
     which runs before the workflow's own downloads): a missing file is a warning, unless
     the config is `offline`; HF_TOKEN for the gated model stays a failure."""
@@ -210,7 +239,9 @@ def asset_rows(config: dict, root: Path, downloads_pending: bool = False) -> lis
         bad, unpinned = checks.verify_group(group, root / folder)
         if bad:
             gated = group == "model" and not os.environ.get("HF_TOKEN")
-            fix = f"snakemake prepare (downloads {group} into {folder})"
+            # the command as the user runs it: the profile and the same config files
+            files = f" --configfile {' '.join(configfiles)}" if configfiles else ""
+            fix = f"snakemake --profile slurm prepare{files} (downloads {group} into {folder})"
             rows.append(Check(f"{group} files", WARN if pending else FAIL,
                               f"{len(bad)} missing or wrong in {folder}: "
                               f"{', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}", fix))
@@ -240,14 +271,33 @@ def hub_rows(config: dict) -> list[Check]:
     return rows
 
 
-def disk_row(config: dict, root: Path) -> Check:
+def gated_rows(config: dict, root: Path) -> list[Check]:
+    """HF_TOKEN for every gated base model evaluation still has to fetch (SD3.5-L, FLUX.1-Dev)."""
+    models = wf_eval.hub_models(config.get("eval") or {})
+    hub_dir = root / wf_eval.HUB_MODEL_DIR
+    present = {p.name for p in hub_dir.iterdir() if p.is_dir()} if hub_dir.is_dir() else set()
+    gated = capacity.gated_to_fetch(models, present)
+    if not gated or os.environ.get("HF_TOKEN"):
+        return []
+    names = ", ".join(capacity.GATED_REPOS[r] for r in gated)
+    return [Check("HF_TOKEN (hub models)", FAIL, f"{names} gated and still to be fetched",
+                  "accept each licence on its model page, then export HF_TOKEN=hf_... "
+                  f"({', '.join(gated)})")]
+
+
+def disk_row(config: dict, root: Path, downloads_pending: bool = False) -> Check:
     need_gb, parts = checks.disk_estimate(config, root)
     target = root / "data"
     probe = target if target.exists() else root
     free_gb = shutil.disk_usage(probe).free / 2**30
     detail = f"{free_gb:.0f} GB free at {probe}; needs ~{need_gb:.1f} GB ({parts})"
+    fix = "free space, or put data/ and results/ on a larger filesystem"
+    if free_gb < need_gb - checks.guessed_gb(parts):
+        return Check("disk", FAIL, detail, fix)
     if free_gb < need_gb:
-        return Check("disk", FAIL, detail, "free space, or put data/ and results/ on a larger filesystem")
+        # Short only by the guessed parts: before the downloads (the preflight) a warning; the
+        # doctor run after `prepare` counts them from the files.
+        return Check("disk", WARN if downloads_pending else FAIL, detail, fix)
     return Check("disk", OK, detail)
 
 
@@ -255,6 +305,13 @@ def slurm_rows(config: dict) -> list[Check]:
     cluster = config.get("cluster") or {}
     if not shutil.which("sinfo"):
         return [Check("slurm", SKIP, "no sinfo here: cluster: not checked")]
+    ping = checks.run_probe(["scontrol", "ping"])
+    if ping is None or ping.returncode != 0 or "UP" not in ping.stdout:
+        # Not "ok": nothing about partitions, capacity or accounts is known.
+        detail = (ping.stdout or ping.stderr).strip().splitlines()[:1] if ping else ["no scontrol"]
+        return [Check("slurm controller", WARN, f"no controller answers ({' '.join(detail)}): "
+                      "partitions, job shapes and account not checked",
+                      "run the doctor where `scontrol ping` says UP (the login node)")]
     rows = []
     for key in ("partition", "gpu_partition"):
         part = cluster.get(key)
@@ -268,34 +325,59 @@ def slurm_rows(config: dict) -> list[Check]:
         ok = f"gpu:{gpu_type}" in gres
         rows.append(Check("slurm gres", OK if ok else FAIL, f"gpu:{gpu_type} in {gres.split() or 'nothing'}",
                           "" if ok else "set cluster.gpu_type to a type `sinfo -o %G` shows"))
+    rows.extend(capacity_rows(config))
     rows.append(_account_row(cluster.get("account")))
     return rows
 
 
+def capacity_rows(config: dict) -> list[Check]:
+    """Every job shape the workflow submits, asked of SLURM with `sbatch --test-only`."""
+    rows = []
+    for name, res in capacity.job_shapes(config).items():
+        proc = checks.run_probe(capacity.test_only_args(res))
+        if proc is None:
+            rows.append(Check(f"slurm fits {name}", WARN, "sbatch --test-only did not answer"))
+            continue
+        fits, words = capacity.test_only_verdict(proc.returncode, proc.stderr + proc.stdout)
+        rows.append(Check(f"slurm fits {name}", OK if fits else FAIL,
+                          f"{capacity.describe(res)}: {words}",
+                          "" if fits else f"`sinfo -p <partition> -o '%D %c %m %G %l'` shows what a "
+                          f"partition holds; shrink the job ({capacity.SHAPE_KEYS[name]}) or use a partition "
+                          "that holds it (cluster.gpu_partition)"))
+    return rows
+
+
 def _account_row(account: str | None) -> Check:
-    user = os.environ.get("USER", "")
-    known = checks.run_out(["sacctmgr", "-nP", "show", "assoc", f"user={user}", "format=account"]).split()
+    user = capacity.slurm_user()
+    proc = checks.run_probe(["sacctmgr", "-nP", "show", "assoc", f"user={user}", "format=account"])
+    if proc is None or proc.returncode != 0:
+        # No accounting daemon (or no sacctmgr): unknown, not "ok".
+        return Check("slurm account", WARN, f"{account or 'none set'}: sacctmgr cannot answer for "
+                     f"{user}", "ask the site which account to use (cluster.account)")
+    known = proc.stdout.split()
     if account is None and known:
         # The plugin would guess one from sacct, and 2.8's guess is broken (it passes the
         # pipe of its command line as an argument): name it.
         return Check("slurm account", FAIL, "cluster.account is null (the plugin's guess is broken)",
                      f"set cluster.account to one of {', '.join(sorted(set(known)))}")
     if account is None:
-        return Check("slurm account", OK, "none needed (sacctmgr lists no account for you)")
+        return Check("slurm account", OK, f"none needed (sacctmgr lists no account for {user})")
     if known and account not in known:
-        return Check("slurm account", FAIL, f"{account} not among your accounts {sorted(set(known))}",
+        return Check("slurm account", FAIL, f"{account} not among {user}'s accounts {sorted(set(known))}",
                      "set cluster.account to one of them")
-    return Check("slurm account", OK, account + ("" if known else " (sacctmgr cannot tell)"))
+    return Check("slurm account", OK, account + ("" if known else " (sacctmgr lists no association)"))
 
 
 # ------------------------------------------------------------------ the table
 
 
-def run_checks(config: dict, root: Path, downloads_pending: bool = False) -> list[Check]:
+def run_checks(config: dict, root: Path, downloads_pending: bool = False,
+               configfiles: tuple[str, ...] = ()) -> list[Check]:
     rows: list[Check] = []
     for group in (lambda: torch_rows(config), lambda: reward_rows(config),
-                  lambda: asset_rows(config, root, downloads_pending), lambda: hub_rows(config),
-                  lambda: [disk_row(config, root)],
+                  lambda: asset_rows(config, root, downloads_pending, configfiles), lambda: hub_rows(config),
+                  lambda: gated_rows(config, root),
+                  lambda: [disk_row(config, root, downloads_pending)],
                   lambda: slurm_rows(config)):
         rows.extend(group())
     return rows
@@ -322,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="missing model/reward files are still to be downloaded (a warning)")
     args = p.parse_args(argv)
     config = load_workflow_config(args.configfile, args.root)
-    rows = run_checks(config, args.root, args.downloads_pending)
+    rows = run_checks(config, args.root, args.downloads_pending, tuple(args.configfile))
     print(render(rows))
     return 1 if any(r.status == FAIL for r in rows) else 0
 

@@ -49,8 +49,9 @@ def test_paper_config_fails_naming_each_missing_piece(tmp_path, capsys, monkeypa
     seen: list = []
     real = doctor.run_checks
 
-    def spy(config: dict, root: Path, downloads_pending: bool = False) -> list:
-        seen.extend(real(config, root, downloads_pending))  # the real checks, recorded
+    def spy(config: dict, root: Path, downloads_pending: bool = False,
+            configfiles: tuple[str, ...] = ()) -> list:
+        seen.extend(real(config, root, downloads_pending, configfiles))  # the real checks, recorded
         return seen
 
     monkeypatch.setattr(doctor, "run_checks", spy)
@@ -61,7 +62,7 @@ def test_paper_config_fails_naming_each_missing_piece(tmp_path, capsys, monkeypa
     for name in ["model files", "rewards files", "HF_TOKEN", "unifiedreward server"]:
         assert rows[name].status == "FAIL", (name, rows[name])
     assert "model_index.json (missing)" in rows["model files"].detail
-    assert "snakemake prepare" in rows["model files"].fix and "HF_TOKEN" in rows["HF_TOKEN"].fix
+    assert "snakemake --profile slurm prepare" in rows["model files"].fix and "HF_TOKEN" in rows["HF_TOKEN"].fix
     assert "sglang" in rows["unifiedreward server"].fix
     assert {"reward pickscore", "reward hpsv2", "reward ocr", "reward geneval", "ocr engine",
             "reward unifiedreward", "disk", "gpu", "torch"} <= set(rows)
@@ -92,6 +93,8 @@ def _stub(tmp_path: Path, name: str, text: str) -> None:
 def test_slurm_settings_are_checked_against_sinfo_and_sacctmgr(tmp_path, monkeypatch):
     _stub(tmp_path, "sinfo", 'case "$*" in *"-p gpu"*) echo "gpu gpu:h100:8";; *"-p cpu"*) echo "cpu (null)";; esac')
     _stub(tmp_path, "sacctmgr", "printf 'proj42\\nteam7\\n'")
+    _stub(tmp_path, "scontrol", 'echo "Slurmctld(primary) at ctl is UP"')
+    _stub(tmp_path, "sbatch", 'echo "sbatch: Job 1 to start at 2026-12-01T22:00:00" >&2')
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
     root = _root(tmp_path, "config/paper.yaml")
     (root / "site.yaml").write_text(yaml.safe_dump({"cluster": {
@@ -151,3 +154,137 @@ def test_unpinned_hub_references_fail_the_preflight_naming_each_key():
     mini = checks.merge(paper, yaml.safe_load((ROOT / ".test/paper-mini.yaml").read_text()))
     assert checks.unpinned_hub_references(mini) == {}
     assert [r.status for r in doctor.hub_rows(mini)] == ["ok"]
+
+
+def _paper_site(tmp_path: Path, **cluster) -> dict:
+    root = _root(tmp_path, "config/paper.yaml")
+    (root / "site.yaml").write_text(yaml.safe_dump({"cluster": {
+        "partition": "cpu", "gpu_partition": "gpu", "gpu_type": "h100", "account": "proj42",
+        **cluster}}))
+    return doctor.load_workflow_config(["config.yaml", "site.yaml"], root)
+
+
+def test_a_job_shape_the_partition_cannot_hold_is_named_with_slurms_reason(tmp_path, monkeypatch):
+    """sbatch --test-only with the job's own options: the 2-node x 8-GPU training is refused,
+    the 1-GPU jobs fit; the row names the job, its shape and SLURM's words."""
+    _stub(tmp_path, "sinfo", 'echo "gpu gpu:h100:8"')
+    _stub(tmp_path, "sacctmgr", "echo proj42")
+    _stub(tmp_path, "scontrol", 'echo "Slurmctld(primary) at ctl is UP"')
+    _stub(tmp_path, "sbatch", 'echo "$*" >> "$0.calls"; case "$*" in *--nodes=2*) '
+          'echo "sbatch: error: Batch job submission failed: Requested node configuration is '
+          'not available" >&2; exit 1;; esac; echo "sbatch: Job 3 to start at now" >&2')
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    rows = {r.name: r for r in doctor.slurm_rows(_paper_site(tmp_path))}
+    train = rows["slurm fits train_run"]
+    assert train.status == "FAIL" and "node configuration is not available" in train.detail
+    assert "2 nodes x gpu:h100:8" in train.detail and "2880 min" in train.detail
+    assert "train.nodes" in train.fix
+    assert rows["slurm fits evaluate_ckpt"].status == "ok"
+    calls = (tmp_path / "bin/sbatch.calls").read_text()
+    assert "--test-only" in calls and "--ntasks-per-node=1" in calls and "--account=proj42" in calls
+
+
+def test_no_controller_is_a_warning_not_account_ok(tmp_path, monkeypatch):
+    _stub(tmp_path, "sinfo", "exit 1")
+    _stub(tmp_path, "scontrol", 'echo "Slurmctld(primary) at ctl is DOWN"; exit 1')
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    rows = doctor.slurm_rows(_paper_site(tmp_path))
+    assert [(r.name, r.status) for r in rows] == [("slurm controller", "warn")]
+    assert "DOWN" in rows[0].detail
+
+
+def test_unset_user_asks_sacctmgr_for_the_process_owner(tmp_path, monkeypatch):
+    _stub(tmp_path, "sacctmgr", 'echo "$*" > "$0.args"; exit 1')
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    monkeypatch.delenv("USER", raising=False)
+    monkeypatch.delenv("LOGNAME", raising=False)
+    row = doctor._account_row("proj42")
+    import getpass
+    assert f"user={getpass.getuser()}" in (tmp_path / "bin/sacctmgr.args").read_text()
+    assert row.status == "warn"  # sacctmgr failed: unknown, never "ok"
+
+
+def test_every_gated_hub_model_still_to_fetch_needs_the_token(tmp_path, monkeypatch):
+    """SD3.5-L and FLUX.1-Dev are gated like SD3.5-M: HF_TOKEN while either is to be fetched."""
+    config = _paper_site(tmp_path)
+    root = tmp_path / "wf"
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    row, = doctor.gated_rows(config, root)
+    assert row.status == "FAIL" and "SD3.5 Large" in row.detail and "FLUX.1-Dev" in row.detail
+    from marble.workflow import evaluation as wf_eval
+    for folder, (ref, _) in wf_eval.hub_models(config["eval"]).items():
+        if "FLUX" in ref:
+            (root / wf_eval.HUB_MODEL_DIR / folder).mkdir(parents=True)
+    row, = doctor.gated_rows(config, root)
+    assert "FLUX.1-Dev" not in row.detail and "SD3.5 Large" in row.detail
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
+    assert doctor.gated_rows(config, root) == []
+
+
+def test_the_judges_environment_must_exist_and_import_sglang(tmp_path, monkeypatch):
+    """config/paper.yaml starts the judge with `conda run -n marble-sglang`: the doctor runs
+    that environment's python (a missing env fails naming the recipe); a venv python too."""
+    from marble.workflow import doctor_checks as checks
+
+    from marble.workflow import configs
+
+    server = configs.load(["config/paper.yaml"], ROOT)["eval"]["unifiedreward"]["server"]
+    assert checks.judge_probe(server) == ["conda", "run", "-n", "marble-sglang", "python", "-c",
+                                          "import sglang"]
+    assert checks.judge_probe(".venv-sglang/bin/python -m sglang.launch_server --port {port}") == [
+        ".venv-sglang/bin/python", "-c", "import sglang"]
+    assert checks.judge_probe("python -m marble.tools.dev.fake_sglang --port {port}") is None
+    _stub(tmp_path, "conda", 'echo "EnvironmentLocationNotFound: Not a conda environment: $4" >&2; exit 1')
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    row = doctor._unifiedreward_row({}, managed=server)
+    assert row.status == "FAIL" and "Not a conda environment" in row.detail
+    assert "workflow/envs/sglang.yaml" in row.fix
+    _stub(tmp_path, "conda", "exit 0")
+    assert doctor._unifiedreward_row({}, managed=server).status == "ok"
+
+
+def test_a_schema_error_names_the_file_that_sets_the_key(tmp_path):
+    """Not the last --configfile: the one holding the bad key, in one line."""
+    root = _root(tmp_path, "config/paper.yaml")
+    (root / "bad.yaml").write_text("train:\n  bogus: 1\n")
+    (root / "site.yaml").write_text("cluster:\n  partition: cpu\n")
+    with pytest.raises(SystemExit) as err:
+        doctor.load_workflow_config(["config.yaml", "bad.yaml", "site.yaml"], root)
+    line = str(err.value)
+    assert "\n" not in line and "bad.yaml: train.bogus: Additional properties" in line
+    (root / "bad.yaml").write_text("train:\n  nodes: two\n")
+    with pytest.raises(SystemExit, match=r"bad\.yaml: train\.nodes: 'two' is not of type"):
+        doctor.load_workflow_config(["config.yaml", "bad.yaml", "site.yaml"], root)
+
+
+def test_key_owner_takes_the_last_layer_that_sets_the_key():
+    from marble.workflow.doctor_checks import key_owner
+
+    layers = [{"train": {"nodes": 2}}, {"train": {"nodes": 1}}, {"cluster": {}}]
+    assert key_owner(layers, ["train", "nodes"]) == 1
+    assert key_owner(layers, ["train", "gpus"]) == 1  # the deepest prefix: train
+    assert key_owner(layers, ["eval", "limit"]) is None  # a schema default
+
+
+def test_disk_estimate_adds_what_evaluation_writes_and_dvc_copies(tmp_path, monkeypatch):
+    """Hub models still to fetch, LoRAs, evaluation outputs and DVC's cache copies are in the
+    estimate; a model folder that exists but does not verify still counts as to download;
+    before the downloads a shortfall made only of guessed parts is a warning."""
+    from marble.workflow import doctor_checks as checks
+
+    config = _paper_site(tmp_path)
+    root = tmp_path / "wf"
+    (root / config["model_dir"]).mkdir(parents=True)  # exists, holds nothing the manifest lists
+    need, parts = checks.disk_estimate(config, root)
+    for part in ("model", "hub models (guessed)", "LoRAs", "evaluations (guessed)"):
+        assert part in parts, parts
+    assert "DVC cache" not in parts
+    (root / ".dvc").mkdir()
+    need_dvc, parts_dvc = checks.disk_estimate(config, root)
+    assert "DVC cache copies" in parts_dvc and need_dvc == pytest.approx(2 * need, rel=1e-3)
+    assert checks.guessed_gb(parts_dvc) > 0
+    counted = need_dvc - checks.guessed_gb(parts_dvc)
+    usage = type("Usage", (), {"free": (counted + 1) * 2**30})
+    monkeypatch.setattr(doctor.shutil, "disk_usage", lambda _: usage)
+    assert doctor.disk_row(config, root, downloads_pending=True).status == "warn"
+    assert doctor.disk_row(config, root).status == "FAIL"

@@ -68,6 +68,9 @@ def test_sbatch_call_for_paper_training(tmp_path):
     for name in ["sbatch", "squeue", "sinfo", "scontrol", "sacct", "scancel", "sacctmgr", "sshare"]:
         (stubs / name).write_text(STUB.format(name=name))
         (stubs / name).chmod(0o755)
+    # The preflight gates the training job (marble.workflow.preflight): a doctor that passes.
+    (stubs / "marble").write_text(f'#!/bin/sh\n[ "$1" = doctor ] && exit 0\nexec {BIN}/marble "$@"\n')
+    (stubs / "marble").chmod(0o755)
     environ = env()
     environ.update(PATH=f"{stubs}:{environ['PATH']}", STUB_DIR=str(stubs))
     proc = subprocess.Popen(
@@ -295,3 +298,24 @@ def test_usr1_on_a_one_node_job_exits_75_requeues_and_resumes_bitwise(tiny_pipel
     got, want = final(run_dir), final(ref)
     assert got.keys() == want.keys()
     assert all(bool((got[k] == want[k]).all()) for k in got), "resumed weights differ"
+
+
+@pytest.mark.slurm
+def test_doctor_names_the_training_job_the_partition_cannot_hold(tmp_path):
+    """The localhost partition (one 2-CPU node, no GPUs) cannot hold the paper's 2 x 8-GPU
+    training: `sbatch --test-only` with the job's own options says so, the report job fits."""
+    reason = _slurm_ready()
+    if reason:
+        pytest.skip(reason)
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump({"cluster": {"partition": "debug", "gpu_partition": "debug",
+                                                "account": None}}))
+    proc = subprocess.run([str(BIN / "marble"), "doctor", "--configfile", "config/paper.yaml",
+                           str(site)], cwd=ROOT, env=env(), capture_output=True, text=True,
+                          timeout=300, check=False)
+    rows = {line.split()[2]: line for line in proc.stdout.splitlines()
+            if line.startswith("slurm fits")}
+    assert "FAIL" in rows["train_run"] and "2 nodes" in rows["train_run"], proc.stdout[-3000:]
+    assert "gres" in rows["train_run"]  # SLURM's own reason
+    assert " ok " in rows["report"], proc.stdout[-3000:]
+    assert proc.returncode == 1

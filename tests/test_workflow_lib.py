@@ -99,7 +99,8 @@ def dry_run_outputs(cwd: Path, target: str, extra: list[str] = ()) -> dict[str, 
     rule = None
     for line in proc.stdout.splitlines():
         stripped = line.strip()
-        if stripped.startswith(("rule ", "localrule ")) and stripped.endswith(":"):
+        if stripped.startswith(("rule ", "localrule ", "checkpoint ", "localcheckpoint ")) \
+                and stripped.endswith(":"):
             rule = stripped.split()[1].rstrip(":")
             outputs.setdefault(rule, set())
         elif stripped.startswith("output:") and rule:

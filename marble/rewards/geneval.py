@@ -56,7 +56,7 @@ class MMDetDetector:
         except ImportError as err:
             raise ImportError("geneval needs mmcv-full 1.x, compiled first (docs/rewards.md; "
                               "`make test-geneval-mmdet` builds it on the CPU), then "
-                              "`pip install marble[geneval]` for mmdet 2.x") from err
+                              "workflow/envs/geneval.txt for mmdet 2.x") from err
         self._infer = inference_detector
         self.model = init_detector(config, ckpt, device=device)
         meta = getattr(self.model, "dataset_meta", None) or {}
@@ -191,8 +191,9 @@ def mmdet_config_path(relative: str) -> Path:
     try:
         import mmdet
     except ImportError as err:
-        raise ImportError("geneval needs mmdet 2.x: compile mmcv-full 1.x, then `pip install "
-                          "marble[geneval]` (docs/rewards.md), or pass detector_config=PATH") from err
+        raise ImportError("geneval needs mmdet 2.x: compile mmcv-full 1.x, then `pip install -c "
+                          "workflow/envs/constraints.txt -e \".[geneval]\"` (workflow/envs/geneval.txt), "
+                          "or pass detector_config=PATH") from err
     root = Path(mmdet.__file__).parent
     for candidate in (root / ".mim" / "configs" / relative, root.parent / "configs" / relative):
         if candidate.is_file():

@@ -20,7 +20,8 @@ def import_open_clip():
         import open_clip
     except ImportError as err:
         raise ImportError(
-            "hpsv2 needs open_clip and a torchvision matching torch: `pip install marble[clip]` "
+            "hpsv2 needs open_clip and a torchvision matching torch: "
+            "`pip install -c workflow/envs/constraints-clip.txt -e \".[clip]\"` "
             "(docs/rewards.md: install torch and torchvision as a pair)"
         ) from err
     return open_clip

@@ -70,7 +70,8 @@ def resolve_backend(backend: str) -> str:
                         name, ENGINE_LABELS[name])
             return name
     raise ImportError(
-        "ocr backend 'auto' found none of paddleocr, rapidocr_onnxruntime, rapidocr: `pip install marble[ocr]`"
+        "ocr backend 'auto' found none of paddleocr, rapidocr_onnxruntime, rapidocr: "
+        "`pip install -c workflow/envs/constraints.txt -e \".[ocr]\"` (in the repository)"
     )
 
 
@@ -81,7 +82,8 @@ class _Rapid:
         try:
             from rapidocr import RapidOCR
         except ImportError as err:
-            raise ImportError("ocr backend 'rapidocr' needs `pip install marble[ocr]` (rapidocr>=3)") from err
+            raise ImportError("ocr backend 'rapidocr' needs "
+                              "`pip install -c workflow/envs/constraints.txt -e \".[ocr]\"` (rapidocr>=3)") from err
         # No angle classifier, as the reference; "error" log level: empty images would warn per call.
         params = {"Global.use_cls": False, "Global.text_score": DROP_SCORE, "Global.log_level": "error"}
         self.engine = RapidOCR(params=params)
@@ -110,7 +112,8 @@ def require_paddleocr_2(version: str) -> None:
     if int(version.split(".")[0]) != 2:
         raise ImportError(
             f"ocr backend 'paddle' uses the PaddleOCR 2.x API of the reference (2.9.1); found paddleocr "
-            f"{version}: `pip install marble[paddle]` (pins paddleocr==2.9.1, docs/rewards.md)"
+            f"{version}: `pip install -c workflow/envs/constraints.txt -e \".[paddle]\"` "
+            "(paddleocr>=2.9.1,<3; docs/rewards.md)"
         )
 
 
@@ -120,7 +123,9 @@ class _Paddle:
             import paddleocr
             from paddleocr import PaddleOCR
         except ImportError as err:
-            raise ImportError("ocr backend 'paddle' needs `pip install marble[paddle]` (see docs/rewards.md)") from err
+            raise ImportError("ocr backend 'paddle' needs "
+                              "`pip install -c workflow/envs/constraints.txt -e \".[paddle]\"` "
+                              "(see docs/rewards.md)") from err
         require_paddleocr_2(getattr(paddleocr, "__version__", "0"))
 
         # The reference's settings: English, no angle classifier, CPU; its default en models,

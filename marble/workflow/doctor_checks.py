@@ -3,16 +3,21 @@ the modules each needs, manifest verification, the disk estimate, command probes
 
 from __future__ import annotations
 
+import re
+import shlex
 import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+import yaml
 
 from marble.assets.download import load_manifest
 from marble.assets.hub_ref import COMMIT, is_hub_ref, parse_hub_ref
 from marble.config import load_config
 from marble.evaluation.datasets import DEFAULT_REWARDS
 from marble.runtime.io import sha256_file
+from marble.workflow.evaluation import HUB_MODEL_DIR, hub_models
 from marble.workflow.runs import configured
 
 # The import names each scorer needs beyond torch (its own module imports lazily), and the
@@ -115,25 +120,71 @@ def _prompt_count(raw_dir: Path) -> int | None:
     return sum(sum(1 for _ in p.open(encoding="utf-8", errors="replace")) for p in files)
 
 
+# Sizes of what evaluation fetches and writes, in GB. Assumed from the repositories' file lists
+# (the pipeline components in the precision the protocol loads), not measured here.
+HUB_MODEL_GB = {"stable-diffusion-3.5-large": 27.0, "FLUX.1-dev": 34.0,
+                "stable-diffusion-xl-base-1.0": 7.0, "UnifiedReward-7b-v1.5": 16.0}
+HUB_MODEL_GB_DEFAULT = 20.0  # a hub model not in the table
+LORA_GB = 0.1  # a public LoRA of SD3.5-M (rank 32 or less)
+EVAL_GB = 1.0  # one evaluation (row x dataset): ~1000 PNGs and their scores, assumed
+GUESSED = "(guessed)"  # marks the parts of an estimate that are not counted from files
+
+
 def disk_estimate(config: dict, root: Path) -> tuple[float, str]:
-    """(GB still to be written, what it is made of). Already present data counts 0."""
+    """(GB still to be written, what it is made of). A download counts as present only when
+    it verifies (manifest sizes and hashes), not because its folder exists; in a DVC
+    repository every output is written twice (the cache: most cluster filesystems have no
+    reflinks)."""
     if config.get("mode") != "paper":
         return 0.5, "tiny model, tables, runs, evaluations"
     parts: dict[str, float] = {}
-    if not (root / config["model_dir"]).is_dir():
-        parts["model"] = MODEL_GB["paper"]
-    if not (root / config["reward_ckpt_dir"]).is_dir():
-        parts["reward checkpoints"] = REWARD_CKPTS_GB
+    for group, folder, label in (("model", config["model_dir"], "model"),
+                                 ("rewards", config["reward_ckpt_dir"], "reward checkpoints")):
+        if verify_group(group, root / folder)[0]:
+            parts[label] = manifest_gb(group) or {"model": MODEL_GB["paper"]}.get(group, REWARD_CKPTS_GB)
     dataset = config.get("dataset") or {}
     if dataset.get("embed"):
         count = _prompt_count(root / config["raw_dir"])
         tokens = CLIP_TOKENS + 128  # marble.config: model.max_sequence_length default
         row = (tokens * EMBED_WIDTH + POOLED) * 2
-        parts["embedding cache" + ("" if count else " (prompt count guessed)")] = \
+        parts["embedding cache" + ("" if count else f" {GUESSED}")] = \
             (count or PAPER_PROMPTS_GUESS) * row / 2**30
     parts["checkpoints"] = CHECKPOINT_GB * 3 * len(configured(config.get("runs")))  # keep_checkpoints 3
+    parts.update(_evaluation_parts(config, root))
+    if (root / ".dvc").is_dir():  # DVC copies every output into its cache
+        guessed = sum(v for k, v in parts.items() if GUESSED in k)
+        parts["DVC cache copies"] = sum(parts.values()) - guessed
+        if guessed:
+            parts[f"DVC cache copies {GUESSED}"] = guessed
     total = sum(parts.values())
     return total, ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
+
+
+def _evaluation_parts(config: dict, root: Path) -> dict[str, float]:
+    """Hub base models and the judge still to fetch, public LoRAs, evaluation outputs."""
+    ev = config.get("eval") or {}
+    hub = root / HUB_MODEL_DIR
+    missing = [folder for folder in hub_models(ev) if not any((hub / folder).glob("*"))]
+    gb = sum(next((size for name, size in HUB_MODEL_GB.items() if name in folder),
+                  HUB_MODEL_GB_DEFAULT) for folder in missing)
+    loras = [row for row, src in configured(ev.get("checkpoints")).items() if is_hub_ref(str(src))]
+    rows = len(configured(ev.get("checkpoints"))) + len(configured(config.get("runs")))
+    out = {f"hub models {GUESSED}": gb} if gb else {}
+    if loras:
+        out["LoRAs"] = LORA_GB * len(loras)
+    out[f"evaluations {GUESSED}"] = EVAL_GB * rows * len(ev.get("datasets") or [])
+    return out
+
+
+def manifest_gb(group: str) -> float | None:
+    """A download group's size from the manifest (every entry sized), else None."""
+    sizes = [e.size for e in load_manifest() if e.group == group]
+    return sum(sizes) / 2**30 if sizes and None not in sizes else None
+
+
+def guessed_gb(parts: str) -> float:
+    """The share of a disk estimate's parts (its text) that is a guess, not a count."""
+    return sum(float(part.rsplit(" ", 1)[1]) for part in parts.split(", ") if GUESSED in part)
 
 
 def http_get(url: str, timeout: float = 3.0) -> str | None:
@@ -154,6 +205,14 @@ def run_out(cmd: list[str]) -> str:
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
+def run_probe(cmd: list[str]) -> subprocess.CompletedProcess | None:
+    """A command's result with its exit status and stderr (None when missing or hung)."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
 
 
 def mmcv_cuda_kernel() -> str | None:
@@ -193,3 +252,59 @@ def without_it(key: str) -> str:
         return "point eval.unifiedreward.model at a local folder of the judge's weights"
     row = key.split(".")[2]
     return f"drop the row in your own --configfile (eval.checkpoints.{row}: null)"
+
+
+def judge_probe(server: str) -> list[str] | None:
+    """The command that proves the judge's environment exists and imports sglang, from the
+    server command the workflow starts (eval.unifiedreward.server): `conda run -n NAME ...`
+    -> `conda run -n NAME python -c "import sglang"`; `/path/python -m sglang...` -> that
+    python. None for any other launcher (a wrapper script: its own business)."""
+    words = shlex.split(server)
+    if words[:2] == ["conda", "run"] and "-n" in words:
+        name = words[words.index("-n") + 1]
+        return ["conda", "run", "-n", name, "python", "-c", "import sglang"]
+    if words and Path(words[0]).name.startswith("python") and "sglang.launch_server" in words:
+        return [words[0], "-c", "import sglang"]
+    return None
+
+
+_INSTANCE = re.compile(r"On instance((?:\[[^\]]+\])*):")
+_UNEXPECTED = re.compile(r"\('([^']+)' was unexpected\)")
+
+
+def schema_error(text: str) -> tuple[list[str], str]:
+    """(key path, message) of a Snakemake schema ValidationError's text: the instance path
+    (`On instance['train']['nodes']:`) plus, for an unknown key, that key's name."""
+    lines = [line.strip() for line in text.splitlines()]
+    message = next((line.split(":", 1)[1].strip() for line in lines
+                    if line.startswith("ValidationError:")), lines[0] if lines else text)
+    match = _INSTANCE.search(text)
+    path = re.findall(r"\['([^']*)'\]", match.group(1)) if match else []
+    unexpected = _UNEXPECTED.search(message)
+    return (path + [unexpected.group(1)] if unexpected else path), message
+
+
+def key_owner(layers: list[dict], path: list[str]) -> int | None:
+    """Index of the last config layer (merge order) that sets `path`, or the longest prefix of
+    it; None when no layer names even its first key (a schema default)."""
+    best, best_depth = None, 0
+    for index, layer in enumerate(layers):
+        node, depth = layer, 0
+        for key in path:
+            if not isinstance(node, dict) or key not in node:
+                break
+            node, depth = node[key], depth + 1
+        if depth and depth >= best_depth:
+            best, best_depth = index, depth
+    return best
+
+
+def schema_error_line(text: str, files: list, layers: list[dict] | None = None) -> str:
+    """`FILE: key.path: message` for a schema error of the config merged from `files` (in
+    order): the file is the last one that sets the key (else the schema's default)."""
+    if layers is None:
+        layers = [yaml.safe_load(Path(f).read_text(encoding="utf-8")) or {} for f in files]
+    key, message = schema_error(text)
+    owner = key_owner(layers, key)
+    where = files[owner] if owner is not None else "workflow/schemas/config.schema.yaml (a default)"
+    return f"{where}: {'.'.join(key) or 'config'}: {message}"

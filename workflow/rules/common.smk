@@ -4,6 +4,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
 from marble.workflow import checkpoints as wf_ckpts
@@ -25,8 +26,19 @@ if not workflow.config_settings.configfiles:
 
 # config/paper.yaml & co. are overlays on config/eval.yaml (`overlay_on:`): the base goes beneath
 # them here, so one --configfile is complete, never the schema's default eval protocol.
+# the lowest layer, for the file names of schema errors
+_BASE = config.get(wf_configs.OVERLAY_KEY)
+_FILES = [str(f) for f in workflow.config_settings.configfiles] or ["config.yaml"]
+_CONFIG_LAYERS = ([_BASE] if _BASE else []) + _FILES
 wf_configs.compose_in_place(config)
-validate(config, "../schemas/config.schema.yaml")
+try:
+    validate(config, "../schemas/config.schema.yaml")
+except WorkflowError as err:  # one line, naming the config file that sets the bad key
+    from marble.workflow.doctor_checks import schema_error_line
+
+    raise WorkflowError(
+        f"config error: {schema_error_line(str(err), _CONFIG_LAYERS)}"
+    ) from None
 
 MODE = config["mode"]
 MODEL_DIR = config["model_dir"]
@@ -280,3 +292,12 @@ if wf_plan.is_dry_run(sys.argv[1:]):
     _bench = Path("results/bench/step.json")
     _measured = json.loads(_bench.read_text()) if _bench.is_file() else None
     print(plan_text(config, _measured, Path("results/runs")), file=sys.stderr)
+    # An unpinned hub reference (PIN-A-COMMIT, @main) fails its fetch and the preflight.
+    from marble.workflow.doctor_checks import unpinned_hub_references
+
+    for _key, _ref in unpinned_hub_references(config).items():
+        print(
+            f"warning: {_key} = {_ref} is not pinned to a commit: the preflight fails on it"
+            " (pin a 40-hex commit, or null the row)",
+            file=sys.stderr,
+        )

@@ -2,7 +2,6 @@
 
 from marble.workflow import report_captions
 
-
 # Tiny mode times the workflow's own model; the paper preset times a random-init
 # SD3.5M-sized model (no download needed).
 BENCH_MODEL = [MODEL_DIR] if MODE == "tiny" else []

@@ -16,11 +16,34 @@ ZOO_DIR = "results/zoo"
 ZOO_RUNS = wf_claim.runs(ZOO)
 ZOO_ARMS = wf_claim.arms(ZOO)
 # the bench rows that price every zoo arm (marble.tools.bench_cadence.kind_row)
-ZOO_ROWS = ",".join(["weighted_sum", "weighted_sum_diag", "marble", "marble_diag", "mgda",
-                     "mgda_diag", "gdpo", "reward_sum"]
-                    + [f"zoo_{w}{s}" for w in ("mgda", "upgrad", "cagrad", "nash_mtl", "imtl_g",
-                                               "dualproj", "aligned_mtl", "pcgrad", "random",
-                                               "fairgrad") for s in ("", "_full")])
+ZOO_ROWS = ",".join(
+    [
+        "weighted_sum",
+        "weighted_sum_diag",
+        "marble",
+        "marble_diag",
+        "mgda",
+        "mgda_diag",
+        "gdpo",
+        "reward_sum",
+    ]
+    + [
+        f"zoo_{w}{s}"
+        for w in (
+            "mgda",
+            "upgrad",
+            "cagrad",
+            "nash_mtl",
+            "imtl_g",
+            "dualproj",
+            "aligned_mtl",
+            "pcgrad",
+            "random",
+            "fairgrad",
+        )
+        for s in ("", "_full")
+    ]
+)
 
 
 wildcard_constraints:
@@ -39,7 +62,8 @@ use rule claim_run as zoo_run with:
         run_dir=lambda wc, output: os.path.dirname(output[0]),
         args=lambda wc: wf_runs.train_args(
             ZOO_RUNS[wc.zoorun],
-            wf_runs.run_overrides(ZOO_RUNS[wc.zoorun], MODEL_DIR, DATASET_DIR, None)),
+            wf_runs.run_overrides(ZOO_RUNS[wc.zoorun], MODEL_DIR, DATASET_DIR, None),
+        ),
 
 
 rule zoo_cost:
