@@ -104,7 +104,7 @@ class Trainer:
         self.sampler = StratifiedKRepeatSampler(
             self.table["source"].tolist(), k=s.images_per_prompt, batch_size=s.batch_size,
             world_size=self.info.world_size, rank=self.info.rank, seed=t.seed,
-            stratified=cfg.data.stratified)
+            stratified=cfg.data.stratified, seed_scheme=cfg.data.sampler_seeds)
         self.sigmas = sigma_schedule(self.pipe.scheduler, s.num_steps).to(dev, torch.float32)
         self.reward_device = reward_device(t.reward_device, self.info.local_rank,
                                            cuda=dev.type == "cuda")
