@@ -83,15 +83,32 @@ def build(args) -> dict:
     return verdict
 
 
+NO_ARMS = "No claim arms in this config (`claim.arms`): the claim is the tiny model's experiment."
+
+
+def write_no_arms(out: Path) -> int:
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    write_json(out / "verdict.json", {"arms": [], "seeds": [], "questions": {}, "sentences": [NO_ARMS]})
+    write_text(out / "claim.md", f"## The claim at CPU scale\n\n{NO_ARMS}\n")
+    print(NO_ARMS)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m marble.report.claim_cli", description=__doc__)
-    p.add_argument("--runs", type=Path, required=True)
+    p.add_argument("--runs", type=Path, default=None)
+    p.add_argument("--no-arms", action="store_true",
+                   help="the config has no claim arms: write a verdict that says so")
     p.add_argument("--cost", type=Path, default=None, help="marble.tools.claim_cost output")
     p.add_argument("--benchmarks", type=Path, default=None, help="Snakemake benchmark tsvs")
     p.add_argument("--marble-arm", default="marble_n5")
     p.add_argument("--baseline-arm", default="weighted_sum")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
+    if args.no_arms:
+        return write_no_arms(args.out)
+    if args.runs is None:
+        p.error("--runs is required (or --no-arms)")
     try:
         verdict = build(args)
     except (ReportInputError, ValueError) as exc:
