@@ -11,7 +11,7 @@ TORCH ?= torch==2.13.0
 EXTRAS ?= dev,workflow,ocr
 CONSTRAINTS ?= -c workflow/envs/constraints.txt
 
-.PHONY: setup demo test test-clip test-paper test-geneval-mmdet gpu-check mutants clean
+.PHONY: setup demo lint test test-clip test-paper test-geneval-mmdet gpu-check mutants clean
 
 $(BIN)/marble: pyproject.toml workflow/envs/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,11 @@ setup: $(BIN)/marble
 demo: setup
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake -c2 all
 
-test: setup
+# ruff's rules and line length: pyproject.toml [tool.ruff]; seconds, so it runs before the tests.
+lint: setup
+	$(BIN)/ruff check .
+
+test: setup lint
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q --timeout=1800 --durations=15 tests
 
 # Curated mutations of the core (marble/tools/mutants_catalogue.py), each applied in a scratch

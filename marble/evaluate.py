@@ -34,7 +34,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import re
 import sys
 import time
@@ -55,6 +54,7 @@ from marble.evaluation.results import (
 from marble.assets import hub_ref as hub_refs
 from marble.assets.hub_ref import HUB_PREFIX, hub_ref
 from marble.runtime.io import write_json
+from marble.runtime.provenance import write_provenance
 
 DEFAULT_MODEL = "stabilityai/stable-diffusion-3.5-medium"
 MODEL_TYPES = ("sd3", "generic")
@@ -214,16 +214,6 @@ def download_hub_lora(repo_id: str, revision: str | None) -> Path:
             "or pass a local folder") from exc
 
 
-def versions() -> dict:
-    import diffusers
-    import torch
-
-    import marble
-
-    return {"marble": marble.__version__, "torch": torch.__version__,
-            "diffusers": diffusers.__version__, "python": platform.python_version()}
-
-
 def refusal(args, info, run_identity) -> str | None:
     """Rank 0 checks the output folder; every rank gets its verdict (no rank left waiting)."""
     from marble.runtime import distributed as dist
@@ -247,7 +237,7 @@ def finish(args, samples, names, record, timing) -> dict:
     averages = average_scores(current, [] if args.no_score else names)
     write_json(output_dir / "average_scores.json", json_safe(averages))
     write_image_prompts(output_dir, current, args.image_format)
-    write_json(output_dir / "run_info.json", {**record, "versions": versions(), "timing": timing})
+    write_json(output_dir / "run_info.json", {**record, "timing": timing})
     return averages
 
 
@@ -304,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if info.is_main:  # written first, so even a crashed run guards its results
             write_json(Path(args.output_dir) / "run_info.json", record)
+            write_provenance(args.output_dir, {k: record[k] for k in ("flags", "rewards", "lora")})
         timing = runner.run(samples, names, options, lora, args)
     except Exception as exc:  # noqa: BLE001 - re-raised unless a user can act on it
         message = exc_message(exc, args.output_dir)

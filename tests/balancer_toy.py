@@ -5,7 +5,7 @@ import torch
 
 from marble.balancers import MicroStep
 from marble.maths.nft import kl_loss, nft_loss_from_terms, nft_terms
-from marble.training.metrics import read_metrics
+from marble.training.metrics import host_floats
 
 NAMES = ["r0", "r1", "r2"]
 BETA, CLIP, SCALE = 0.1, 5.0, 0.25
@@ -59,7 +59,8 @@ class Toy:
         for p in self.params:
             p.grad = None
         # Metrics are device scalars until the trainer's one read per optimizer step.
-        metrics = read_metrics(balancer.backward(self.step(adv, avg, **kw)))
+        metrics = balancer.backward(self.step(adv, avg, **kw))
+        metrics = dict(zip(metrics, host_floats(list(metrics.values()))))
         return torch.cat([p.grad.reshape(-1) for p in self.params]), metrics
 
 

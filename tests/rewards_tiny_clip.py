@@ -19,7 +19,8 @@ def save_tiny_clip(out: Path, projection_dim: int = 16, image_size: int = 32, se
     (out / "merges.txt").write_text("#version: 0.2\n")  # character-level BPE: no merges
     # Positional: transformers 5 ignores vocab_file= / merges_file= (marble/tools/dev/replicas.py).
     tokenizer = CLIPTokenizer(str(out / "vocab.json"), str(out / "merges.txt"), model_max_length=77)
-    images = CLIPImageProcessor(size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size})
+    images = CLIPImageProcessor(size={"shortest_edge": image_size},
+                                crop_size={"height": image_size, "width": image_size})
     CLIPProcessor(image_processor=images, tokenizer=tokenizer).save_pretrained(out)
     config = CLIPConfig(
         text_config=dict(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,

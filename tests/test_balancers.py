@@ -208,3 +208,19 @@ def test_bad_inputs_raise_clear_errors():
     bal = build_balancer(BalancerConfig(), NAMES)
     with pytest.raises(ValueError, match=r"\[B, 3\]"):
         bal.backward(Toy(0).step(_adv(0, k=2)))
+
+
+def test_a_damaged_schedule_state_is_refused_on_load():
+    """The saved schedule state (alpha cache, last solve) is checked on load: a NaN cache
+    would be applied as alpha until the next solve, a negative last_full skips the schedule."""
+    cfg = BalancerConfig(method="marble")
+    good = {"method": "marble", "reward_names": NAMES, "alpha_cache": [0.2, 0.3, 0.5],
+            "last_full": 4, "last_alpha": [0.1, 0.4, 0.5], "solver_fallbacks": 0}
+    build_balancer(cfg, NAMES).load_state_dict(good)
+    for change, message in [({"alpha_cache": [0.2, float("nan"), 0.8]}, "finite"),
+                            ({"alpha_cache": [0.5, 0.5]}, "3 finite values"),
+                            ({"alpha_cache": [0.7, 0.7, -0.4]}, "simplex"),
+                            ({"last_alpha": [1.0]}, "last_alpha"),
+                            ({"last_full": -1}, "last_full"), ({"last_full": 2.5}, "last_full")]:
+        with pytest.raises(ValueError, match=f"balancer state: .*{message}"):
+            build_balancer(cfg, NAMES).load_state_dict({**good, **change})

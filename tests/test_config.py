@@ -73,3 +73,92 @@ def test_cross_field_checks():
         load_config("tiny", overrides=["train.batch_size=7"])
     with pytest.raises(ConfigError, match="fixed_alphas"):
         load_config("tiny", overrides=["balancer.fixed_alphas=[0.5, 0.6, 0.1]"])
+
+
+def test_every_numeric_key_has_one_range_line():
+    """The walk of the typed tree: a numeric key without a line in RANGES fails here (so a new
+    key is one line there), and so does a line naming no key (a renamed key)."""
+    from marble.config import RunConfig
+    from marble.config_ranges import RANGES, literal_keys, numeric_keys
+
+    numeric = numeric_keys(RunConfig)
+    assert "train.nft_beta" in numeric and "rewards.weight" in numeric and "train.adam_betas" in numeric
+    assert sorted(set(numeric) - set(RANGES)) == [], "add a line to marble.config_ranges.RANGES"
+    strings = ["train.reward_device"]  # enumerated, but a str (cuda:N): ranged too
+    assert sorted(set(RANGES) - set(numeric)) == strings
+    # the Literal keys are ranged by their type (test_wrong_type_and_bad_choice_are_named)
+    assert "balancer.method" in literal_keys(RunConfig) and not set(literal_keys(RunConfig)) & set(RANGES)
+
+
+def _set(cfg, key: str, value) -> str:
+    """Set `key` (in a list section: its first item) on a RunConfig; the path a message names."""
+    *parents, last = key.split(".")
+    node, path = cfg, []
+    for part in parents:
+        node = getattr(node, part)
+        path.append(part)
+        if isinstance(node, list):
+            node, path[-1] = node[0], f"{part}[0]"
+    setattr(node, last, value)
+    return ".".join(path + [last])
+
+
+def test_a_value_out_of_range_is_one_line_naming_its_key():
+    """Each rule's values just outside it: one line, the key named, from `validate` (what
+    load_config runs after building the tree; `train.nft_beta: 0` once loaded and divided by
+    zero mid-run). In-memory edits of one loaded tree: ~70 cases in well under a second."""
+    import copy
+
+    from marble.config import validate
+    from marble.config_ranges import RANGES
+
+    base = load_config("tiny")
+    tried, wrong = 0, []
+    for key, rule in RANGES.items():
+        for bad in rule.outside:
+            cfg = copy.deepcopy(base)
+            path = _set(cfg, key, bad)
+            try:
+                validate(cfg, "run.yaml")
+                wrong.append(f"{path} = {bad!r} passed")
+            except ConfigError as exc:
+                text = str(exc)
+                if not text.startswith(f"run.yaml: `{path}` = ") or "\n" in text or "must be" not in text:
+                    wrong.append(text)
+            tried += 1
+    assert not wrong, wrong
+    assert tried >= 60  # every rule but the seed's has values outside it
+    # and through load_config itself, from --set and from a file
+    with pytest.raises(ConfigError, match=r"--set train\.nft_beta=0: `train\.nft_beta` = 0\.0 must be > 0"):
+        load_config("tiny", overrides=["train.nft_beta=0"])
+    with pytest.raises(ConfigError, match=r"`train\.adam_betas\[1\]` = nan must be a finite number"):
+        load_config("tiny", overrides=["train.adam_betas=[0.9, .nan]"])
+    with pytest.raises(ConfigError, match=r"`train\.adam_betas` = \[0\.9, 0\.9, 0\.9\] must be 2 values"):
+        load_config("tiny", overrides=["train.adam_betas=[0.9, 0.9, 0.9]"])
+
+
+def test_the_range_edges_load():
+    """The closed ends of each interval are in range (the checks are not off by one)."""
+    edges = ["train.timestep_fraction=1", "balancer.alpha_ema=0", "train.ema_decay=1", "train.ema_decay=0",
+             "train.old_decay_cap=0", "train.keep_checkpoints=0", "balancer.warmup_steps=0",
+             "train.old_decay_type=0", "train.seed=-3", "train.reward_device=cuda:12",
+             "balancer.diagnostics_every=0", "train.adam_betas=[0, 0.999]"]
+    for item in edges:
+        load_config("tiny", overrides=[item])
+
+
+def test_all_reward_weights_zero_is_refused(tmp_path):
+    import yaml
+
+    from marble.config import preset_dict
+
+    data = preset_dict("tiny")
+    for spec in data["rewards"]:
+        spec["weight"] = 0
+    f = tmp_path / "run.yaml"
+    f.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"every `rewards\[\]\.weight` is 0"):
+        load_config(files=[f])
+    data["rewards"][0]["weight"] = 0.5  # one weight suffices
+    f.write_text(yaml.safe_dump(data))
+    load_config(files=[f])

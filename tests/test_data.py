@@ -92,8 +92,8 @@ MALFORMED = {
                     "unknown GenEval tag 'shapes'"),
     "no_prompt": ("geneval/test_metadata.jsonl", [json.dumps({k: v for k, v in GOOD_GENEVAL.items() if k != "prompt"})],
                   1, "prompt"),
-    "no_include": ("geneval/test_metadata.jsonl", [json.dumps({k: v for k, v in GOOD_GENEVAL.items() if k != "include"})],
-                   1, "include"),
+    "no_include": ("geneval/test_metadata.jsonl",
+                   [json.dumps({k: v for k, v in GOOD_GENEVAL.items() if k != "include"})], 1, "include"),
     "empty_prompt": ("pickscore/test.txt", ["a dog", "   ", "a cat"], 2, "empty prompt"),
 }
 
@@ -145,7 +145,8 @@ def test_tiny_prompts_are_deterministic_disjoint_and_assemble_cleanly(tmp_path):
     assert len(test) == 48 and set(test["source"]) == {"pickscore", "ocr", "geneval", "drawbench"}
     masks = reward_masks(train)
     assert all(masks["toy_brightness"])
-    colored = [any("color" in c for c in json.loads(m)["include"]) for m in train["metadata"][train.source == "geneval"]]
+    colored = [any("color" in c for c in json.loads(m)["include"])
+               for m in train["metadata"][train.source == "geneval"]]
     assert sum(masks["toy_color_match"]) == sum(colored) > 0
 
 

@@ -271,3 +271,40 @@ def test_the_checks_catch_a_false_name(tmp_path):
     assert runs_under_m("marble.data") and not runs_under_m("marble.maths")
     fragments = code_fragments("run `marble train --preset tiny` then\n```\nmarble data assemble --raw-dir x\n```\n")
     assert [m.group(1) for f in fragments for m in COMMAND.finditer(f)] == ["data", "train"]
+
+
+@functools.lru_cache(maxsize=None)
+def defined_names(path: Path) -> frozenset[str]:
+    """Module-level names a module defines itself (defs, classes, assignments; not imports)."""
+    imported = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            imported.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return module_names(path) - imported
+
+
+def test_architecture_points_at_definitions_not_re_exports():
+    """A layout row's API and a "where to find it" name lead to the module that defines the
+    name, not to one that only imports it (three rows once sent readers to re-exports)."""
+    text = doc_text(ROOT / "docs" / "ARCHITECTURE.md")
+    bad = []
+    for paths, spans in layout_rows(text):
+        files = [f for p in paths for f in ([ROOT / p] if (ROOT / p).is_file() else [])]
+        if len(files) != len(paths):
+            continue  # a folder row: its names live in several modules
+        defined = set().union(*(defined_names(f) for f in files))
+        for span in spans:
+            name = re.match(r"([A-Za-z_]\w*)", span)
+            if name and not span.startswith(("marble ", "python ", "torchrun ", "make ", "--")) \
+                    and name.group(1) not in defined:
+                bad.append(f"{paths}: `{name.group(1)}` is only imported there")
+    where = text[text.index("## Where to find it"):text.index("## Layout")]
+    for dotted in sorted(set(DOTTED.findall(where))):
+        parts = dotted.split(".")
+        for cut in range(len(parts), 0, -1):
+            path = module_file(".".join(parts[:cut]))
+            if path:
+                break
+        if cut < len(parts) and parts[cut] not in defined_names(path):
+            bad.append(f"where to find it: {dotted} is only imported in {path.relative_to(ROOT)}")
+    assert not bad, "\n".join(bad)

@@ -163,8 +163,10 @@ def test_out_is_the_group_folder_and_root_holds_every_group(server, tmp_path):
     manifest = tmp_path / "manifest.yaml"
     manifest.write_text(
         "groups:\n"
-        f"  datasets:\n    dir: raw\n    files:\n      - {{path: p/t.bin, url: '{server}/file', size: {len(PAYLOAD)}, sha256: {SHA}}}\n"
-        f"  rewards:\n    dir: ck\n    files:\n      - {{path: r.bin, url: '{server}/file', size: null, sha256: {SHA}}}\n")
+        f"  datasets:\n    dir: raw\n    files:\n"
+        f"      - {{path: p/t.bin, url: '{server}/file', size: {len(PAYLOAD)}, sha256: {SHA}}}\n"
+        f"  rewards:\n    dir: ck\n    files:\n"
+        f"      - {{path: r.bin, url: '{server}/file', size: null, sha256: {SHA}}}\n")
     out = tmp_path / "rule-output"
     assert download_main(["datasets", "--out", str(out), "--manifest", str(manifest)]) == 0
     assert (out / "p/t.bin").read_bytes() == PAYLOAD and not (out / "raw").exists()

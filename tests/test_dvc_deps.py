@@ -8,8 +8,6 @@ included), closed transitively from the modules each stage's rules run.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import yaml
 
 from test_import_graph import ROOT, module_files, scan

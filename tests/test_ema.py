@@ -37,6 +37,10 @@ def test_weight_ema_update_swap_and_state():
     torch.testing.assert_close(other.shadow[0], expected)
     with pytest.raises(ValueError, match="shape"):
         WeightEMA([torch.nn.Parameter(torch.zeros(3))]).load_state_dict(ema.state_dict())
+    with pytest.raises(ValueError, match="holds 2 tensors, got 1"):
+        WeightEMA([p, p]).load_state_dict(ema.state_dict())
+    with pytest.raises(ValueError, match="max_decay"):
+        other.load_state_dict({**ema.state_dict(), "max_decay": 1.5})
 
 
 def test_alpha_cache_ema_by_hand():
@@ -47,6 +51,11 @@ def test_alpha_cache_ema_by_hand():
     assert cache.sum() == pytest.approx(1.0)
     with pytest.raises(ValueError, match="entries"):
         update_alpha_cache(cache, [1.0], rho=0.7)
+    with pytest.raises(ValueError, match="finite"):
+        update_alpha_cache(cache, [float("nan"), 1.0], rho=0.7)
+    for rho in (1.5, -0.1):  # refused on the first solve too, not only once a cache exists
+        with pytest.raises(ValueError, match="rho"):
+            update_alpha_cache(None, [0.2, 0.8], rho=rho)
 
 
 def test_old_policy_decay_types():

@@ -117,6 +117,9 @@ def test_each_dataset_writes_results(tiny_model_dir, raw_dir, tmp_path, dataset)
     assert avg["n_toy_brightness"] == 4 and avg["na_toy_color_match"] == 4 - sum(applies_color)
     info = json.loads((out / "run_info.json").read_text())
     assert info["identity"]["num_inference_steps"] == 3 and info["timing"]["generated"] == 4
+    provenance = json.loads((out / "provenance.json").read_text())  # marble.runtime.provenance
+    assert provenance["config"]["flags"]["num_inference_steps"] == 3
+    assert set(provenance["versions"]) == {"marble", "torch", "diffusers", "transformers", "peft"}
     # The reference's layout by default: images/<id:05d>.jpg and image_prompts.json.
     images = pixels(out)
     assert list(images) == [f"{i:05d}.jpg" for i in range(4)]
@@ -136,7 +139,8 @@ def test_generation_decodes_with_the_training_decode_then_quantises(tiny_model_d
 
     assert runner.decode_latents is encode.decode_latents  # training's decode, not a copy
     calls, real = [], encode.decode_latents
-    monkeypatch.setattr(runner, "decode_latents", lambda pipe, latents: calls.append(latents.shape) or real(pipe, latents))
+    monkeypatch.setattr(runner, "decode_latents",
+                        lambda pipe, latents: calls.append(latents.shape) or real(pipe, latents))
     pipe = runner.load_eval_pipeline(str(tiny_model_dir), "no", "cpu", None)
     args = Namespace(seed=0, num_inference_steps=2, guidance_scale=1.0, resolution=64)
     images = runner.generate_images(pipe, [EvalSample(0, "p0", "a cat"), EvalSample(1, "p1", "a dog")], args)

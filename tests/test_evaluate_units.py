@@ -155,7 +155,8 @@ def test_quantize_8bit_is_the_saved_level():
 
 
 def test_image_prompts_maps_file_names_like_the_reference():
-    rows = [{"sample_id": 12, "prompt": "b", "scores": {"r": None}}, {"sample_id": 3, "prompt": "a", "scores": {"r": 1.5}}]
+    rows = [{"sample_id": 12, "prompt": "b", "scores": {"r": None}},
+            {"sample_id": 3, "prompt": "a", "scores": {"r": 1.5}}]
     assert image_prompts(rows, "jpg") == {"00003.jpg": {"prompt": "a", "scores": {"r": 1.5}},
                                           "00012.jpg": {"prompt": "b", "scores": {"r": None}}}
     assert list(image_prompts(rows, "png")) == ["00003.png", "00012.png"]

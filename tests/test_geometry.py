@@ -30,7 +30,8 @@ def test_one_node_is_refused_without_the_flag_and_named_with_it():
 
 def test_the_readme_one_node_command_keeps_the_reference_geometry():
     text = (ROOT / "README.md").read_text()
-    block = re.search(r"^torchrun --nproc_per_node (\d+) -m marble\.train (.*?)\n(?!\s)", text, flags=re.MULTILINE | re.DOTALL)
+    block = re.search(r"^torchrun --nproc_per_node (\d+) -m marble\.train (.*?)\n(?!\s)", text,
+                      flags=re.MULTILINE | re.DOTALL)
     ranks, rest = int(block.group(1)), shlex.split(block.group(2).replace("\\\n", " "))
     preset = rest[rest.index("--preset") + 1]
     sets = [rest[i + 1] for i, w in enumerate(rest) if w == "--set"]

@@ -33,6 +33,7 @@ import re
 from pathlib import Path
 
 import pytest
+from layering import Layer, load_layers, upward_imports
 
 ROOT = Path(__file__).resolve().parents[1]
 ENTRY_POINTS = ("cli", "__main__")
@@ -105,12 +106,19 @@ def _docstring_nodes(tree: ast.AST) -> set[int]:
     return ids
 
 
-@functools.lru_cache(maxsize=None)
 def scan(src: Path, package: str):
     """(edges: module -> set of modules, private: list of 'importer: module._name' findings)."""
+    edges, private, _ = scan_with_lines(src, package)
+    return edges, private
+
+
+@functools.lru_cache(maxsize=None)
+def scan_with_lines(src: Path, package: str):
+    """scan's two, and where each edge is first written: (importer, module) -> 'file:line'."""
     files = module_files(src, package)
     edges: dict[str, set[str]] = {name: set() for name in files}
     private: list[str] = []
+    lines: dict[tuple[str, str], str] = {}
     for importer, path in files.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         docstrings = _docstring_nodes(tree)
@@ -130,7 +138,11 @@ def scan(src: Path, package: str):
                 module = _known(target, files)
                 if module is None:
                     continue  # outside the package (stdlib, torch, ...)
-                edges[importer].update(_with_packages(module, importer, files))
+                for reached in _with_packages(module, importer, files):
+                    edges[importer].add(reached)
+                    where = f"{path.relative_to(src)}:{node.lineno}"  # ast.walk is breadth-first:
+                    if lines.get((importer, reached), (None, 1 << 30))[1] > node.lineno:  # keep the top one
+                        lines[(importer, reached)] = (where, node.lineno)
                 for name in names:
                     if name.startswith("_") and not name.startswith("__") and module != importer:
                         private.append(f"{importer}: from {module} import {name}")
@@ -139,7 +151,7 @@ def scan(src: Path, package: str):
                     and node.value.id in aliases and node.attr.startswith("_")
                     and not node.attr.startswith("__") and aliases[node.value.id] != importer):
                 private.append(f"{importer}: {aliases[node.value.id]}.{node.attr}")
-    return edges, private
+    return edges, private, {key: where for key, (where, _) in lines.items()}
 
 
 def find_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -213,17 +225,20 @@ def layer_edges(edges: dict[str, set[str]], package: str) -> dict[str, set[str]]
     return out
 
 
-def problems(src: Path, package: str) -> list[str]:
-    edges, private = scan(src, package)
+def problems(src: Path, package: str, fence: list[Layer] | None = None) -> list[str]:
+    """Cycles, private names, and with `layers` (docs/layers.yaml) every upward import."""
+    edges, private, lines = scan_with_lines(src, package)
     found = [f"module cycle: {cycle_path(edges, c)}" for c in find_cycles(edges)]
     layers = layer_edges(edges, package)
     found += [f"package cycle: {cycle_path(layers, c)}" for c in find_cycles(layers)]
     found += [f"private name across modules: {p}" for p in private]
+    if fence is not None:
+        found += upward_imports(edges, lines, fence, package)
     return found
 
 
-def test_marble_has_no_import_cycle_and_no_private_import():
-    found = problems(ROOT, "marble")
+def test_marble_has_no_import_cycle_no_private_import_and_no_upward_import():
+    found = problems(ROOT, "marble", load_layers())
     assert not found, "\n".join(found)
 
 

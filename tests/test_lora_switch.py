@@ -81,3 +81,18 @@ def test_switch_walks_no_module_and_keeps_only_default_trainable(model, monkeypa
     with pytest.raises(KeyError, match="'nope' is not on the transformer"):
         with use_adapter(tr, "nope"):
             pass
+
+
+def test_peft_is_bounded_to_the_versions_the_switch_was_checked_on():
+    """The switch writes peft's private `_active_adapter`: pyproject.toml must bound peft above
+    (a new peft may rename it) and the installed peft, the one the tests above ran on, be inside."""
+    import tomllib
+    from importlib import metadata
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    peft = next(Requirement(r) for r in project["project"]["dependencies"] if r.startswith("peft"))
+    assert any(spec.operator in ("<", "<=", "==", "~=") for spec in peft.specifier), peft
+    assert peft.specifier.contains(metadata.version("peft")), (peft, metadata.version("peft"))

@@ -111,7 +111,8 @@ def _subset(mirror_dir, tmp_path, corrupt: str):
     rewards = data["groups"]["rewards"]
     small = {"groups": {"rewards": {"dir": "reward_ckpts",
                                     "files": [f for f in rewards["files"] if f["path"].endswith("object_names.txt")],
-                                    "hub": [h for h in rewards["hub"] if h["repo"] == "google-bert/bert-base-uncased"]}}}
+                                    "hub": [h for h in rewards["hub"]
+                                            if h["repo"] == "google-bert/bert-base-uncased"]}}}
     manifest = tmp_path / "manifest.yaml"
     manifest.write_text(yaml.safe_dump(small))
     copy = tmp_path / "mirror"
@@ -123,7 +124,8 @@ def _subset(mirror_dir, tmp_path, corrupt: str):
 
 @pytest.mark.parametrize("corrupt,name", [
     ("hub/google-bert/bert-base-uncased/vocab.txt", "vocab.txt"),
-    ("urls/raw.githubusercontent.com/djghosh13/geneval/af4902f24d3ca90ebbb446dd9891a59e0f82725f/evaluation/object_names.txt", "object_names.txt"),
+    ("urls/raw.githubusercontent.com/djghosh13/geneval/af4902f24d3ca90ebbb446dd9891a59e0f82725f"
+     "/evaluation/object_names.txt", "object_names.txt"),
 ])
 def test_a_corrupted_file_fails_its_checksum_and_leaves_nothing(mirror_dir, hub_env, tmp_path, capsys, corrupt, name):
     manifest, copy = _subset(mirror_dir, tmp_path, corrupt)

@@ -3,7 +3,12 @@
 import pytest
 import torch
 
-from marble.maths.nft import kl_loss, nft_loss, nft_loss_from_terms, nft_terms, optimality_prob
+from marble.maths.nft import kl_loss, nft_loss_from_terms, nft_terms, optimality_prob
+
+
+def nft_loss(v_theta, v_old, x0, x_t, t, r, beta, adv_clip=5.0):
+    """The per-sample DiffusionNFT loss as the micro-step composes it (terms, then r)."""
+    return nft_loss_from_terms(*nft_terms(v_theta, v_old, x0, x_t, t, beta), r, beta, adv_clip)
 
 
 def test_optimality_prob_clips_and_maps():

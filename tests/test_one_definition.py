@@ -64,3 +64,49 @@ def test_build_masks_loads_nothing_and_honours_the_override(monkeypatch):
     assert masks["probe"].applies("p", {"source": "geneval"})
     with pytest.raises(KeyError, match="unknown reward"):
         registry.build_masks([RewardSpec(name="nope")])
+
+
+def test_the_mask_column_prefix_is_spelled_once():
+    """`applies__` lives in marble/data/records.py (MASK_PREFIX); a second spelling (training
+    once built `f"applies__{name}"` itself) is a second reader that can drift from it."""
+    import ast
+    from pathlib import Path
+
+    from marble.data.records import MASK_PREFIX
+
+    root = Path(__file__).resolve().parents[1] / "marble"
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if MASK_PREFIX not in text:
+            continue  # parse only the candidates (docstrings that name the columns pass below)
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and node.value.startswith(MASK_PREFIX):
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    assert found == [f"marble/data/records.py:{_prefix_line(root / 'data' / 'records.py')}"], found
+
+
+def _prefix_line(path) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1)
+                if line.startswith("MASK_PREFIX = "))
+
+
+def test_training_reads_the_masks_the_data_layer_writes():
+    import pandas as pd
+    import torch
+
+    from marble.data.records import PromptRecord, compute_masks, reward_masks, to_frame
+    from marble.training.rollout import applicable_mask
+
+    rows = [PromptRecord.make("a", "ocr"), PromptRecord.make("b", "pickscore"),
+            PromptRecord.make("c", "ocr")]
+    ocr_only = registry.applicability("toy_brightness", applies_to=["ocr"])
+    table = to_frame(rows, compute_masks(rows, {"ocr_only": ocr_only}))
+    assert isinstance(table, pd.DataFrame)
+    assert reward_masks(table) == {"ocr_only": [True, False, True]}
+    assert reward_masks(table, ["missing", "ocr_only"]) == {"ocr_only": [True, False, True]}
+    # training: the table's mask where it has one, else 'scored' (the reward's own NaN rule)
+    rewards = torch.tensor([[0.5, float("nan")], [0.1, 0.2], [0.3, 0.4]])
+    mask = applicable_mask(table, ["ocr_only", "unmasked"], torch.tensor([2, 1, 0]), rewards)
+    assert mask.tolist() == [[True, False], [False, True], [True, True]]

@@ -3,9 +3,13 @@ self-contained HTML, missing-input sections, the CLI."""
 
 from __future__ import annotations
 
+import html
 import json
+import re
+import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +21,7 @@ from PIL import Image
 from marble.report.cli import main
 from marble.report.loading import ReportInputError, read_metrics
 from marble.report.tables import eval_table
+from marble.workflow import report_captions
 
 REWARDS = ["bright", "sat", "color"]
 APPLICABLE = {"bright": 24, "sat": 24, "color": 8}  # color: the specialist (1/3 of rollouts)
@@ -319,3 +324,52 @@ def test_python_m_entry_point(full_report, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "verdict: Yes: MARBLE (`marble`) kept every reward improving" in proc.stdout
     assert (out / "report.html").is_file()
+
+
+def test_every_figure_and_table_has_a_caption(full_report):
+    """A figure or table added to the report without workflow/report/<folder>/<kind>.rst
+    would reach `snakemake --report` uncaptioned."""
+    assert report_captions.uncaptioned(full_report, Path(__file__).resolve().parents[1]) == []
+    assert any(p.name.startswith("samples_") for p in (full_report / "figures").iterdir())
+
+
+# One file's entry in the data of Snakemake's report.html.
+_SNAKEMAKE_ENTRY = re.compile(r'"results/report/(figures|tables)/([^"]+)": \{"name": "[^"]*", '
+                              r'"filename": "[^"]*", "labels": [^,]*, "size": "[^"]*", '
+                              r'"caption": "((?:[^"\\]|\\.)*)"')
+
+
+def _plain(text: str) -> str:
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", "", text)).replace("``", "").split())
+
+
+def test_snakemake_report_has_every_figure_and_table_with_its_caption(full_report, tmp_path):
+    """`snakemake --report` on a finished report: make_report is only touched (the report
+    was built by the fixture), so this costs two Snakefile parses and no rendering."""
+    from test_workflow_lib import copy_workflow, snakemake
+
+    work = copy_workflow(tmp_path / "repo")
+    results, built = work / "results", full_report.parent
+    shutil.copytree(built / "runs", results / "runs")
+    shutil.copytree(built / "report", results / "report")
+    (results / "eval").mkdir()
+    shutil.copy2(built / "eval" / "summary.csv", results / "eval" / "summary.csv")
+    (results / "bench").mkdir()
+    shutil.copy2(built / "bench.json", results / "bench" / "step.json")
+    target = "results/report/report.md"
+    snakemake(["-c1", target, "--touch", "--allowed-rules", "make_report"], work)
+    snakemake([target, "--report", "report.zip", "--allowed-rules", "make_report"], work)
+    with zipfile.ZipFile(work / "report.zip") as bundle:
+        page = bundle.read("report/report.html").decode("utf-8")
+        bundled = {Path(name).name for name in bundle.namelist()}
+    registered = {(folder, name): _plain(json.loads(f'"{caption}"'))
+                  for folder, name, caption in _SNAKEMAKE_ENTRY.findall(page)}
+    known = report_captions.captions(work)
+    written = [(folder, p.name) for folder, suffix in report_captions.FOLDERS.items()
+               for p in sorted((full_report / folder).glob(f"*{suffix}"))]
+    assert len(written) >= 20, written
+    for folder, name in written:
+        kind = report_captions.caption_kind(Path(name).stem, known[folder])
+        assert kind is not None, f"{folder}/{name}: no caption .rst under workflow/report/{folder}"
+        assert name in bundled and registered.get((folder, name)) == _plain(known[folder][kind]), \
+            (folder, name, registered.get((folder, name)))

@@ -1,7 +1,8 @@
 """Resume on the tiny SD3: a damaged newest checkpoint, a changed config, a USR1 stop.
 
 One uninterrupted 4-step run (module fixture) is the reference every interrupted run
-must reproduce bitwise, in every file of its checkpoints (EMA lora/, optimizer, state too). Settings as in test_trainer: 32 px, 3 sampling steps, 6 rollouts.
+must reproduce bitwise, in every file of its checkpoints (EMA lora/, optimizer, state too).
+Settings as in test_trainer: 32 px, 3 sampling steps, 6 rollouts.
 """
 
 from __future__ import annotations

@@ -44,7 +44,8 @@ def test_hpsv2_scores_are_cosines(tiny_hps):
 
     with torch.no_grad():
         img = torch.nn.functional.normalize(model.encode_image(clip_preprocess(images, 32)), dim=-1)
-        txt = torch.nn.functional.normalize(model.encode_text(open_clip.get_tokenizer("marble-tiny-hps")(prompts)), dim=-1)
+        tokens = open_clip.get_tokenizer("marble-tiny-hps")(prompts)
+        txt = torch.nn.functional.normalize(model.encode_text(tokens), dim=-1)
     assert torch.allclose(out, (img * txt).sum(-1), atol=1e-5)
 
 

@@ -81,8 +81,8 @@ def ckpt_dir(tmp_path_factory):
 
 
 def _heads(x, n):
-    b, l, d = x.shape
-    return x.view(b, l, n, d // n).transpose(1, 2)
+    b, length, d = x.shape
+    return x.view(b, length, n, d // n).transpose(1, 2)
 
 
 def _attend(q, k, v, n, add_mask=None):

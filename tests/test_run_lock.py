@@ -123,5 +123,6 @@ def test_an_owner_job_on_another_host_is_checked_with_squeue(tmp_path, monkeypat
     _stub_squeue(tmp_path, monkeypatch, 'echo RUNNING')
     with pytest.raises(RunLockError, match="SLURM job 1999"):
         acquire(run)
-    (tmp_path / "bin/squeue").write_text("#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1\n")
+    (tmp_path / "bin/squeue").write_text(
+        "#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1\n")
     assert json.loads(acquire(run).read_text())["job_id"] == "2000"

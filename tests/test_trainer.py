@@ -108,6 +108,9 @@ def test_tiny_training_each_balancer(method, tiny_model_dir, table_path, tmp_pat
     summary = json.loads((run / "train_summary.json").read_text())
     assert summary["final_step"] == 2 and summary["last_checkpoint"].endswith("checkpoint-000002")
     assert set(summary["final_rewards"]) == {f"reward/{n}" for n in REWARDS}
+    provenance = json.loads((run / "provenance.json").read_text())  # marble.runtime.provenance
+    assert provenance["config"]["balancer"]["method"] == method
+    assert provenance["versions"]["torch"].split("+")[0] == torch.__version__.split("+")[0]
 
 
 def test_checkpoint_lora_loads_into_pipeline(tiny_model_dir, table_path, tmp_path):

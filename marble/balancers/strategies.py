@@ -3,10 +3,11 @@
 `Balancer.backward(step)` accumulates one micro-step's gradient into p.grad and returns
 its metrics as device scalars or floats, without reading anything back to the host but
 the K x K Gram matrix of a full solve (the QP's input); the trainer reads them all once
-per optimizer step (`marble.training.metrics.read_metrics` / `StepAverager`). A strategy only says what differs: whether this micro-step is a full solve
-(`wants_full_solve`), which alpha the single-backward step applies (`applied_alpha`;
-None = the weighted sum) and what a solve updates (`solved`). `state_dict` has one
-format for all four, so checkpoints load across versions.
+per optimizer step (`marble.training.metrics.StepAverager`). A strategy only says what
+differs: whether this micro-step is a full solve (`wants_full_solve`), which alpha the
+single-backward step applies (`applied_alpha`; None = the weighted sum) and what a solve
+updates (`solved`). `state_dict` has one format for all four, so checkpoints load across
+versions.
 """
 
 from __future__ import annotations
@@ -42,6 +43,22 @@ __all__ = ["Balancer", "WeightedSum", "EqualAlpha", "MGDA", "Marble"]
 
 def _kl(step: MicroStep) -> torch.Tensor:
     return torch.as_tensor(step.kl)
+
+
+def schedule_state_problem(cache, last_alpha, last_full, k: int) -> str | None:
+    """What is wrong with a saved schedule state, or None. The cache is an EMA of simplex
+    points, so it is one (a NaN or a wrong length would be applied as the step's alpha);
+    `last_full` is the optimizer step of the last solve, >= 0."""
+    for key, value in (("alpha_cache", cache), ("last_alpha", last_alpha)):
+        if value is not None:
+            a = np.asarray(value, np.float64)
+            if a.shape != (k,) or not np.all(np.isfinite(a)):
+                return f"{key} {value} must be {k} finite values"
+    if cache is not None and (np.min(cache) < -1e-9 or abs(float(np.sum(cache)) - 1.0) > 1e-6):
+        return f"alpha_cache {cache} is not on the simplex (>= 0, sum 1)"
+    if last_full is not None and (isinstance(last_full, bool) or not isinstance(last_full, int) or last_full < 0):
+        return f"last_full {last_full!r} must be an optimizer step >= 0"
+    return None
 
 
 class Balancer:
@@ -244,6 +261,9 @@ class Balancer:
             self.alpha_cache, self.last_full, self.last_alpha = None, None, None
             return
         cache, last = state.get("alpha_cache"), state.get("last_alpha")
+        problem = schedule_state_problem(cache, last, state.get("last_full"), len(self.reward_names))
+        if problem:
+            raise ValueError(f"balancer state: {problem}")
         self.alpha_cache = None if cache is None else np.asarray(cache, np.float64)
         self.last_alpha = None if last is None else np.asarray(last, np.float64)
         self.last_full = None if state.get("last_full") is None else int(state["last_full"])

@@ -17,7 +17,7 @@ from typing import Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from marble.data.records import DataError, PromptRecord, mask_column, to_frame
+from marble.data.records import DataError, PromptRecord, compute_masks, mask_column, to_frame
 from marble.rewards.geneval_rules import TAGS as GENEVAL_TAGS  # the one definition of the six tags
 from marble.runtime.io import atomic_path
 
@@ -120,14 +120,6 @@ def read_split(
     if not rows:
         raise DataError(f"{raw_dir}: no prompt files found for split {split!r}")
     return rows
-
-
-def compute_masks(rows: Sequence[PromptRecord], rewards: Mapping[str, object]) -> dict[str, list[bool]]:
-    """{reward name: [reward.applies(prompt, metadata) per row]}."""
-    return {
-        name: [bool(reward.applies(r.prompt, r.metadata)) for r in rows]
-        for name, reward in rewards.items()
-    }
 
 
 def summarize(df: pd.DataFrame, reward_names: Iterable[str]) -> pd.DataFrame:

@@ -151,7 +151,8 @@ def build_cache(
     bar = tqdm(total=len(todo), desc="embed prompts", unit="prompt")
     for start in range(0, len(todo), shard_size):
         chunk = todo[start : start + shard_size]
-        parts = [encode_prompts(pipe, chunk[i : i + batch_size], max_sequence_length) for i in range(0, len(chunk), batch_size)]
+        parts = [encode_prompts(pipe, chunk[i : i + batch_size], max_sequence_length)
+                 for i in range(0, len(chunk), batch_size)]
         for p in parts:
             bar.update(len(p[0]))
         shard = f"shard-{len(index['shards']):05d}.safetensors"

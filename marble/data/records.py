@@ -2,6 +2,10 @@
 
 A table is a parquet file with columns `prompt_id, prompt, source, metadata` (metadata a
 JSON string with sorted keys) and one bool column `applies__<reward>` per reward.
+
+The reward mask has its one home here: `compute_masks` applies each reward's rule
+(`Reward.applies`) to rows (assembly, and evaluation's samples), `to_frame` writes the result
+as `applies__*` columns, `reward_masks` reads them back (training).
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
@@ -55,9 +59,21 @@ def mask_columns(df: pd.DataFrame) -> list[str]:
     return [c for c in df.columns if c.startswith(MASK_PREFIX)]
 
 
-def reward_masks(df: pd.DataFrame) -> dict[str, list[bool]]:
-    """{reward name: per-row applicability} from the `applies__*` columns."""
-    return {c[len(MASK_PREFIX):]: df[c].astype(bool).tolist() for c in mask_columns(df)}
+def reward_masks(df: pd.DataFrame, names: Iterable[str] | None = None) -> dict[str, list[bool]]:
+    """{reward name: per-row applicability} from the `applies__*` columns; with `names`, only
+    those rewards, in that order (one without a column is left out: no mask was written)."""
+    present = {c[len(MASK_PREFIX):]: c for c in mask_columns(df)}
+    wanted = list(present) if names is None else [n for n in names if n in present]
+    return {name: df[present[name]].astype(bool).tolist() for name in wanted}
+
+
+def compute_masks(rows: Sequence[Any], rewards: Mapping[str, Any]) -> dict[str, list[bool]]:
+    """{reward name: [reward.applies(prompt, metadata) per row]}; a row is anything with
+    `.prompt` and `.metadata` (a PromptRecord, an evaluation sample)."""
+    return {
+        name: [bool(reward.applies(r.prompt, dict(r.metadata))) for r in rows]
+        for name, reward in rewards.items()
+    }
 
 
 def to_frame(rows: Iterable[PromptRecord], masks: dict[str, list[bool]] | None = None) -> pd.DataFrame:

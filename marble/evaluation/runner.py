@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from marble import rewards as registry
 from marble.config import RewardSpec
+from marble.data.records import compute_masks
 from marble.evaluation import images as image_io
 from marble.evaluation.prompts import EvalSample, batches, sample_seed, shard
 from marble.evaluation.results import is_scored, json_scores, read_results
@@ -116,9 +117,10 @@ def score_images(rewards: dict, images: torch.Tensor, samples: list[EvalSample])
     scores, _ = registry.score_all(plain, images, prompts, metadata) if plain else ({}, {})
     out = [{name: float(values[i]) for name, values in scores.items()} for i in range(len(samples))]
     failed = [[name for name in plain if bool(plain[name].last_failed[i])] for i in range(len(samples))]
+    masks = compute_masks(samples, detailed)
     for name, reward in detailed.items():
         # Only the samples the reward applies to (NaN elsewhere), as score_all does.
-        idx = [i for i, (p, m) in enumerate(zip(prompts, metadata)) if reward.applies(p, m)]
+        idx = [i for i, applies in enumerate(masks[name]) if applies]
         for row in out:
             row[name] = math.nan
         details = reward.evaluate_detail(images[idx], [metadata[i] for i in idx]) if idx else []
@@ -135,7 +137,7 @@ def merged_failed(old: dict, new_scores: dict, new_failed: list[str]) -> list[st
 
 
 def not_applicable(rewards: dict, sample: EvalSample) -> list[str]:
-    return [n for n, r in rewards.items() if not r.applies(sample.prompt, dict(sample.metadata))]
+    return [n for n, mask in compute_masks([sample], rewards).items() if not mask[0]]
 
 
 def process_batch(pipe, rewards, batch, previous: dict[int, dict], args, output_dir: Path):

@@ -66,8 +66,12 @@ class WeightEMA:
     def load_state_dict(self, state: dict) -> None:
         shadow = state["shadow"]
         self._check(shadow)
+        if not 0.0 <= float(state["max_decay"]) <= 1.0:  # a decay above 1 diverges
+            raise ValueError(f"EMA state: max_decay {state['max_decay']} is not in [0, 1]")
         self.max_decay = float(state["max_decay"])
-        self.shadow = [s.detach().to(torch.float32).clone() for s in shadow]
+        # Onto the device of the shadow it replaces (a checkpoint is read onto the CPU).
+        self.shadow = [s.detach().to(device=own.device, dtype=torch.float32).clone()
+                       for s, own in zip(shadow, self.shadow)]
 
     def _check(self, tensors: list) -> None:
         if len(tensors) != len(self.shadow):
@@ -82,13 +86,13 @@ def update_alpha_cache(cache, alpha_new, rho: float) -> np.ndarray:
     new = np.asarray(alpha_new, dtype=np.float64).reshape(-1)
     if not np.all(np.isfinite(new)):
         raise ValueError(f"alpha_new must be finite, got {new}")
+    if not 0.0 <= rho <= 1.0:  # before the first-solve return: a bad rho fails on step one
+        raise ValueError(f"rho must be in [0, 1], got {rho}")
     if cache is None:
         return new.copy()
     old = np.asarray(cache, dtype=np.float64).reshape(-1)
     if old.shape != new.shape:
         raise ValueError(f"alpha cache has {old.size} entries, alpha_new {new.size}")
-    if not 0.0 <= rho <= 1.0:
-        raise ValueError(f"rho must be in [0, 1], got {rho}")
     return rho * old + (1.0 - rho) * new
 
 

@@ -11,7 +11,7 @@ import torch
 
 from marble.maths.advantages import combine_advantages
 
-__all__ = ["optimality_prob", "nft_terms", "nft_loss_from_terms", "nft_loss", "kl_loss",
+__all__ = ["optimality_prob", "nft_terms", "nft_loss_from_terms", "kl_loss",
            "amortized_coefficients", "weighted_loss"]
 
 WEIGHT_FLOOR = 1e-5  # clamp of the adaptive weight (reference train_nft_sd3.py:940-957)
@@ -73,12 +73,6 @@ def nft_loss_from_terms(l_pos, l_neg, r, beta: float, adv_clip: float = 5.0) -> 
     if r.shape != l_pos.shape:
         raise ValueError(f"r has shape {tuple(r.shape)}, expected {tuple(l_pos.shape)}")
     return (float(adv_clip) / float(beta)) * (r * l_pos + (1.0 - r) * l_neg)
-
-
-def nft_loss(v_theta, v_old, x0, x_t, t, r, beta: float, adv_clip: float = 5.0) -> torch.Tensor:
-    """Per-sample DiffusionNFT policy loss [B], before the batch mean (docs/algorithm.md §4)."""
-    l_pos, l_neg = nft_terms(v_theta, v_old, x0, x_t, t, beta)
-    return nft_loss_from_terms(l_pos, l_neg, r, beta, adv_clip)
 
 
 def kl_loss(v_theta: torch.Tensor, v_ref: torch.Tensor) -> torch.Tensor:

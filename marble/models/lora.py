@@ -123,7 +123,8 @@ def blend_adapter(transformer, dst: str = OLD, src: str = TRAINABLE, decay: floa
 # LoRA layer instead holds the same `_active_adapter` list object, so one in-place edit of
 # that list switches them all; an empty list is the frozen base (peft's forward then runs
 # only `base_layer`, exactly its disabled path). requires_grad is never touched by a
-# switch: "default" stays the only trainable adapter.
+# switch: "default" stays the only trainable adapter. The attributes are peft's private ones,
+# so pyproject.toml bounds peft to the versions tests/test_lora_switch.py checked them on.
 _SHARED = "_marble_active_adapters"
 _FIRST = "_marble_first_lora_layer"
 
@@ -253,3 +254,20 @@ def load_lora_into_pipeline(pipe, path: str | os.PathLike, adapter_name: str = "
         f"{DIFFUSERS_LORA_FILE} (diffusers) or {PEFT_CONFIG_FILE} + {PEFT_WEIGHTS_FILE} or "
         f"{PEFT_BIN_WEIGHTS_FILE} (peft)"
         + ("" if folder.is_dir() else " — the folder does not exist"))
+
+
+class AdapterStates:
+    """Named adapters of a transformer as one stateful object (the checkpoint manager's
+    "adapters" state): {adapter: adapter_state(...)}; a load needs exactly these names."""
+
+    def __init__(self, transformer, names: tuple[str, ...] = (TRAINABLE, OLD)):
+        self.transformer, self.names = transformer, tuple(names)
+
+    def state_dict(self) -> dict[str, dict[str, Tensor]]:
+        return {name: adapter_state(self.transformer, name) for name in self.names}
+
+    def load_state_dict(self, states: dict[str, dict[str, Tensor]]) -> None:
+        if sorted(states) != sorted(self.names):
+            raise KeyError(f"adapters {sorted(states)} where this run has {sorted(self.names)}")
+        for name in self.names:
+            load_adapter_state(self.transformer, name, states[name])

@@ -13,6 +13,7 @@ from marble.runtime.io import atomic_path
 from marble.report import claim, figures, lead, published, tables
 from marble.report.loading import (RunData, eval_samples, load_bench, load_eval_summary,
                                          load_runs, read_json_file)
+from marble.report.provenance import provenance_table
 from marble.report.render import Figure, Section, Table, Text, to_html, to_markdown
 from marble.report.table1 import report_frame
 from marble.report.verdict import RunTrend, Verdict, reward_changes, specialist_rewards, verdict
@@ -263,6 +264,14 @@ def _rho_section(b: Builder, runs, trends, evals) -> None:
                 tables.rho_table(group, by_name, evals))
 
 
+def _provenance_section(b: Builder, runs: list[RunData], inp: ReportInputs) -> None:
+    s = b.section("Details: provenance (code and libraries)", collapsed=True)
+    b.table(s, "provenance", "Git commit (12 characters), uncommitted changes and library "
+            "versions of every run folder and of the evaluation folders (identical ones "
+            "grouped); each folder's `provenance.json` also holds its resolved config",
+            provenance_table(runs, inp.eval_dir))
+
+
 def _table1_blocks(inp: ReportInputs) -> list:
     """The merged Table 1 (the table1 rule's csv: public and trained rows, each evaluated under
     its own protocol in its own settings folder), when the workflow wrote one."""
@@ -319,6 +328,7 @@ def build_report(inp: ReportInputs) -> Verdict:
         _harmony_tables(b, runs, by_run)
         _cost_section(b, inp)
         _rho_section(b, runs, trends, evals)
+        _provenance_section(b, runs, inp)
         _samples_section(b, runs, inp)
         (tmp / "report.md").write_text(to_markdown(TITLE, b.sections), encoding="utf-8")
         (tmp / "report.html").write_text(to_html(TITLE, b.sections, tmp), encoding="utf-8")

@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     result = build_report(ReportInputs(
         runs_dir=args.runs, out=args.out, eval_summary=args.eval_summary, bench=args.bench,
-        flops=args.flops, eval_dir=args.eval_dir, table1=args.table1, images_per_dataset=args.images_per_dataset, window=args.window,
+        flops=args.flops, eval_dir=args.eval_dir, table1=args.table1,
+        images_per_dataset=args.images_per_dataset, window=args.window,
         min_gain=args.min_gain, smooth=args.smooth,
     ))
     print(f"wrote {args.out / 'report.md'} and {args.out / 'report.html'}")

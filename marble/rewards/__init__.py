@@ -62,8 +62,9 @@ def takes_device(name: str) -> bool:
 
 
 def reward_device(setting: str, local_rank: int, cuda: bool | None = None) -> str:
-    """`train.reward_device` / `marble evaluate --reward_device`: auto -> cuda:{LOCAL_RANK} when CUDA is there (`cuda`: the
-    run trains on CUDA; default torch.cuda.is_available()), else cpu."""
+    """`train.reward_device` / `marble evaluate --reward_device`: auto -> cuda:{LOCAL_RANK}
+    when CUDA is there (`cuda`: the run trains on CUDA; default torch.cuda.is_available()),
+    else cpu."""
     if setting == "auto":
         cuda = torch.cuda.is_available() if cuda is None else cuda
         setting = "cuda" if cuda else "cpu"

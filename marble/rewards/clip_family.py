@@ -125,7 +125,8 @@ class ClipScore(_ClipReward):
 
     def image_embeds(self, images: torch.Tensor) -> torch.Tensor:
         pixels = clip_pixel_values(images, self.processor.image_processor.to_dict()).to(self.device)
-        return nn.functional.normalize(projected_features(self.model.get_image_features(pixel_values=pixels)).float(), dim=-1)
+        features = projected_features(self.model.get_image_features(pixel_values=pixels))
+        return nn.functional.normalize(features.float(), dim=-1)
 
     def score_chunk(self, images, prompts):
         return (self.image_embeds(images) * self.text_embeds(prompts)).sum(-1)
@@ -167,7 +168,8 @@ class Aesthetic(_ClipReward):
         self.head = load_aesthetic_head(head_path).to(self.device)
         dim = self.model.config.projection_dim
         if self.head.layers[0].in_features != dim:
-            raise ValueError(f"{head_path}: head expects {self.head.layers[0].in_features}-d embeddings, CLIP gives {dim}")
+            raise ValueError(f"{head_path}: head expects {self.head.layers[0].in_features}-d embeddings, "
+                             f"CLIP gives {dim}")
 
     def score_chunk(self, images, prompts):
         return self.head(self.image_embeds(images)).squeeze(-1)

@@ -103,7 +103,8 @@ class ClipColorClassifier:
             for color in rules.COLORS:
                 texts = [t.format(c=color, cls=classname) for t in COLOR_TEMPLATES]
                 tok = self.processor(text=texts, padding=True, return_tensors="pt").to(self.device)
-                emb = torch.nn.functional.normalize(projected_features(self.model.get_text_features(**tok)).float(), dim=-1)
+                features = projected_features(self.model.get_text_features(**tok))
+                emb = torch.nn.functional.normalize(features.float(), dim=-1)
                 weights.append(torch.nn.functional.normalize(emb.mean(0), dim=-1))
             self._classifiers[classname] = torch.stack(weights, dim=1)  # [D, 10]
         return self._classifiers[classname]
@@ -125,7 +126,8 @@ class ClipColorClassifier:
         crops, logits = self.crops(image_rgb, objects), []
         for i in range(0, len(crops), self.batch_size):
             pix = self.processor(images=crops[i : i + self.batch_size], return_tensors="pt").to(self.device)
-            emb = torch.nn.functional.normalize(projected_features(self.model.get_image_features(**pix)).float(), dim=-1)
+            features = projected_features(self.model.get_image_features(**pix))
+            emb = torch.nn.functional.normalize(features.float(), dim=-1)
             logits.append(emb @ self._classifier(classname))
         return [rules.COLORS[k] for k in torch.cat(logits).argmax(1).tolist()]
 

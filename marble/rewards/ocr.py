@@ -146,7 +146,8 @@ class OCRReward(Reward):
         super().__init__(**kw)
         self.reference_rules = bool(reference_rules)
         self.backend = resolve_backend(backend)
-        engines = {"paddle": lambda: _Paddle(use_gpu, ckpt_dir), "rapidocr": _Rapid, "rapidocr_onnxruntime": _RapidOnnxruntime}
+        engines = {"paddle": lambda: _Paddle(use_gpu, ckpt_dir), "rapidocr": _Rapid,
+                   "rapidocr_onnxruntime": _RapidOnnxruntime}
         self.engine = engines[self.backend]()
         self.errors = 0  # OCR engine exceptions (NaN samples, or 0 under reference_rules)
 

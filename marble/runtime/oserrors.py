@@ -23,7 +23,8 @@ _MESSAGES = {
     errno.EPERM: "Operation not permitted",
 }
 # The OS's words (and Rust's `os error N`) inside other libraries' messages.
-_TEXT = {errno.ENOSPC: ("No space left on device", "os error 28"), errno.EDQUOT: ("Disk quota exceeded", "os error 122"),
+_TEXT = {errno.ENOSPC: ("No space left on device", "os error 28"),
+         errno.EDQUOT: ("Disk quota exceeded", "os error 122"),
          errno.EROFS: ("Read-only file system", "os error 30")}
 # What torch's zip writer says when a write fails (no errno survives the C++ layer).
 _TORCH_WRITE_FAILURES = ("inline_container", "PytorchStreamWriter failed", "file write failed")

@@ -1,21 +1,19 @@
-"""Atomic checkpoints and exact resume.
+"""The checkpoint manager: save, load and find-last of every piece of training state.
 
-Layout of `RUN/checkpoints/checkpoint-{step:06d}/`:
-  lora/                  diffusers-format EMA weights of "default" (`pipe.load_lora_weights`)
-  adapters.safetensors   online "default" and "old" adapter states (keys `<adapter>::<name>`)
-  optimizer.pt           AdamW state_dict
-  state.pt               step, epoch, RNG states, sampler, balancer, EMA, GradScaler
-  COMPLETE               written last, after every file and folder is fsynced; JSON:
-                         {"format": 2, "sha256": {relative path: hex digest}} of every
-                         other file (marble.training.checkpoint_format: the one definition
-                         of a usable checkpoint; a bad marker makes the folder damaged)
+A `CheckpointManager(run_dir, states={name: stateful, ...})` owns one run's checkpoints.
+Each registered state has `state_dict()` and `load_state_dict(value)` (the optimizer, the
+sampler and the balancer as they are; small wrappers below for plain attributes, the RNGs
+and optional objects). `save(step)` captures every registered state; `resume()` finds the
+newest intact checkpoint and restores every registered state, and refuses one that lacks
+a registered state or holds one no registered state takes: adding a piece of state is
+one line in the registry, and a resume cannot skip it.
 
-The folder is assembled under a temporary name and renamed into place, so a crash
-leaves either no checkpoint or a complete one (and a `.checkpoint-*.tmp` folder that the
-next start removes). A file damaged later (a truncated copy, a full disk on a sync, bit
-rot) or an empty marker is caught on resume: `resume_checkpoint` warns naming the file
-and falls back to the previous usable checkpoint. Everything in
-the .pt files is tensors and primitives, so they load with `torch.load(weights_only=True)`.
+The folder layout and what makes a checkpoint usable are marble.training.checkpoint_format's
+(torch-free, shared with the workflow). A folder is assembled under a temporary name and
+renamed into place, so a crash leaves either no checkpoint or a complete one (and a
+`.checkpoint-*.tmp` folder that the next start removes). A file damaged later (a
+truncated copy, a full disk on a sync, bit rot) or an empty marker is caught on resume:
+`resume_checkpoint` warns naming the file and falls back to the previous usable one.
 """
 
 from __future__ import annotations
@@ -24,34 +22,44 @@ import logging
 import os
 import random
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from marble.runtime import distributed as dist
 from marble.runtime.io import atomic_path, fsync_tree
-from marble.training.checkpoint_format import (  # noqa: F401  (re-exported: one definition)
+from marble.training.checkpoint_format import (
+    ADAPTERS_FILE,
     COMPLETE,
-    MARKER_FORMAT,
+    LORA_DIR,
+    OPTIMIZER_FILE,
+    STATE_FILE,
+    STATE_FILES,
     CheckpointError,
-    checkpoint_name,
+    checkpoint_dir,
     checkpoint_root,
     damaged_files,
-    file_hashes,
     list_checkpoints,
     marker_text,
     remove_stale_temporaries,
     usable_checkpoints,
 )
 
+# What callers of the manager use beside it (resume's errors, the folder of a step, the
+# verdict on a folder, the cleanup before a resume): the rest of the format is imported
+# from checkpoint_format where it is needed.
+__all__ = [
+    "COMPLETE", "AttributeState", "CheckpointError", "CheckpointManager", "OptionalState",
+    "RNGState", "Stateful", "capture_rng_state", "checkpoint_dir", "damaged_files",
+    "latest_checkpoint", "list_checkpoints", "load_checkpoint", "prune_checkpoints",
+    "remove_stale_temporaries", "restore_rng_state", "resume_checkpoint", "save_checkpoint",
+]
+
 log = logging.getLogger(__name__)
-
-
-def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
-    return checkpoint_root(run_dir) / checkpoint_name(step)
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -143,12 +151,12 @@ def save_checkpoint(
     with atomic_path(ckpt_dir) as tmp:
         tmp.mkdir(parents=True)
         if write_lora is not None:
-            write_lora(tmp / "lora")
+            write_lora(tmp / LORA_DIR)
         if adapters is not None:
-            save_file(flatten_adapters(adapters), str(tmp / "adapters.safetensors"))
+            save_file(flatten_adapters(adapters), str(tmp / ADAPTERS_FILE))
         if optimizer_state is not None:
-            torch.save(optimizer_state, tmp / "optimizer.pt")
-        torch.save(state, tmp / "state.pt")
+            torch.save(optimizer_state, tmp / OPTIMIZER_FILE)
+        torch.save(state, tmp / STATE_FILE)
         # Every file and folder on disk before the marker that vouches for them: after a
         # node crash a marker never names a zero-length file.
         fsync_tree(tmp)
@@ -186,10 +194,10 @@ def load_checkpoint(ckpt_dir: str | Path, map_location: str | torch.device = "cp
     def read_pt(path: Path):
         return torch.load(path, map_location=map_location, weights_only=True)
 
-    out["state"] = _read(ckpt_dir / "state.pt", read_pt)
-    opt = ckpt_dir / "optimizer.pt"
+    out["state"] = _read(ckpt_dir / STATE_FILE, read_pt)
+    opt = ckpt_dir / OPTIMIZER_FILE
     out["optimizer"] = _read(opt, read_pt) if opt.is_file() else None
-    ad = ckpt_dir / "adapters.safetensors"
+    ad = ckpt_dir / ADAPTERS_FILE
     out["adapters"] = (unflatten_adapters(_read(ad, lambda x: load_file(str(x))))
                        if ad.is_file() else None)
     return out
@@ -229,3 +237,131 @@ def resume_checkpoint(run_dir: str | Path) -> Path | None:
             f"warnings above); restore one or move {checkpoint_root(run_dir)} away to "
             f"start over")
     return None
+
+
+# ------------------------------------------------------------------ the manager
+
+
+class Stateful(Protocol):
+    """What the manager registers: torch's state_dict convention."""
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> Any: ...
+
+
+class AttributeState:
+    """A plain attribute of an object (the trainer's step and epoch counters) as a state."""
+
+    def __init__(self, owner: object, name: str, kind: type = int):
+        self.owner, self.name, self.kind = owner, name, kind
+
+    def state_dict(self) -> Any:
+        return self.kind(getattr(self.owner, self.name))
+
+    def load_state_dict(self, value: Any) -> None:
+        setattr(self.owner, self.name, self.kind(value))
+
+
+class OptionalState:
+    """An object only some runs have (fp16's GradScaler): None is saved without one, and a
+    checkpoint restores into a run only when both have it or neither does."""
+
+    def __init__(self, obj: Stateful | None, what: str):
+        self.obj, self.what = obj, what
+
+    def state_dict(self) -> Any:
+        return None if self.obj is None else self.obj.state_dict()
+
+    def load_state_dict(self, value: Any) -> None:
+        if (value is None) != (self.obj is None):
+            raise ValueError(f"the checkpoint {'lacks' if value is None else 'holds'} a "
+                             f"{self.what} state and this run {'has' if self.obj else 'has none'}")
+        if self.obj is not None:
+            self.obj.load_state_dict(value)
+
+
+class RNGState:
+    """Python, numpy and torch (and CUDA) generators as one state."""
+
+    def state_dict(self) -> dict:
+        return capture_rng_state()
+
+    def load_state_dict(self, state: dict) -> None:
+        restore_rng_state(state)
+
+
+class CheckpointManager:
+    """Save, find-last and restore of one run's checkpoints through one registry of
+    named states (the layout: marble.training.checkpoint_format).
+
+    `states` maps a name to a Stateful; "adapters" and "optimizer" get files of their own
+    (STATE_FILES), every other one is a key of state.pt. `write_lora(folder)` writes the
+    diffusers-format export. On several ranks (all holding identical state) rank 0 writes
+    and chooses; `is_main` says which rank this is.
+    """
+
+    def __init__(self, run_dir: str | Path, states: Mapping[str, Stateful],
+                 write_lora: Callable[[Path], None] | None = None, keep: int | None = 3,
+                 is_main: bool = True):
+        self.run_dir, self.states = Path(run_dir), dict(states)
+        self.write_lora, self.keep, self.is_main = write_lora, keep, is_main
+
+    def save(self, step: int) -> Path:
+        """Checkpoint `step` on the main rank (the others wait): every registered state."""
+        path = checkpoint_dir(self.run_dir, step)
+        if self.is_main:
+            state = {name: value.state_dict() for name, value in self.states.items()}
+            own = {name: state.pop(name, None) for name in STATE_FILES}
+            save_checkpoint(path, state, adapters=own["adapters"],
+                            optimizer_state=own["optimizer"], write_lora=self.write_lora,
+                            keep=self.keep)
+        dist.barrier()
+        return path
+
+    def choose(self) -> Path | None:
+        """Rank 0 cleans killed saves, verifies the hashes and picks; every rank gets its
+        answer (or its error), so all ranks load the same checkpoint and none waits forever."""
+        choice = None
+        if self.is_main:
+            try:
+                for stale in remove_stale_temporaries(self.run_dir):
+                    log.warning("removed %s (left by a killed checkpoint save)", stale)
+                choice = ("path", resume_checkpoint(self.run_dir))
+            except CheckpointError as exc:
+                choice = ("error", str(exc))
+        kind, value = dist.broadcast_object(choice)
+        if kind == "error":
+            raise CheckpointError(value)
+        return value
+
+    def resume(self) -> Path | None:
+        """Restore every registered state from the newest intact checkpoint; None if none."""
+        path = self.choose()
+        if path is not None:
+            self.load(path)
+        return path
+
+    def load(self, path: str | Path) -> None:
+        """Restore every registered state from `path`; a CheckpointError naming the folder
+        and the states when one is missing or the folder holds one nobody restores."""
+        # CPU first: RNG states must stay CPU tensors; the optimizer, adapters and EMA
+        # move their tensors to their own device on load.
+        ckpt = load_checkpoint(path, map_location="cpu")
+        stored = dict(ckpt["state"])
+        stored.update({name: ckpt[name] for name in STATE_FILES if ckpt[name] is not None})
+        missing = [name for name in self.states if name not in stored]
+        unclaimed = [name for name in stored if name not in self.states]
+        if missing or unclaimed:
+            raise CheckpointError(
+                f"{path}: cannot resume this run from it: "
+                + "; ".join(part for part in (
+                    missing and f"no saved state for {', '.join(missing)}",
+                    unclaimed and f"no registered state restores {', '.join(unclaimed)}")
+                    if part))
+        for name, value in self.states.items():
+            try:
+                value.load_state_dict(stored[name])
+            except (KeyError, ValueError, TypeError, RuntimeError) as exc:
+                raise CheckpointError(f"{path}: state {name!r} does not fit this run "
+                                      f"({type(exc).__name__}: {exc})") from exc

@@ -1,14 +1,26 @@
-"""What a usable checkpoint is: the one definition, torch-free.
+"""The checkpoint format: folder layout, the COMPLETE marker, what is usable. Torch-free.
 
-Resume (marble.training.checkpoint), `marble evaluate --checkpoint_path`, the workflow's
-input functions (marble.workflow.checkpoints, imported when Snakemake parses the Snakefile,
-so no torch here) and the report all ask this module.
+Resume (marble.training.checkpoint, whose CheckpointManager writes and reads this layout),
+`marble evaluate --checkpoint_path`, the workflow's input functions
+(marble.workflow.checkpoints, imported when Snakemake parses the Snakefile, so no torch
+here) and the report all ask this module.
 
-A checkpoint `RUN/checkpoints/checkpoint-{step:06d}/` is *usable* when its `COMPLETE`
-marker parses as {"format": 2, "sha256": {relative path: hex digest}} naming at least one
-file, and every file it names is present with that sha256. Anything else is *damaged*: an
-empty or unparsable marker is never taken as "older marble, unverified", because an empty
-marker is exactly what a node crash leaves of an unsynced write.
+Layout of `RUN/checkpoints/checkpoint-{step:06d}/` (the names below are the constants):
+  lora/                  LORA_DIR: diffusers-format EMA weights of "default"
+                         (`pipe.load_lora_weights`); an export, never read by resume
+  adapters.safetensors   ADAPTERS_FILE: the registered state "adapters" (online "default"
+                         and "old" adapters, keys `<adapter>::<name>`)
+  optimizer.pt           OPTIMIZER_FILE: the registered state "optimizer" (AdamW state_dict)
+  state.pt               STATE_FILE: every other registered state by name (step, epoch,
+                         rng, sampler, balancer, ema, scaler, ...), tensors and primitives
+                         only, so it loads with `torch.load(weights_only=True)`
+  COMPLETE               written last, after every file and folder is fsynced
+
+A checkpoint is *usable* when its `COMPLETE` marker parses as
+{"format": 2, "sha256": {relative path: hex digest}} naming at least one file, and every
+file it names is present with that sha256. Anything else is *damaged*: an empty or
+unparsable marker is never taken as "older marble, unverified", because an empty marker
+is exactly what a node crash leaves of an unsynced write.
 """
 
 from __future__ import annotations
@@ -24,6 +36,12 @@ from marble.runtime.io import sha256_file
 
 CHECKPOINTS = "checkpoints"
 COMPLETE = "COMPLETE"
+LORA_DIR = "lora"
+ADAPTERS_FILE = "adapters.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+STATE_FILE = "state.pt"
+# The registered states that have a file of their own; every other one is a key of STATE_FILE.
+STATE_FILES = {"adapters": ADAPTERS_FILE, "optimizer": OPTIMIZER_FILE}
 MARKER_FORMAT = 2
 CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
 # What marble.runtime.io.atomic_path leaves behind when a save is killed.
@@ -54,6 +72,11 @@ def checkpoint_step(name: str) -> int | None:
 
 def checkpoint_root(run_dir: str | Path) -> Path:
     return Path(run_dir) / CHECKPOINTS
+
+
+def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
+    """`RUN/checkpoints/checkpoint-{step:06d}`: where the checkpoint after `step` lives."""
+    return checkpoint_root(run_dir) / checkpoint_name(step)
 
 
 def file_hashes(ckpt_dir: str | Path) -> dict[str, str]:
@@ -137,7 +160,7 @@ def is_marble_checkpoint(folder: str | Path) -> bool:
     """A folder marble's trainer wrote (or began to write): it must then be usable to be
     used; a bare LoRA folder (peft, diffusers, the reference's `<ckpt>/lora`) is not one."""
     folder = Path(folder)
-    return (folder / COMPLETE).exists() or (folder / "state.pt").exists() or (
+    return (folder / COMPLETE).exists() or (folder / STATE_FILE).exists() or (
         checkpoint_step(folder.name) is not None and folder.parent.name == CHECKPOINTS)
 
 

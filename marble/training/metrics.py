@@ -56,11 +56,6 @@ def host_floats(values: list) -> list[float]:
     return [float(v) for v in values]
 
 
-def read_metrics(metrics: dict) -> dict[str, float]:
-    """A balancer's metrics (device scalars) as floats, in one read (`host_floats`)."""
-    return dict(zip(metrics, host_floats(list(metrics.values()))))
-
-
 class StepAverager:
     """Means of scalar metrics over the micro-steps of one optimizer step.
 

@@ -25,7 +25,7 @@ from marble.maths.nft import kl_loss, nft_loss_from_terms, nft_terms, optimality
 from marble.models.encode import velocity
 from marble.models.lora import adapters_disabled, use_adapter
 
-__all__ = ["MicroBatch", "predict", "reference_velocities", "theta_velocity",
+__all__ = ["MicroBatch", "reference_velocities", "theta_velocity",
            "build_micro_step", "logged_losses", "run_micro_step"]
 
 
@@ -60,12 +60,6 @@ def theta_velocity(transformer, batch: MicroBatch, autocast) -> torch.Tensor:
     args = (batch.x_t, batch.sigma, batch.prompt_embeds, batch.pooled)
     with use_adapter(transformer, "default"), autocast():
         return velocity(transformer, *args).float()
-
-
-def predict(transformer, batch: MicroBatch, autocast) -> tuple:
-    """(v_theta, v_old, v_ref) in fp32; only v_theta carries a graph."""
-    v_old, v_ref = reference_velocities(transformer, batch, autocast)
-    return theta_velocity(transformer, batch, autocast), v_old, v_ref
 
 
 def build_micro_step(transformer, batch: MicroBatch, train_cfg, params: list, autocast, *,

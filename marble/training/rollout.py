@@ -18,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from marble.config import RunConfig
+from marble.data.records import reward_masks
 from marble.maths.advantages import group_advantages, nan_weighted_mean
 from marble.models.encode import decode_latents, encode_prompts, latent_shape
 from marble.models.lora import use_adapter
@@ -89,20 +90,16 @@ class RewardScorer:
 
 
 def table_masks(table: pd.DataFrame, names: list[str]) -> dict[str, torch.Tensor]:
-    return {n: torch.tensor(table[f"applies__{n}"].astype(bool).to_numpy())
-            for n in names if f"applies__{n}" in table.columns}
+    """[rows] bool applicability per reward the table has a mask for (the data layer's reader)."""
+    return {n: torch.tensor(m, dtype=torch.bool) for n, m in reward_masks(table, names).items()}
 
 
 def applicable_mask(table: pd.DataFrame, names: list[str], rows: torch.Tensor,
                     rewards: torch.Tensor) -> torch.Tensor:
     """[N, K] applicability: the table's mask when present, else 'scored or NaN-by-rule'."""
-    cols = []
-    for k, name in enumerate(names):
-        col = f"applies__{name}"
-        if col in table.columns:
-            cols.append(torch.tensor(table[col].astype(bool).to_numpy())[rows])
-        else:
-            cols.append(~torch.isnan(rewards[:, k]))
+    masks = table_masks(table, names)
+    cols = [masks[name][rows] if name in masks else ~torch.isnan(rewards[:, k])
+            for k, name in enumerate(names)]
     return torch.stack(cols, dim=1)
 
 

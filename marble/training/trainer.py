@@ -18,16 +18,16 @@ import torch
 from tqdm.auto import tqdm
 
 from marble.balancers import build_balancer
-from marble.config import RunConfig, dump_yaml, grad_accumulation, training_timesteps
+from marble.config import RunConfig, dump_yaml, grad_accumulation, to_dict, training_timesteps
 from marble.data import load_table
 from marble.data.embed_cache import EmbeddingCache
 from marble.data.sampler import StratifiedKRepeatSampler
 from marble.maths.ema import WeightEMA, old_policy_decay
 from marble.maths.flow import forward_process
 from marble.models.lora import (
+    AdapterStates,
     adapter_state,
     blend_adapter,
-    load_adapter_state,
     save_lora_diffusers,
 )
 from marble.models.policy import load_policy
@@ -41,17 +41,14 @@ from marble.runtime.precision import (
     make_precision,
     optimizer_update,
 )
+from marble.runtime.provenance import write_provenance
 from marble.runtime.seeds import keyed_generator
 from marble.training.checkpoint import (
-    CheckpointError,
-    capture_rng_state,
-    checkpoint_dir,
+    AttributeState,
+    CheckpointManager,
+    OptionalState,
+    RNGState,
     latest_checkpoint,
-    load_checkpoint,
-    remove_stale_temporaries,
-    restore_rng_state,
-    resume_checkpoint,
-    save_checkpoint,
 )
 from marble.training.geometry import check_geometry
 from marble.training.metrics import MetricsLog, StepAverager
@@ -116,6 +113,24 @@ class Trainer:
         self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", enabled=self.info.is_main,
                                   backends=cfg.logging.backends)
         self.step, self.epoch = 0, 0
+        self.checkpoints = CheckpointManager(
+            self.out_dir, self._checkpoint_states(), write_lora=self._write_ema_lora,
+            keep=t.keep_checkpoints, is_main=self.info.is_main)
+
+    def _checkpoint_states(self) -> dict:
+        """Everything a resume restores, by name: one line per piece of state (the manager
+        refuses a checkpoint that lacks one, so none can be forgotten)."""
+        return {
+            "adapters": AdapterStates(self.pipe.transformer),  # online "default" and "old"
+            "optimizer": self.optimizer,
+            "step": AttributeState(self, "step"),
+            "epoch": AttributeState(self, "epoch"),
+            "sampler": self.sampler,
+            "balancer": self.balancer,
+            "ema": self.ema,
+            "scaler": OptionalState(self.scaler, "fp16 GradScaler"),
+            "rng": RNGState(),
+        }
 
     def _embed_cache(self):
         if not self.cfg.data.embed_cache:
@@ -125,71 +140,22 @@ class Trainer:
 
     # ------------------------------------------------------------ state
 
-    def _adapter_states(self) -> dict:
-        tr = self.pipe.transformer
-        return {"default": adapter_state(tr, "default"), "old": adapter_state(tr, "old")}
+    def _write_ema_lora(self, folder: Path) -> None:
+        """The checkpoint's diffusers-format export: the EMA weights of "default"."""
+        with self.ema.swapped():
+            ema_state = adapter_state(self.pipe.transformer, "default")
+        save_lora_diffusers(self.pipe.transformer, folder, "default", ema_state)
 
     def save(self) -> Path:
         """Checkpoint on the main rank (all ranks hold identical state); others wait."""
-        path = checkpoint_dir(self.out_dir, self.step)
-        if self.info.is_main:
-            with self.ema.swapped():
-                ema_state = adapter_state(self.pipe.transformer, "default")
-            state = {
-                "step": self.step, "epoch": self.epoch, "rng": capture_rng_state(),
-                "sampler": self.sampler.state_dict(), "balancer": self.balancer.state_dict(),
-                "ema": self.ema.state_dict(),
-                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            }
-            save_checkpoint(
-                path, state, adapters=self._adapter_states(),
-                optimizer_state=self.optimizer.state_dict(),
-                write_lora=lambda d: save_lora_diffusers(self.pipe.transformer, d, "default",
-                                                         ema_state),
-                keep=self.cfg.train.keep_checkpoints)
-        dist.barrier()
-        return path
-
-    def _choose_checkpoint(self) -> Path | None:
-        """Rank 0 verifies the files' hashes and picks; every rank gets its answer (or
-        its error), so all ranks load the same checkpoint and none waits forever."""
-        choice = None
-        if self.info.is_main:
-            try:
-                for stale in remove_stale_temporaries(self.out_dir):
-                    log.warning("removed %s (left by a killed checkpoint save)", stale)
-                choice = ("path", resume_checkpoint(self.out_dir))
-            except CheckpointError as exc:
-                choice = ("error", str(exc))
-        kind, value = dist.broadcast_object(choice)
-        if kind == "error":
-            raise CheckpointError(value)
-        return value
+        return self.checkpoints.save(self.step)
 
     def resume(self) -> Path | None:
-        """Load the newest intact complete checkpoint of the run folder, if any."""
-        path = self._choose_checkpoint()
-        if path is None:
-            # No checkpoint yet: lines an earlier attempt logged are steps no one will
-            # resume from (they would be logged twice).
-            self.metrics.truncate_after(0)
-            return None
-        # CPU first: RNG states must stay CPU tensors; the optimizer and adapters move
-        # their tensors to the parameters' device on load.
-        ckpt = load_checkpoint(path, map_location="cpu")
-        for name, tensors in ckpt["adapters"].items():
-            load_adapter_state(self.pipe.transformer, name, tensors)
-        self.optimizer.load_state_dict(ckpt["optimizer"])
-        state = ckpt["state"]
-        self.ema.load_state_dict(state["ema"])
-        self.ema.shadow = [s.to(p.device) for s, p in zip(self.ema.shadow, self.params)]
-        self.balancer.load_state_dict(state["balancer"])
-        self.sampler.load_state_dict(state["sampler"])
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        restore_rng_state(state["rng"])
-        self.step, self.epoch = int(state["step"]), int(state["epoch"])
-        self.metrics.truncate_after(self.step)
+        """Restore every registered state from the newest intact checkpoint, if any."""
+        path = self.checkpoints.resume()
+        # No checkpoint yet: lines an earlier attempt logged are steps no one will resume
+        # from (they would be logged twice).
+        self.metrics.truncate_after(0 if path is None else self.step)
         return path
 
     # ------------------------------------------------------------ one epoch
@@ -351,6 +317,7 @@ def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
     if info.is_main:
         out_dir.mkdir(parents=True, exist_ok=True)
         write_text(out_dir / "config.yaml", dump_yaml(cfg))
+        write_provenance(out_dir, to_dict(cfg))  # this attempt's code and libraries
     start = time.perf_counter()
     with contextlib.ExitStack() as scope:
         if stop is None:

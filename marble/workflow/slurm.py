@@ -38,8 +38,9 @@ def train_resources(train: dict, cluster: dict) -> dict:
 
     `mpi` makes the plugin hand the job shell to us instead of `srun -n1` (we call srun
     ourselves); the plugin refuses `mpi` with a single task, so a one-node run gets `mpi=""`,
-    which also keeps the jobstep from wrapping us (train_launch.sh then calls srun). `tasks_per_gpu=0` stops GPU jobs turning `tasks` into `--ntasks-per-gpu`. GPUs go
-    through `gres`, which SLURM counts per node.
+    which also keeps the jobstep from wrapping us (train_launch.sh then calls srun).
+    `tasks_per_gpu=0` stops GPU jobs turning `tasks` into `--ntasks-per-gpu`. GPUs go through
+    `gres`, which SLURM counts per node.
     """
     nodes, gpus = train["nodes"], train["gpus_per_node"]
     tasks = train["tasks"] or nodes

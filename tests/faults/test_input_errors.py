@@ -10,7 +10,6 @@ import subprocess
 
 import pytest
 import torch
-import yaml
 
 from marble import evaluate, train
 from marble.config import ConfigError, dump_yaml, load_config

@@ -4,7 +4,8 @@ An uninterrupted 4-step run (checkpoint every step, every I/O and compute event 
 is the reference. Each trial starts the same run in a subprocess, SIGKILLs it at a drawn
 event (before a write, or with the write half done), reruns it to the end and compares:
 every checkpoint file bitwise (adapters, optimizer, state and the EMA `lora/`: bytes, or
-for safetensors each tensor's bytes and the metadata), the metrics log step by step (each step once), no stale temporary folders.
+for safetensors each tensor's bytes and the metadata), the metrics log step by step (each
+step once), no stale temporary folders.
 
 MARBLE_FAULT_SEED (default 21) draws the moments, MARBLE_FAULT_KILLS (default 3) how many.
 """

@@ -55,7 +55,8 @@ def test_metrics_torn_before_the_first_checkpoint_are_cut_on_resume(tmp_path):
     with open(path, "ab") as fh:
         fh.write(b'{"step": 2, "lo')  # killed mid-line, no checkpoint written yet
     # Trainer.resume of a run with no checkpoint yet: the earlier attempt's lines go.
-    trainer = types.SimpleNamespace(_choose_checkpoint=lambda: None, metrics=log)
+    trainer = types.SimpleNamespace(checkpoints=types.SimpleNamespace(resume=lambda: None),
+                                    metrics=log)
     with pytest.warns(UserWarning, match="torn last line"):
         assert Trainer.resume(trainer) is None
     assert path.read_text() == ""

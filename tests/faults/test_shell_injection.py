@@ -2,7 +2,8 @@
 
 Every path key of the tiny workflow holds spaces and shell metacharacters. The dry run
 with `-p` prints every job's command: each must keep the value as one shell word, and
-one real run of two cheap rules (the tiny prompts, the reward folder) must make its outputs at those paths with nothing executed (no PWNED file).
+one real run of two cheap rules (the tiny prompts, the reward folder) must make its outputs
+at those paths with nothing executed (no PWNED file).
 Before the fix `reward_ckpt_dir: "x;touch PWNED;exit 0;#"` created the file, and a space
 made bash run the rest of the path (rc 127) in every train and eval job.
 """

@@ -1,5 +1,7 @@
 # Cost of the balancers (one timed step each) and the final report.
 
+from marble.workflow import report_captions
+
 
 # Tiny mode times the workflow's own model; the paper preset times a random-init
 # SD3.5M-sized model (no download needed).
@@ -50,6 +52,19 @@ rule make_report:
             caption="../report/report.rst",
             category="Report",
         ),
+        # Every figure and table, each with its caption (marble.workflow.report_captions).
+        figures=report(
+            directory("results/report/figures"),
+            patterns=["{name}.png"],
+            caption="../report/figure.rst",
+            category="Figures",
+        ),
+        tables=report(
+            directory("results/report/tables"),
+            patterns=["{name}.csv"],
+            caption="../report/table.rst",
+            category="Tables",
+        ),
     log:
         "logs/report/report.log",
     benchmark:
@@ -63,6 +78,8 @@ rule make_report:
         eval_dir=EVAL_DIR,
         flops=f"--flops {FLOPS_JSON}" if os.path.exists(FLOPS_JSON) else "",
         table1=lambda wc, input: wf_runs.option("--table1", input.table1),
+        # read by the caption templates only (a changed caption rebuilds the report)
+        captions=report_captions.captions(workflow.basedir),
     shell:
         "marble report --runs results/runs --eval-summary {input.summary:q}"
         " --bench {input.bench:q} {params.flops} {params.table1} --eval-dir {params.eval_dir:q}"

@@ -43,7 +43,7 @@ def render(records: list[dict], source: str) -> str:
     def fmt(v, signed=False):
         return "–" if v is None else (f"{v:+.3f}" if signed else f"{v:.3f}")
 
-    lines = [f"# Our evaluation beside the published numbers\n",
+    lines = ["# Our evaluation beside the published numbers\n",
              f"Published: {source}. Ours: this workflow's evaluation of the same checkpoints.\n",
              "| row | metric | ours | published | ours - published |", "|---|---|---|---|---|"]
     for r in records:

@@ -183,7 +183,8 @@ def build_mirror(out: str | Path, seed: int = 0, manifest: str | Path = MANIFEST
         where = out / "hub" / e.repo / e.remote if e.repo else out / "urls" / url_path(e.url)
         if not where.is_file():
             raise FileNotFoundError(f"mirror replica of {e.group}/{e.path} was not written ({where})")
-    (out / "mirror.json").write_text(json.dumps({"seed": seed, "version": REPLICA_VERSION, "repos": repos}, indent=1, sort_keys=True))
+    index = {"seed": seed, "version": REPLICA_VERSION, "repos": repos}
+    (out / "mirror.json").write_text(json.dumps(index, indent=1, sort_keys=True))
     (out / "manifest.yaml").write_text(yaml.safe_dump(mirror_manifest(out, manifest), sort_keys=False))
     replicas_hps.write_hps_config(out / f"{HPS_ARCH}.json")
     return out

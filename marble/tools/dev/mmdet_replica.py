@@ -56,7 +56,8 @@ def write_config(out: str | os.PathLike, base: str | os.PathLike | None = None) 
     base = Path(base) if base else mmdet_config_path(DETECTOR_CONFIG)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    header = f"# Tiny random Mask2Former for tests (marble.tools.dev.mmdet_replica): sizes only.\n_base_ = [{str(base)!r}]\n"
+    header = (f"# Tiny random Mask2Former for tests (marble.tools.dev.mmdet_replica): sizes only.\n"
+              f"_base_ = [{str(base)!r}]\n")
     out.write_text(header + TINY_OVERRIDES, encoding="utf-8")
     return out
 

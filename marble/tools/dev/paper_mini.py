@@ -7,9 +7,9 @@ HF_TOKEN for the gated repo), writes the replicas' scorer options for evaluation
 replicas (the download rules' folders, so the preflight's disk estimate measures them), then runs
     snakemake --configfile config/paper.yaml .test/paper-mini.yaml -c2 all
 (the workflow starts the fake UnifiedReward judge beside each drawbench evaluation through
-marble.rewards.service, as it starts the real one). It then checks that every evaluation ran with eval.processes torchrun ranks, and prints
-each stage's wall time (Snakemake's benchmark files); on failure it names the
-failing stage (rule) and its log, and prints the log's tail.
+marble.rewards.service, as it starts the real one). It then checks that every evaluation ran
+with eval.processes torchrun ranks, and prints each stage's wall time (Snakemake's benchmark
+files); on failure it names the failing stage (rule) and its log, and prints the log's tail.
 """
 
 from __future__ import annotations

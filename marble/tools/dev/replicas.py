@@ -97,7 +97,8 @@ def _two_shards(folder: Path) -> None:
         save_file({k: state[k].contiguous() for k in part}, folder / name, metadata={"format": "pt"})
         weight_map.update({k: name for k in part})
         total += sum(state[k].numel() * state[k].element_size() for k in part)
-    write_config_json(folder / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
+    write_config_json(folder / "model.safetensors.index.json",
+                      {"metadata": {"total_size": total}, "weight_map": weight_map})
     (folder / "model.safetensors").unlink()
 
 
@@ -125,7 +126,8 @@ def sd3_repo(folder: Path, seed: int = 0) -> None:
 
 def _byte_chars() -> list[str]:
     """GPT-2/CLIP byte-to-unicode alphabet (256 printable stand-ins for bytes)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    keep = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+            + list(range(ord("®"), ord("ÿ") + 1)))
     chars, n = keep[:], 0
     for b in range(256):
         if b not in keep:
@@ -302,7 +304,8 @@ def detector_ckpt(path: Path, seed: int = 0) -> None:
     random Mask2Former needs mmdet, see `make test-geneval-mmdet` in issue 9)."""
     g = torch.Generator().manual_seed(seed)
     torch.save({"meta": {"CLASSES": GENEVAL_OBJECTS, "mmdet_version": "2.28.2"},
-                "state_dict": {"panoptic_head.cls_embed.weight": torch.randn(len(GENEVAL_OBJECTS) + 1, 16, generator=g)}},
+                "state_dict": {"panoptic_head.cls_embed.weight":
+                               torch.randn(len(GENEVAL_OBJECTS) + 1, 16, generator=g)}},
                path)
 
 

@@ -95,4 +95,5 @@ def hps_repo(folder: Path, seed: int = 0, size: str = "tiny", device: str = "cpu
     """HPS_v2.1_compressed.pt; `size` "ViT-H-14" is open_clip's built-in architecture of that name."""
     folder.mkdir(parents=True, exist_ok=True)
     config = {"tiny": None, "ViT-H-14": OPEN_CLIP_VIT_H14}[size]
-    torch.save({"state_dict": hps_state_dict(seed, config, device)}, folder / "HPS_v2.1_compressed.pt")  # as hpsv2 saves it
+    # as hpsv2 saves it
+    torch.save({"state_dict": hps_state_dict(seed, config, device)}, folder / "HPS_v2.1_compressed.pt")
