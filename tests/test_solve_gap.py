@@ -14,9 +14,9 @@ from marble.balancers.solve import combine, solve_gap_metrics
 from marble.maths.qp import min_norm_weights
 
 
-def _gram_cases(rng):
+def _gram_cases(rng, ks=range(2, 9)):
     """(K, vectors [K, D], valid mask): plain, rank-deficient, duplicated, masked (zero rows)."""
-    for k in range(2, 9):
+    for k in ks:
         yield k, rng.normal(size=(k, 16)), None
         yield k, rng.normal(size=(k, 2)), None  # D < K: the hull holds many dependent points
         x = rng.normal(size=(k, 16))
@@ -33,7 +33,7 @@ def test_the_min_norm_point_is_never_anti_aligned_on_random_grams():
     hull's min-norm point), on unit Gram matrices with K = 2..8, masked and degenerate."""
     rng = np.random.default_rng(26)
     checked = 0
-    for _ in range(3):
+    for _ in range(2):
         for k, x, masked in _gram_cases(rng):
             keep = [i for i in range(k) if i != masked]
             u = x[keep] / np.linalg.norm(x[keep], axis=1, keepdims=True)
@@ -42,7 +42,7 @@ def test_the_min_norm_point_is_never_anti_aligned_on_random_grams():
             assert a.min() >= -1e-12 and abs(a.sum() - 1) < 1e-9
             assert np.all(g @ a >= a @ g @ a - 1e-9), (k, g @ a, a @ g @ a)
             checked += 1
-    assert checked == 3 * 7 * 5
+    assert checked == 2 * 7 * 5
 
 
 def test_combine_and_the_fresh_solve_keep_every_cosine_non_negative():
@@ -50,7 +50,7 @@ def test_combine_and_the_fresh_solve_keep_every_cosine_non_negative():
     full-solve combination has cos(d, g_k) >= -1e-6 for each present reward."""
     rng = np.random.default_rng(7)
     for _ in range(2):
-        for k, x, _masked in _gram_cases(rng):
+        for k, x, _masked in _gram_cases(rng, ks=(2, 3, 5, 8)):
             grads = [torch.tensor(v, dtype=torch.float32) * float(rng.uniform(0.1, 10)) for v in x]
             gram = torch.tensor([[float(a @ b) for b in grads] for a in grads], dtype=torch.float64)
             d, _, _, norms, _ = combine(grads, gram, 1e-12)
