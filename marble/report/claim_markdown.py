@@ -10,7 +10,9 @@ PAPER = "published (MARBLE project page): weighted sum 80%, MARBLE 0%"
 def _iv(d: dict | None, pct: bool = False, digits: int = 3) -> str:
     if not d or d.get("mean") is None:
         return "n/a"
-    f = (lambda x: f"{100 * x:.0f}%") if pct else (lambda x: f"{x:+.{digits}g}")
+    # a fraction's t-interval can leave [0, 1]; shown clipped (verdict.json keeps it as computed)
+    f = ((lambda x: f"{100 * min(max(x, 0.0), 1.0):.0f}%") if pct
+         else (lambda x: f"{x:+.{digits}g}"))
     if d.get("low") is None:
         return f"{f(d['mean'])} (1 seed)"
     return f"{f(d['mean'])} [{f(d['low'])}, {f(d['high'])}]"
@@ -60,7 +62,7 @@ def _cost_table(v: dict) -> list[str]:
     for arm in v["arms"]:
         c = v["cost"].get(arm, {})
         lines.append(f"| {arm} | {_num(c.get('counted_flops'), '.3e')} | "
-                     f"x{_num(c.get('flops_ratio'), '.2f')} | {_num(c.get('full_solve_micro_steps'), 'd')} | "
+                     f"{'x' if c.get('flops_ratio') is not None else ''}{_num(c.get('flops_ratio'), '.2f')} | {_num(c.get('full_solve_micro_steps'), 'd')} | "
                      f"{_iv(c.get('cpu_s'), digits=4).lstrip('+')} |")
     return lines
 
