@@ -7,12 +7,13 @@ import math
 PAPER = "published (MARBLE project page): weighted sum 80%, MARBLE 0%"
 
 
-def _iv(d: dict | None, pct: bool = False, digits: int = 3) -> str:
+def _iv(d: dict | None, pct: bool = False, digits: int = 3, clip: bool = True) -> str:
     if not d or d.get("mean") is None:
         return "n/a"
     # a fraction's t-interval can leave [0, 1]; shown clipped (verdict.json keeps it as computed)
-    f = ((lambda x: f"{100 * min(max(x, 0.0), 1.0):.0f}%") if pct
-         else (lambda x: f"{x:+.{digits}g}"))
+    lo, hi = (0.0, 1.0) if clip else (-1.0, 1.0)  # a difference of fractions may be < 0
+    f = ((lambda x: f"{100 * min(max(x, lo), hi):+.0f}%" if not clip else f"{100 * min(max(x, lo), hi):.0f}%")
+         if pct else (lambda x: f"{x:+.{digits}g}"))
     if d.get("low") is None:
         return f"{f(d['mean'])} (1 seed)"
     return f"{f(d['mean'])} [{f(d['low'])}, {f(d['high'])}]"
@@ -61,8 +62,10 @@ def _cost_table(v: dict) -> list[str]:
              "micro-steps | CPU seconds per run |", "|---|---|---|---|---|"]
     for arm in v["arms"]:
         c = v["cost"].get(arm, {})
+        ratio = c.get("flops_ratio")
         lines.append(f"| {arm} | {_num(c.get('counted_flops'), '.3e')} | "
-                     f"{'x' if c.get('flops_ratio') is not None else ''}{_num(c.get('flops_ratio'), '.2f')} | {_num(c.get('full_solve_micro_steps'), 'd')} | "
+                     f"{'x' if ratio is not None else ''}{_num(ratio, '.2f')} | "
+                     f"{_num(c.get('full_solve_micro_steps'), 'd')} | "
                      f"{_iv(c.get('cpu_s'), digits=4).lstrip('+')} |")
     return lines
 
@@ -78,7 +81,7 @@ def _power_lines(v: dict) -> list[str]:
     for r, m in q["a_every_reward_rises_under_marble"]["minimal_detectable_difference"].items():
         out.append(f"- (a) {r}: minimal detectable change {_num(m, '.3g')}.")
     c = q["c_marble_less_anti_aligned"]
-    out.append(f"- (c) anti-aligned fraction, weighted sum minus MARBLE: {_iv(c['difference'], True)}; "
+    out.append(f"- (c) anti-aligned fraction, weighted sum minus MARBLE: {_iv(c['difference'], True, clip=False)}; "
                f"minimal detectable difference {_num(c['minimal_detectable_difference'], '.2f')}.")
     t = q["theorem_full_solves_never_anti_aligned"]
     out.append(f"- Full solves: worst cosine {_num(t['min_cosine'], '.3g')} over "
