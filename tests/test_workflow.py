@@ -149,7 +149,7 @@ def test_claim_shrunk_in_the_pipeline(tiny_pipeline):
     true, false or a bound, and the full-solve property on every full-solve step."""
     work = tiny_pipeline["dir"]
     verdict = json.loads((work / "results/claim/verdict.json").read_text())
-    assert verdict["arms"] == ["weighted_sum", "marble_n5"] and verdict["seeds"] == [1, 2]
+    assert set(verdict["arms"]) == {"weighted_sum", "marble_n5"} and verdict["seeds"] == [1, 2]
     assert set(verdict) >= {"questions", "sentences", "arm_results", "specialists", "cost",
                             "published_anti_aligned", "arm_settings", "rewards"}
     for name, q in verdict["questions"].items():
@@ -159,7 +159,7 @@ def test_claim_shrunk_in_the_pipeline(tiny_pipeline):
     assert theorem["answer"] is True and theorem["full_solve_steps"] >= 2, theorem
     assert verdict["cost"]["marble_n5"]["flops_ratio"] > verdict["cost"]["weighted_sum"]["flops_ratio"]
     assert "## The claim at CPU scale" in (work / "results/claim/claim.md").read_text()
-    assert {p.name for p in (work / "results/claim/figures").iterdir()} == {
+    assert {p.name for p in (work / "results/claim/figures").glob("*.png")} == {
         "change.png", "anti_aligned_vs_n.png", "cost.png"}
 
 
