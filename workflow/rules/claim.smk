@@ -16,10 +16,6 @@ wildcard_constraints:
     claimrun=r"[A-Za-z0-9][A-Za-z0-9_.]*-s[0-9]+",
 
 
-def claim_overrides(name):
-    return wf_runs.run_overrides(CLAIM_RUNS[name], MODEL_DIR, DATASET_DIR, None)
-
-
 rule claim_run:
     input:
         model=MODEL_DIR,
@@ -37,7 +33,12 @@ rule claim_run:
     params:
         preset=lambda wc: CLAIM_RUNS[wc.claimrun]["preset"],
         run_dir=lambda wc, output: os.path.dirname(output[0]),
-        args=lambda wc: wf_runs.train_args(CLAIM_RUNS[wc.claimrun], claim_overrides(wc.claimrun)),
+        args=lambda wc: wf_runs.train_args(
+            CLAIM_RUNS[wc.claimrun],
+            wf_runs.run_overrides(
+                CLAIM_RUNS[wc.claimrun], MODEL_DIR, DATASET_DIR, None
+            ),
+        ),
     shell:
         "OMP_NUM_THREADS=1 marble train --preset {params.preset:q} --output-dir {params.run_dir:q}"
         " {params.args} > {log:q} 2>&1"
@@ -81,11 +82,21 @@ rule claim:
     params:
         marble_arm=CLAIM["marble_arm"],
         baseline=CLAIM["baseline_arm"],
-        inputs=(
-            f"--runs {CLAIM_DIR}/runs --cost {CLAIM_DIR}/cost.json --benchmarks benchmarks/claim"
+        out=lambda wc, output: os.path.dirname(output.verdict),
+        inputs=lambda wc, input: (
+            shlex.join(
+                [
+                    "--runs",
+                    os.path.dirname(os.path.dirname(input.runs[0])),
+                    "--cost",
+                    input.cost[0],
+                    "--benchmarks",
+                    "benchmarks/claim",
+                ]
+            )
             if CLAIM_ARMS
             else "--no-arms"
         ),
     shell:
         "python -m marble.report.claim_cli {params.inputs} --marble-arm {params.marble_arm:q}"
-        " --baseline-arm {params.baseline:q} --out {CLAIM_DIR} > {log:q} 2>&1"
+        " --baseline-arm {params.baseline:q} --out {params.out:q} > {log:q} 2>&1"
