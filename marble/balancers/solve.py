@@ -169,7 +169,8 @@ def _alpha_combination(grads, alpha: np.ndarray, norms: np.ndarray, valid: np.nd
 
 
 def solve_gap_metrics(names, applied: torch.Tensor, grads, gram: torch.Tensor, grad_eps: float,
-                      alpha: np.ndarray | None = None, kl_grad: torch.Tensor | None = None) -> dict:
+                      alpha: np.ndarray | None = None, kl_grad: torch.Tensor | None = None,
+                      solved: tuple | None = None) -> dict:
     """Why an applied direction can oppose a reward (issue 26 item 4), on one step's gradients.
 
     - `cos_solve*`: the direction of a fresh full solve on these gradients (`combine`); it is
@@ -182,8 +183,10 @@ def solve_gap_metrics(names, applied: torch.Tensor, grads, gram: torch.Tensor, g
       `angle_applied_alpha_raw` the gap between that and the applied direction (advantage
       clipping and the r = 1/2 fill of inexact masking; 0 under exact masking).
     - `angle_kl`: the applied update with the KL gradient (outside the QP) against without.
-    Device scalars, as `cosine_metrics`'s."""
-    fresh, _, _, norms, valid = combine(grads, gram, grad_eps)
+    Device scalars, as `cosine_metrics`'s. `solved`: a full solve's own `combine` result on
+    these gradients (no second QP); otherwise the fresh solve costs this step's one host read
+    (the Gram for the QP), on diagnostic steps only."""
+    fresh, _, _, norms, valid = solved if solved is not None else combine(grads, gram, grad_eps)
     valid_dev = torch.as_tensor(valid, device=grads[0].device)
     dirs = [("cos_solve", fresh)]
     out: dict = {}

@@ -232,7 +232,8 @@ class Balancer:
                 dirs.append(("cos_ws", all_reduce_mean_(local[k + 1])))
             metrics.update(cosine_metrics(self.reward_names, dirs, grads, valid_dev))
             metrics.update(solve_gap_metrics(self.reward_names, combined, grads, gram,
-                                             self.cfg.grad_eps, kl_grad=kl_grad))
+                                             self.cfg.grad_eps, kl_grad=kl_grad,
+                                             solved=(combined, alpha, failed, norms, valid)))
         del local, grads
         add_into_grads(step.params, combined.add_(kl_grad).mul_(loss_scale(step)))
         self.solved(step, alpha, valid, metrics)
