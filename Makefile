@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 # The install is docs/cluster.md's recipe with the CPU torch (workflow/envs/constraints-cpu.txt)
 # standing in for the site's build: torch first, then everything under the project's constraints.
 TORCH ?= torch==2.13.0
-EXTRAS ?= dev,workflow,ocr
+EXTRAS ?= dev,workflow,ocr,zoo
 CONSTRAINTS ?= -c workflow/envs/constraints.txt
 
 .PHONY: setup demo lint test test-clip test-paper test-geneval-mmdet gpu-check mutants clean

@@ -21,6 +21,7 @@ COMMANDS = {
     "report": ("marble.report.cli", "tables and figures from runs and evaluations"),
     "tables": ("marble.report.tables_cli", "the paper's tables (rho, harmony, cost), ours beside"),
     "plan": ("marble.workflow.plan_cli", "the runs a config trains per paper table, and their GPU cost"),
+    "hub": ("marble.workflow.hub_cli", "lock: resolve PIN-A-COMMIT hub references into the config's lock file"),
     "doctor": ("marble.doctor", "check that a workflow config can run here (rewards, weights, GPU, disk, SLURM)"),
 }
 

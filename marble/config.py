@@ -20,6 +20,7 @@ from typing import Any, Literal, get_args, get_origin
 import yaml
 
 from marble.config_ranges import range_problem
+from marble.config_stages import StageError, schedule_problem, stage_overlay, stage_problem
 
 PRESET_DIR = Path(__file__).parent / "presets"
 
@@ -95,7 +96,12 @@ class TrainConfig:
 
 @dataclass
 class BalancerConfig:
-    method: Literal["weighted_sum", "equal_alpha", "mgda", "marble"] = "marble"
+    method: Literal["weighted_sum", "equal_alpha", "mgda", "marble", "gramian", "gdpo",
+                    "reward_sum"] = "marble"
+    # method gramian: the torchjd weighting solved on the Gram matrix, on MARBLE's schedule
+    # (marble/balancers/weightings.py names them); its constructor options (e.g. {c: 0.5}).
+    weighting: str | None = None
+    weighting_options: dict[str, Any] = field(default_factory=dict)
     amortize_every: int = 10  # N: optimizer steps between full solves
     warmup_steps: int = 1  # every micro-step is a full solve before this step
     alpha_ema: float = 0.7  # rho
@@ -146,6 +152,19 @@ class LoggingConfig:
 
 
 @dataclass
+class StageConfig:
+    """One stage of a staged curriculum (marble.config_stages): the run with these replaced."""
+
+    name: str = ""
+    steps: int = 0  # optimizer steps of this stage
+    sources: list[str] | None = None  # prompt sources of data.train (None: all)
+    mix: list[float] | None = None  # share of each source per sampling batch (None: even)
+    rewards: list[str] | None = None  # names from the run's `rewards` (None: all of them)
+    balancer: dict[str, Any] | None = None  # `balancer` keys over the run's (None: the run's)
+    lr: float | None = None  # None: train.lr
+
+
+@dataclass
 class RunConfig:
     preset: str = ""
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -155,6 +174,7 @@ class RunConfig:
     rewards: list[RewardSpec] = field(default_factory=list)
     data: DataConfig = field(default_factory=DataConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    stages: list[StageConfig] = field(default_factory=list)  # empty: one stage, the run
 
     @property
     def reward_names(self) -> list[str]:
@@ -330,7 +350,31 @@ def load_config(
         origin += " + " + ", ".join([str(f) for f in files] + [f"--set {o}" for o in overrides])
     cfg = _build(RunConfig, data, "", origin)
     validate(cfg, origin)
+    for i in range(len(cfg.stages)):
+        stage_config(cfg, i, origin)  # every stage is built and validated like a run
+    if cfg.stages:
+        problem = schedule_problem([s.name for s in cfg.stages], [s.steps for s in cfg.stages],
+                                   cfg.train.max_steps)
+        if problem:
+            raise ConfigError(f"{origin}: {problem}")
     return cfg
+
+
+def stage_config(cfg: RunConfig, index: int, origin: str = "config") -> RunConfig:
+    """Stage `index` as a run config of its own (marble.config_stages.stage_overlay)."""
+    stage = to_dict(cfg.stages[index])
+    where = f"stages[{index}]"
+    try:
+        problem = stage_problem(stage, where)
+        data = stage_overlay(to_dict(cfg), stage, where)
+    except StageError as exc:
+        problem = str(exc)
+    if problem:
+        raise ConfigError(f"{origin}: {problem}")
+    origin = f"{origin}, {where} ({stage['name'] or 'unnamed'})"
+    out = _build(RunConfig, data, "", origin)
+    validate(out, origin)
+    return out
 
 
 def validate(cfg: RunConfig, origin: str = "config") -> None:
@@ -350,6 +394,11 @@ def validate(cfg: RunConfig, origin: str = "config") -> None:
             f"per epoch (sampling.batch_size x sampling.num_batches_per_epoch = "
             f"{s.batch_size * s.num_batches_per_epoch})"
         )
+    if (b.method == "gramian") != (b.weighting is not None) or (
+            b.weighting_options and b.method != "gramian"):
+        raise ConfigError(f"{origin}: `balancer.weighting` (and `weighting_options`) go with "
+                          f"`balancer.method: gramian` and only with it (method "
+                          f"{b.method!r}, weighting {b.weighting!r})")
     if b.fixed_alphas is not None:
         if len(b.fixed_alphas) != len(names) or abs(sum(b.fixed_alphas) - 1) > 1e-6:
             raise ConfigError(
@@ -365,7 +414,10 @@ def to_dict(cfg: Any) -> dict:
 
 
 def dump_yaml(cfg: RunConfig) -> str:
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+    data = to_dict(cfg)
+    if not data["stages"]:
+        del data["stages"]  # a run without stages writes the config.yaml it always has
+    return yaml.safe_dump(data, sort_keys=False)
 
 
 def training_timesteps(cfg: RunConfig) -> int:

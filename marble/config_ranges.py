@@ -103,6 +103,9 @@ RANGES: dict[str, Rule] = {
     "balancer.grad_eps": at_least(0),
     "balancer.diagnostics_every": at_least(0),  # 0 = off
     "rewards.weight": at_least(0),  # a weighted-sum weight; that one is > 0: validate()
+    "stages.steps": above(0),  # a stage trains at least one step (marble.config_stages)
+    "stages.mix": each(above(0)),  # shares of a sampling batch; their count: config_stages
+    "stages.lr": above(0),  # None: the run's train.lr
 }
 
 

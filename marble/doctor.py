@@ -26,9 +26,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
+from marble.workflow import configs
 from marble.workflow import doctor_checks as checks
+from marble.workflow import hub_lock
 
 OK, FAIL, WARN, SKIP = "ok", "FAIL", "warn", "skip"
 
@@ -47,13 +47,10 @@ def load_workflow_config(files: list[str], root: Path) -> dict:
     """Like the Snakefile: config.yaml unless --configfile files are given (merged in
     order, later keys win), then the schema's defaults."""
     paths = [root / f for f in files] if files else [root / "config.yaml"]
-    config: dict = {}
-    for path in paths:
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except FileNotFoundError:
-            raise SystemExit(f"marble doctor: error: config file {path} does not exist") from None
-        checks.merge(config, data)
+    try:  # the workflow's own reading, merge and `overlay_on:` composition (one line on bad input)
+        config = configs.load(files or ["config.yaml"], root)
+    except SystemExit as exc:
+        raise SystemExit(f"marble doctor: {exc}") from None
     schema = root / "workflow/schemas/config.schema.yaml"
     try:
         from snakemake.utils import validate
@@ -236,6 +233,10 @@ def hub_rows(config: dict) -> list[Check]:
             for key, ref in unpinned.items()]
     if refs and not unpinned:
         rows.append(Check("hub pins", OK, f"{len(refs)} hub references, each at a commit"))
+    # A commit from `marble hub lock` is main on the day it ran: for repos known to have moved
+    # since the paper, say so (a WARN: the run can go, the comparison may not be like for like).
+    rows += [Check(f"hub revision {repo}", WARN, note, "pin the paper's commit if its authors name one")
+             for repo, note in hub_lock.postdate_notes(config).items()]
     return rows
 
 

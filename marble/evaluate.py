@@ -20,7 +20,10 @@ images as `images/<id:05d>.jpg` (--image_format jpg, so its folders rescore with
 Differences from the reference: every sample's noise is seeded from (--seed, prompt id,
 repeat index), so reruns give identical images and any rank count the same noise (the
 reference sets no seed); the run resumes, skipping samples already in
-`evaluation_results.jsonl`, and refuses to mix results of different image-changing flags.
+`evaluation_results.jsonl`, and refuses to mix results of different image-changing flags or of a base model or LoRA
+whose content changed (compared by fingerprint, marble.evaluation.identity: a moved
+project is the same run). One evaluation per output folder (EVALUATION.lock,
+marble.training.run_lock); run_info.json is written once the pipeline and scorers load.
 Outputs: evaluation_results.jsonl, average_scores.json, image_prompts.json, run_info.json,
 images/ (when asked). A remote reward request that failed (e.g. UnifiedReward's server
 answered 503) is stored as missing, counted as `failed_<reward>` in average_scores.json,
@@ -55,9 +58,11 @@ from marble.assets import hub_ref as hub_refs
 from marble.assets.hub_ref import HUB_PREFIX, hub_ref
 from marble.runtime.io import write_json
 from marble.runtime.provenance import write_provenance
+from marble.training import run_lock
 
 DEFAULT_MODEL = "stabilityai/stable-diffusion-3.5-medium"
 MODEL_TYPES = ("sd3", "generic")
+NUMERICS = ("reference", "marble")
 DEFAULT_DATA_DIR = "dataset"  # the reference reads dataset/<name>/ (its evaluation.py)
 # Outputs written, but some samples' remote requests failed (NaN, not scores): not done yet.
 EXIT_INCOMPLETE = 3
@@ -77,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--guidance_scale", type=float, default=1.0)
     p.add_argument("--num_inference_steps", type=int, default=40)
     p.add_argument("--mixed_precision", choices=("no", "fp16", "bf16"), default="no")
+    p.add_argument("--numerics", choices=NUMERICS, default="marble",
+                   help="reference: the reference evaluation's numerics (a hub LoRA merged into the fp32 "
+                        "transformer before the cast, the VAE decoded inside the same autocast); marble: "
+                        "the LoRA unmerged on the cast transformer, the VAE decoded in fp32 outside it")
     p.add_argument("--resolution", type=int, default=512)
     p.add_argument("--reward_device", default="auto",
                    help="where model-based scorers run: auto (cuda:LOCAL_RANK when CUDA is there, else cpu), "
@@ -136,6 +145,12 @@ def reward_names(args) -> list[str]:
     names = [n.strip() for n in args.rewards.split(",") if n.strip()]
     if not names or len(set(names)) != len(names):
         raise SystemExit(f"marble evaluate: --rewards {args.rewards!r} must name distinct rewards")
+    from marble.rewards import available  # the registry imports torch: past --help
+
+    unknown = [n for n in names if n not in available()]
+    if unknown:
+        raise SystemExit(f"marble evaluate: --rewards: {', '.join(map(repr, unknown))} is not a reward "
+                         f"(available: {', '.join(available())})")
     return names
 
 
@@ -214,17 +229,25 @@ def download_hub_lora(repo_id: str, revision: str | None) -> Path:
             "or pass a local folder") from exc
 
 
-def refusal(args, info, run_identity) -> str | None:
-    """Rank 0 checks the output folder; every rank gets its verdict (no rank left waiting)."""
+def claim(args, info, run_identity) -> tuple[Path | None, str | None]:
+    """Rank 0 locks the output folder (one evaluation per folder: two appended every sample
+    twice) and checks it holds this run; every rank gets the verdict (none left waiting).
+    Returns (the lock to release or None, the refusal or None)."""
     from marble.runtime import distributed as dist
 
-    message = None
+    message, lock = None, None
     if info.is_main:
         try:
+            lock = run_lock.acquire(Path(args.output_dir), name=run_lock.EVAL_LOCK_NAME,
+                                    log=lambda line: print(line, file=sys.stderr))
             check_same_run(Path(args.output_dir) / "run_info.json", run_identity)
-        except ResultsError as exc:
+        except (ResultsError, run_lock.RunLockError) as exc:
             message = str(exc)
-    return dist.broadcast_object(message)
+        except OSError as exc:  # the lock is the first write: a full or read-only disk
+            from marble.runtime.oserrors import describe_write_failure
+
+            message = describe_write_failure(exc, args.output_dir) or f"{args.output_dir}: cannot take its lock ({exc})"
+    return lock, dist.broadcast_object(message)
 
 
 def finish(args, samples, names, record, timing) -> dict:
@@ -248,7 +271,10 @@ def exc_message(exc: BaseException, output_dir: str) -> str | None:
     from marble.rewards.base import RewardServiceError
 
     # A dead reward server too: the batches already scored are kept, a rerun continues.
-    if isinstance(exc, (FileNotFoundError, ImageDecodeError, RewardServiceError)):
+    from marble.models.lora import LoraMismatchError
+
+    if isinstance(exc, (FileNotFoundError, ImageDecodeError, RewardServiceError, ResultsError,
+                        LoraMismatchError)):
         return str(exc)
     return describe_write_failure(exc, output_dir)
 
@@ -268,8 +294,8 @@ def warn_failed(averages: dict, names: list[str], output_dir: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    from marble.evaluation import runner
     from marble.evaluation.checkpoints import CheckpointError
+    from marble.evaluation.identity import content_identity
     from marble.runtime import distributed as dist
 
     names = reward_names(args)
@@ -277,25 +303,43 @@ def main(argv: list[str] | None = None) -> int:
     try:
         lora, checkpoint = resolve_checkpoint(args)
         samples = load_samples(args.data_dir, args.dataset)[: args.limit]
+        if not samples:
+            raise ValueError(f"{Path(args.data_dir) / args.dataset}: no prompts to evaluate (an empty prompt file)")
+        # By content: the base model's and the LoRA's fingerprints (a LoRA of a marble
+        # run must come from this base); paths relative to the project.
+        base, lora_id = content_identity(args.model_path, lora, checkpoint)
     except (CheckpointError, FileNotFoundError, ValueError) as exc:
         print(f"marble evaluate: {exc}", file=sys.stderr)
         return 2
     info = dist.init_distributed()
     flags = dict(vars(args))
-    run_identity = identity({**flags, "checkpoint": checkpoint})
-    message = refusal(args, info, run_identity)
-    if message is not None:
-        print(f"marble evaluate: {message}", file=sys.stderr)
-        dist.cleanup()
-        return 2
-    record = {"identity": run_identity, "flags": flags, "rewards": names,
-              "lora": str(lora) if lora else None, "world_size": info.world_size, "argv": argv}
+    run_identity = identity({**flags, "model_path": base, "checkpoint": lora_id})
+    lock, message = claim(args, info, run_identity)
+    try:
+        if message is not None:
+            print(f"marble evaluate: {message}", file=sys.stderr)
+            dist.cleanup()
+            return 2
+        record = {"identity": run_identity, "flags": flags, "rewards": names,
+                  "lora": str(lora) if lora else None, "world_size": info.world_size, "argv": argv}
+        return evaluate_and_finish(args, info, samples, names, options, lora, record)
+    finally:
+        if lock is not None:
+            run_lock.release(lock)
+
+
+def evaluate_and_finish(args, info, samples, names, options, lora, record) -> int:
+    from marble.evaluation import runner
+    from marble.runtime import distributed as dist
+
     start = time.perf_counter()
     try:
-        if info.is_main:  # written first, so even a crashed run guards its results
-            write_json(Path(args.output_dir) / "run_info.json", record)
-            write_provenance(args.output_dir, {k: record[k] for k in ("flags", "rewards", "lora")})
-        timing = runner.run(samples, names, options, lora, args)
+        def guard() -> None:  # before the first row, so even a crashed run guards its results
+            if info.is_main:
+                write_json(Path(args.output_dir) / "run_info.json", record)
+                write_provenance(args.output_dir, {k: record[k] for k in ("flags", "rewards", "lora")})
+
+        timing = runner.run(samples, names, options, lora, args, on_ready=guard)
     except Exception as exc:  # noqa: BLE001 - re-raised unless a user can act on it
         message = exc_message(exc, args.output_dir)
         if message is None:
@@ -307,13 +351,19 @@ def main(argv: list[str] | None = None) -> int:
     record.update({k: timing.pop(k) for k in ("numerics", "scorers") if k in timing})
     dist.barrier()
     if info.is_main:
-        averages = finish(args, samples, names, record, {**timing, "wall_s": time.perf_counter() - start})
+        try:
+            averages = finish(args, samples, names, record, {**timing, "wall_s": time.perf_counter() - start})
+        except Exception as exc:  # noqa: BLE001 - a full disk in the last write is one line too
+            message = exc_message(exc, args.output_dir)
+            if message is None:
+                raise
+            print(f"marble evaluate: {message}", file=sys.stderr)
+            return 2
         print(json.dumps({k: v for k, v in averages.items()
                           if not k.startswith(("n_", "nan_", "na_", "failed_"))}, indent=1, default=str))
     failed = dist.broadcast_object(warn_failed(averages, names, Path(args.output_dir)) if info.is_main else None)
     dist.cleanup()
     return EXIT_INCOMPLETE if failed and not args.allow_failed_requests else 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

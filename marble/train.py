@@ -7,13 +7,19 @@
 DIR/config.yaml holds the resolved config; a DIR that already has one must agree with
 the requested config on every key that changes the result (marble.training.run_dir:
 RESULT_NEUTRAL_KEYS lists the others), otherwise the run refuses to start rather than
-silently mixing two experiments.
+silently mixing two experiments; DIR/inputs.json records what the inputs held (base model,
+table, embedding cache, reward weights: marble.training.inputs), so an input replaced
+under the same path is refused by name, and a moved project resumes. Every input is read
+and checked before the first file is written (marble.training.preflight): a failed start
+leaves nothing that refuses the corrected command.
 Errors are one line on stderr and exit status 2. SIGUSR1 or SIGTERM stop the run after
 the current optimizer step with a checkpoint and exit status 75 (marble.training.stopping:
 EXIT_REQUEUE), which the SLURM wrapper turns into a requeue; the handlers are installed
 first thing, so a signal during model loading also ends with 75 (and no new checkpoint).
-Global rank 0 holds DIR/TRAINING.lock while it trains (marble.training.run_lock): a
-second trainer on the same folder is refused (exit 2) while the first lives.
+Global rank 0 holds the folder's TRAINING.lock while it trains (marble.training.run_lock;
+under <project>/.marble/locks, where `dvc checkout` cannot remove it): a second trainer on
+the same folder is refused (exit 2) while the first lives. A run whose every step was
+skipped, or whose reward was NaN on every step, fails (exit 2, no train_summary.json).
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ from pathlib import Path
 from marble.config import ConfigError, RunConfig, load_config
 from marble.runtime.oserrors import describe_write_failure
 from marble.training import run_lock
-from marble.training.run_dir import TrainError, check_run_dir
+from marble.training.checkpoint_format import checkpoint_name
+from marble.training.preflight import preflight
+from marble.training.run_dir import TrainError, check_run_dir  # noqa: F401 - re-exported for callers
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -74,6 +82,20 @@ def check_data_path(cfg: RunConfig) -> None:
         )
 
 
+def checkpoint_of_step(last_checkpoint: str | None, step: int) -> bool:
+    """Whether the run's newest checkpoint is the one of `step` (step 0: a stop before any)."""
+    return bool(last_checkpoint) and step > 0 and Path(last_checkpoint).name == checkpoint_name(step)
+
+
+def check_balancer(cfg: RunConfig) -> None:
+    """Build the balancer once before the model loads: a zoo balancer's missing package
+    (torchjd), unknown weighting or bad options is one line and exit 2, not a traceback
+    minutes later (ConfigError)."""
+    from marble.balancers import build_balancer
+
+    build_balancer(cfg.balancer, cfg.reward_names)
+
+
 def _is_global_rank0() -> bool:
     # Before the process group exists: torchrun's RANK (absent for a plain run).
     return os.environ.get("RANK", "0") == "0"
@@ -92,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
             cfg = resolve_config(args)
             check_model_path(cfg)
             check_data_path(cfg)
-            check_run_dir(args.output_dir, cfg)
+            check_balancer(cfg)
+            # Every input read and the folder's identity checked before anything is written.
+            preflight(cfg, args.output_dir)
             if _is_global_rank0():
                 lock = run_lock.acquire(args.output_dir)
         except (ConfigError, TrainError, run_lock.RunLockError) as exc:
@@ -110,9 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     if summary.get("requeue"):
         write_requeue_file(summary["final_step"], summary.get("stop_signal"))
         if summary.get("rank", 0) == 0:
+            # A stop while the model loaded writes nothing: say so, and where the requeue resumes.
+            saved = checkpoint_of_step(summary.get("last_checkpoint"), summary["final_step"])
             print(f"marble train: {summary.get('stop_signal')}: stopped after step "
-                  f"{summary['final_step']} with a checkpoint; exit {EXIT_REQUEUE} (requeue)",
-                  file=sys.stderr)
+                  f"{summary['final_step']} "
+                  f"{'with a checkpoint' if saved else '(no checkpoint of it: the requeue starts over)'}; "
+                  f"exit {EXIT_REQUEUE} (requeue)", file=sys.stderr)
         return EXIT_REQUEUE
     if summary.get("rank", 0) == 0:
         print(f"marble train: done at step {summary['final_step']} -> "
@@ -121,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(args: argparse.Namespace, cfg: RunConfig, stop) -> dict:
+    from marble.data.embed_cache import EmbedCacheError
+    from marble.models.loading import ModelNotFoundError
     from marble.training.checkpoint import CheckpointError
     from marble.training.trainer import (
         run_training,  # heavy imports only once the config is sound
@@ -129,7 +158,7 @@ def _train(args: argparse.Namespace, cfg: RunConfig, stop) -> dict:
     try:
         return run_training(cfg, args.output_dir, device=args.device,
                             progress=not args.no_progress, stop=stop)
-    except (TrainError, CheckpointError) as exc:
+    except (TrainError, CheckpointError, EmbedCacheError, ModelNotFoundError) as exc:
         print(f"marble train: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     except Exception as exc:  # noqa: BLE001 - re-raised unless it is a write failure

@@ -81,3 +81,37 @@ def test_cli_tiny_json_and_markdown(tmp_path, capsys):
     assert res["rows"]["marble"]["flops"] == res["rows"]["weighted_sum"]["flops"] > 0
     assert res["runs"] == {} and "needs rows" in res["runs_unpriced"]["tiny"]
     assert md.read_text() == capsys.readouterr().out and "| marble |" in md.read_text()
+
+
+
+def test_zoo_rows_amortize_at_the_weighted_sums_flops_exactly():
+    """The balancer zoo's rows on the tiny preset: amortized = weighted_sum FLOPs exactly,
+    the full-solve row (listed above its amortized row) K + 1 backward passes."""
+    pytest.importorskip("torchjd")
+    from marble.tools.bench_flops import bench_flops
+
+    rows = ("weighted_sum", "zoo_pcgrad_full", "zoo_pcgrad", "gdpo")  # one per code path
+    res = bench_flops(load_config("tiny"), rows=rows, runs=())
+    r, k = res["rows"], res["num_rewards"]
+    for row in ("zoo_pcgrad", "gdpo"):
+        assert r[row]["flops_ratio"] == 1.0 and r[row]["backward"] == 1, row
+    assert r["zoo_pcgrad_full"]["backward"] == k + 1 and r["zoo_pcgrad_full"]["flops_ratio"] > 1
+    assert list(r).index("zoo_pcgrad_full") < list(r).index("zoo_pcgrad")
+
+
+def test_zoo_runs_are_priced_from_their_own_rows():
+    """A tiny_zoo run has MARBLE's tiny cadence, each kind of micro-step priced from the
+    weighting's rows (diagnostic ones from MARBLE's); gdpo runs the weighted sum's."""
+    pytest.importorskip("torchjd")
+    from marble.tools.bench_cadence import run_overhead
+
+    flops = {"weighted_sum": 1.0, "weighted_sum_diag": 2.0, "marble": 1.0, "marble_diag": 3.0,
+             "mgda": 5.0, "mgda_diag": 6.0, "zoo_pcgrad": 1.0, "zoo_pcgrad_full": 5.0,
+             "gdpo": 1.0}
+    zoo, tiny = run_overhead(load_config("tiny_zoo_pcgrad"), flops), run_overhead(
+        load_config("tiny"), flops)
+    assert zoo["full_solves"] == tiny["full_solves"] > 0 and zoo["ratio"] == tiny["ratio"]
+    flops["zoo_pcgrad_full"] = 50.0  # its full solves are read from its own row
+    assert run_overhead(load_config("tiny_zoo_pcgrad"), flops)["ratio"] > tiny["ratio"]
+    gdpo = run_overhead(load_config("tiny_gdpo"), flops)
+    assert gdpo["ratio"] == run_overhead(load_config("tiny_weighted_sum"), flops)["ratio"]

@@ -308,3 +308,16 @@ def test_architecture_points_at_definitions_not_re_exports():
         if cut < len(parts) and parts[cut] not in defined_names(path):
             bad.append(f"where to find it: {dotted} is only imported in {path.relative_to(ROOT)}")
     assert not bad, "\n".join(bad)
+
+
+def test_no_doc_copies_an_overlay_config_for_dvc():
+    """An overlay (`overlay_on:`) copied to config.yaml leaves DVC's `params: config.yaml: eval`
+    blind to its base (config/eval.yaml): the docs compose it (marble.workflow.configs) instead."""
+    import yaml
+
+    overlays = [p.name for p in sorted((ROOT / "config").glob("*.yaml"))
+                if "overlay_on" in (yaml.safe_load(p.read_text(encoding="utf-8")) or {})]
+    assert "paper.yaml" in overlays
+    copied = [(doc.name, name) for doc in [*DOCS, ROOT / "dvc.yaml"] for name in overlays
+              if re.search(rf"cp\s+config/{re.escape(name)}\s+\S*config\.yaml", doc.read_text(encoding="utf-8"))]
+    assert not copied, copied

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from marble import doctor
+from marble.workflow import configs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,6 +22,8 @@ def _root(tmp_path: Path, config: str) -> Path:
     (root / "workflow/schemas").mkdir(parents=True)
     shutil.copy2(ROOT / "workflow/schemas/config.schema.yaml", root / "workflow/schemas")
     shutil.copy2(ROOT / config, root / "config.yaml")
+    (root / "config").mkdir()  # an overlay's base (config/paper.yaml: overlay_on config/eval.yaml)
+    shutil.copy2(ROOT / "config/eval.yaml", root / "config")
     return root
 
 
@@ -39,7 +42,7 @@ def test_paper_config_fails_naming_each_missing_piece(tmp_path, capsys, monkeypa
     root = _root(tmp_path, "config/paper.yaml")
     # config/paper.yaml's judge is started by the workflow (eval.unifiedreward.server); without
     # one, the client needs a running server, which is checked (and down here).
-    config = yaml.safe_load((root / "config.yaml").read_text())
+    config = configs.load(["config.yaml"], root)
     assert config["eval"]["unifiedreward"]["server"]
     config["eval"]["unifiedreward"] = {"server": None}
     (root / "config.yaml").write_text(yaml.safe_dump(config))
@@ -104,9 +107,16 @@ def test_slurm_settings_are_checked_against_sinfo_and_sacctmgr(tmp_path, monkeyp
     assert rows["slurm account"].status == "FAIL" and "proj42, team7" in rows["slurm account"].fix
 
 
-@pytest.mark.parametrize("bad", ["nonexistent.yaml"])
-def test_a_missing_config_file_is_one_line(tmp_path, bad):
-    with pytest.raises(SystemExit, match=f"config file .*{bad} does not exist"):
+@pytest.mark.parametrize("bad, text, says", [
+    ("nonexistent.yaml", None, "config file .*nonexistent.yaml does not exist"),
+    ("broken.yaml", "eval: [1,\n", r"broken\.yaml line 2: not valid YAML"),
+    ("list.yaml", "- 1\n", r"list\.yaml: a workflow config is a mapping")])
+def test_a_missing_or_broken_config_file_is_one_line(tmp_path, bad, text, says):
+    """A broken or non-mapping file was a yaml / AttributeError traceback (the doctor read files
+    with its own loop; it now reads them as marble.workflow.configs does)."""
+    if text is not None:
+        (tmp_path / bad).write_text(text)
+    with pytest.raises(SystemExit, match=f"^marble doctor: error: .*{says}"):
         doctor.load_workflow_config([bad], tmp_path)
 
 
@@ -126,10 +136,10 @@ def test_unpinned_hub_references_fail_the_preflight_naming_each_key():
     download: the preflight names each one with how to pin or drop it. paper-mini drops them."""
     from marble.workflow import doctor_checks as checks
 
-    paper = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
+    paper = configs.load(["config/paper.yaml"], ROOT)
     unpinned = checks.unpinned_hub_references(paper)
     assert set(unpinned) == {"eval.checkpoints.flowgrpo_geneval", "eval.checkpoints.flowgrpo_ocr",
-                             "eval.checkpoints.diffusionnft_multireward", "eval.unifiedreward.model"}
+                             "eval.unifiedreward.model"}  # diffusionnft_multireward: pinned
     assert "eval.protocols.sdxl.model" in checks.hub_references(paper)  # pinned: not listed
     rows = {r.name: r for r in doctor.hub_rows(paper)}
     row = rows["hub pin eval.checkpoints.flowgrpo_ocr"]

@@ -23,6 +23,7 @@ from test_workflow_lib import (  # noqa: F401  (tiny_pipeline is a fixture)
 from test_workflow_lib import run as run_cmd
 
 from marble.workflow import dvc_sync
+from marble.workflow import configs
 
 
 def _render(value, variables: dict):
@@ -77,7 +78,7 @@ def test_dvc_stages_match_snakefile(tmp_path):
     graph = _rule_graph(work, targets + ["all"])
     rule_outputs = dry_run_outputs(work, "all", extra=targets)  # one dry run, every target
     schema = yaml.safe_load((work / "workflow/schemas/config.schema.yaml").read_text())
-    shipped_configs = [yaml.safe_load((work / f).read_text())
+    shipped_configs = [configs.load([f], work)
                        for f in ["config.yaml", ".test/config.yaml", "config/paper.yaml"]]
     produced: set[str] = set()
     upstream_outs: list[str] = []

@@ -256,7 +256,7 @@ def test_lora_folders_load(tiny_model_dir, raw_dir, tmp_path, capsys):
     assert by_run == by_ckpt and by_run["toy_brightness"] != base["toy_brightness"]
     assert by_peft["toy_brightness"] == pytest.approx(by_run["toy_brightness"], abs=1e-6)
     info = json.loads((tmp_path / "r" / "run_info.json").read_text())
-    assert info["identity"]["checkpoint"].endswith("checkpoint-000003")
+    assert info["identity"]["checkpoint"]["path"].endswith("checkpoint-000003")
     (tmp_path / "junk").mkdir()
     argv = ["--model_path", str(tiny_model_dir), "--dataset", "ocr", "--data_dir", str(raw_dir),
             "--checkpoint_path", str(tmp_path / "junk"), "--output_dir", str(tmp_path / "j")]
@@ -306,7 +306,7 @@ def test_bin_adapter_and_hub_references(tiny_model_dir, raw_dir, tmp_path, monke
     assert by_hub == by_branch == by_safetensors
     for out in ("h", "w"):  # the identity pins the commit that was evaluated, even for a branch
         info = json.loads((tmp_path / out / "run_info.json").read_text())
-        assert info["identity"]["checkpoint"] == f"hf:someone/marble-lora@{commit}"
+        assert info["identity"]["checkpoint"] == {"ref": f"hf:someone/marble-lora@{commit}"}
     for ref, message in [("hf:someone/absent", "hub LoRA hf:someone/absent"),
                          ("hf:a/b/c", "not a hub LoRA reference")]:
         argv = ["--model_path", str(tiny_model_dir), "--dataset", "ocr", "--data_dir", str(raw_dir),

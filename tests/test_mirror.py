@@ -234,7 +234,8 @@ def test_table1_public_rows_are_served_at_the_commits_paper_yaml_pins(mirror_dir
     pins = pinned_public_rows()
     served_repos = json.loads((mirror_dir / "mirror.json").read_text())["repos"]
     assert {repo: served_repos[repo]["revision"] for repo in pins} == pins
-    assert len(pins) == 4 and "jieliu/SD3.5M-FlowGRPO-GenEval" not in served_repos  # PIN-A-COMMIT
+    # 3 base models and 2 LoRAs (FlowGRPO PickScore, DiffusionNFT multi-reward); GenEval: PIN-A-COMMIT
+    assert len(pins) == 5 and "jieliu/SD3.5M-FlowGRPO-GenEval" not in served_repos
     hub_env.setenv("HF_TOKEN", "hf_mirror")  # SD3.5-L and FLUX.1-Dev are gated, on the mirror too
     kinds = {"stabilityai/stable-diffusion-xl-base-1.0": "StableDiffusionXLPipeline",
              "black-forest-labs/FLUX.1-dev": "FluxPipeline",

@@ -6,6 +6,7 @@ import pytest
 
 from marble.rewards import paddle_models
 from marble.tools.dev.replicas import paddle_model_tar
+from marble.workflow import configs
 
 
 def test_downloaded_tars_are_extracted_once_into_model_dirs(tmp_path):
@@ -38,7 +39,6 @@ def test_a_tar_without_the_model_is_refused_and_leaves_nothing(tmp_path):
 
 
 def test_paper_presets_and_evaluation_name_the_reference_engine():
-    import yaml
     from test_workflow_lib import ROOT
 
     from marble.config import load_config
@@ -47,7 +47,7 @@ def test_paper_presets_and_evaluation_name_the_reference_engine():
         ocr = [r for r in load_config(preset).rewards if r.name == "ocr"]
         assert ocr and dict(ocr[0].options)["backend"] == "paddle", preset
     for cfg in ("config/paper.yaml", "config/table1.yaml", "config/paper-eval.yaml"):
-        options = yaml.safe_load((ROOT / cfg).read_text())["eval"]["reward_options"]
+        options = configs.load([cfg], ROOT)["eval"]["reward_options"]
         assert options["ocr"]["backend"] == "paddle", cfg
 
 

@@ -9,6 +9,7 @@ import yaml
 
 from marble.config import load_config
 from marble.tools.dev.paper_mini import failed_stages
+from marble.workflow import configs
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_MINI = ("config/paper.yaml", ".test/paper-mini.yaml")
@@ -18,11 +19,15 @@ SIZE_KEYS = ("sampling.", "train.batch_size", "train.save_every", "train.allow_g
 
 
 def test_paper_mini_shrinks_sizes_only():
-    paper = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
+    paper = configs.load(["config/paper.yaml"], ROOT)
     mini = yaml.safe_load((ROOT / ".test/paper-mini.yaml").read_text())
     assert set(mini["runs"]) == set(paper["runs"])
-    # Only the rho ablation's other four trainings are dropped (proven by a dry run instead).
-    assert sorted(n for n, run in mini["runs"].items() if run is None) == ["rho_01", "rho_03", "rho_05", "rho_09"]
+    # the paper path evaluates with the reference's numerics, and paper-mini keeps them
+    assert paper["eval"]["numerics"] == "reference" and "numerics" not in (mini.get("eval") or {})
+    # Only the rho ablation's other four trainings and the staged run are dropped (proven by
+    # dry runs instead; the stage switch by the tiny curriculum's resume test).
+    assert sorted(n for n, run in mini["runs"].items() if run is None) == [
+        "rho_01", "rho_03", "rho_05", "rho_09", "sequential"]
     for name, run in mini["runs"].items():
         if run is None:
             continue
@@ -44,11 +49,12 @@ def test_paper_mini_evaluates_one_row_of_each_pipeline_kind_shrunk():
     steps, the paper's guidance/precision/model); only rows without a commit are dropped."""
     from marble.workflow import evaluation
 
-    paper = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
+    paper = configs.load(["config/paper.yaml"], ROOT)
     merged = _merge(paper, yaml.safe_load((ROOT / ".test/paper-mini.yaml").read_text()))
     rows = merged["eval"]["checkpoints"]
     unpinned = sorted(n for n, s in paper["eval"]["checkpoints"].items() if s.endswith("@PIN-A-COMMIT"))
-    assert sorted(n for n, s in rows.items() if s is None) == unpinned
+    # diffusionnft_multireward is pinned, but its path (SD3 + hub LoRA) is flowgrpo_pickscore's.
+    assert sorted(n for n, s in rows.items() if s is None) == sorted([*unpinned, "diffusionnft_multireward"])
     kept = [n for n, s in rows.items() if s is not None]
     assert sorted(kept) == ["flowgrpo_pickscore", "flux_dev", "sd35l", "sd35m", "sd35m_cfg", "sdxl"]
     covered = set()
@@ -76,7 +82,7 @@ def _merge(base: dict, over: dict) -> dict:
 def test_paper_mini_merged_config_passes_the_schema():
     from snakemake.utils import validate
 
-    merged = _merge(yaml.safe_load((ROOT / "config/paper.yaml").read_text()),
+    merged = _merge(configs.load(["config/paper.yaml"], ROOT),
                     yaml.safe_load((ROOT / ".test/paper-mini.yaml").read_text()))
     validate(merged, str(ROOT / "workflow/schemas/config.schema.yaml"))
     assert merged["mode"] == "paper" and merged["dataset"]["embed"] is True

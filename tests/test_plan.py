@@ -7,24 +7,25 @@ import json
 import re
 
 import pytest
-import yaml
 from test_workflow_lib import ROOT, snakemake
 
 from marble.config import load_config
 from marble.workflow import cost as wf_cost
 from marble.workflow import plan as wf_plan
 from marble.workflow.plan_cli import main as plan_main
+from marble.workflow import configs
 
-PAPER = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
+PAPER = configs.load(["config/paper.yaml"], ROOT)
 RHO_RUNS = ["rho_07", "rho_01", "rho_03", "rho_05", "rho_09"]
 
 
 def test_paper_tables_plan_every_row_once():
     by_table = wf_plan.table_runs(PAPER["runs"], "paper")
     assert by_table["rho_ablation"] == RHO_RUNS
-    assert by_table["table1"] == by_table["harmony"] == ["rho_07", "weighted_sum"]
+    assert by_table["table1"] == ["rho_07", "weighted_sum", "sequential"]
+    assert by_table["harmony"] == ["rho_07", "weighted_sum"]
     assert by_table["cost"] == []
-    assert wf_plan.planned_runs(by_table) == RHO_RUNS[:1] + ["weighted_sum"] + RHO_RUNS[1:]
+    assert wf_plan.planned_runs(by_table) == RHO_RUNS[:1] + ["weighted_sum", "sequential"] + RHO_RUNS[1:]
     assert wf_plan.missing_rows(PAPER["runs"], "paper") == {}
     assert wf_plan.missing_rows({"a": {"preset": "rho_07"}}, "paper")["rho_ablation"] == \
         ["rho_01", "rho_03", "rho_05", "rho_09"]
@@ -102,7 +103,11 @@ def test_marble_plan_prints_and_writes_json(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert re.search(r"rho_ablation: 5 runs x 16 GPUs x \d+\.\d h = \d+ GPU-h", printed)
     plan = json.loads(out.read_text())
-    assert len(plan["total"]["runs"]) == 6 and plan["total"]["gpu_h"] > 0
+    assert len(plan["total"]["runs"]) == 7 and plan["total"]["gpu_h"] > 0
+    # The staged run: its stages' 1600 steps, 40-step rollouts (more GPU-hours than weighted_sum).
+    assert re.search(r"table1: 3 runs x 16 GPUs .*\(rho_07, weighted_sum, sequential\)", printed)
+    times = {names: float(sec) for sec, names in re.findall(r"step time (\d+) s .*\): (.+)", printed)}
+    assert times["sequential"] > 1.5 * next(t for n, t in times.items() if "weighted_sum" in n)
     with pytest.raises(SystemExit, match="no such file"):
         plan_main(["--config", str(tmp_path / "none.yaml")])
 
@@ -110,8 +115,8 @@ def test_marble_plan_prints_and_writes_json(tmp_path, capsys):
 def test_dry_run_of_paper_tables_plans_the_runs_and_prints_the_estimate():
     proc = snakemake(["-n", "paper_tables", "--configfile", "config/paper.yaml"], ROOT)
     trained = re.findall(r"rule train_run:\n(?:\s+\S.*\n)*?\s+wildcards: run=(\S+)", proc.stdout)
-    assert sorted(trained) == sorted(RHO_RUNS + ["weighted_sum"])  # once each, no equal_alpha
+    assert sorted(trained) == sorted(RHO_RUNS + ["weighted_sum", "sequential"])  # once each, no equal_alpha
     for rule in ("rho_ablation", "harmony", "cost", "paper_tables", "bench_step"):
         assert re.search(rf"^{rule}\s+1$", proc.stdout, re.MULTILINE), rule
     assert re.search(r"rho_ablation: 5 runs x 16 GPUs x \d+\.\d h", proc.stderr)
-    assert re.search(r"paper tables, each run once: 6 runs, \d+ GPU-h", proc.stderr)
+    assert re.search(r"paper tables, each run once: 7 runs, \d+ GPU-h", proc.stderr)

@@ -35,6 +35,9 @@ def test_git_state_names_the_commit_and_sees_uncommitted_changes(tmp_path):
     # No git tree (an installed wheel): unknown, never "clean".
     (tmp_path / "plain").mkdir()
     assert prov.git_state(tmp_path / "plain") == {"commit": None, "dirty": None}
+    # A folder inside someone else's work tree (a wheel in a venv under a checkout): not its code.
+    (repo / ".venv/site-packages").mkdir(parents=True)
+    assert prov.git_state(repo / ".venv/site-packages") == {"commit": None, "dirty": None}
 
 
 def test_write_provenance_records_versions_and_config(tmp_path):

@@ -20,6 +20,7 @@ import pytest
 import torch
 from checkpoint_compare import assert_same_checkpoint
 
+from marble.training.run_lock import lock_path
 from marble.data.records import PromptRecord, to_frame
 from marble.train import main as train_main
 from marble.training.checkpoint import checkpoint_dir, damaged_files
@@ -140,14 +141,14 @@ def test_second_trainer_is_refused_and_usr1_during_loading_exits_75(
         tiny_model_dir, table_path, tmp_path, capsys):
     """Two `marble train` on one folder: the second is refused while the first lives (the
     orphaned-trainer case: its lock names a live pid). A SIGUSR1 that reaches the first
-    while it loads (after config.yaml, before any step) ends it with 75, not a kill."""
+    while it loads (after the lock, before any step) ends it with 75, not a kill."""
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     env.pop("SLURM_JOB_ID", None)
     cmd = [sys.executable, "-m", "marble", "train", *args(tiny_model_dir, table_path, run, 4)]
     first = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-    lock = run / "TRAINING.lock"
+    lock = lock_path(run)  # outside the run folder (marble.training.run_lock)
     for _ in range(6000):  # readiness polling only
         if first.poll() is not None or lock.is_file():
             break
@@ -157,12 +158,81 @@ def test_second_trainer_is_refused_and_usr1_during_loading_exits_75(
         train_main(args(tiny_model_dir, table_path, run, 4))
     assert exc.value.code == 2
     assert f"being trained by pid {first.pid}" in capsys.readouterr().err
-    for _ in range(6000):  # config.yaml is written just before the model loads
-        if first.poll() is not None or (run / "config.yaml").is_file():
-            break
-        time.sleep(0.01)
+    # The first trainer holds the lock and is loading (config.yaml is written only once the
+    # model, table and rewards loaded: marble.training.preflight): stop it now.
+    assert first.poll() is None
     first.send_signal(signal.SIGUSR1)
     _, err = first.communicate(timeout=600)
     assert first.returncode == EXIT_REQUEUE, err[-3000:]
     assert not (run / "metrics.jsonl").is_file() or not (run / "metrics.jsonl").read_text().strip()
     assert not (run / "train_summary.json").exists() and not lock.exists()
+
+
+# The tiny curriculum (preset tiny_sequential) shrunk to stages of 2, 1 and 2 steps: boundaries
+# after steps 2 and 3; one prompt per sampling batch, since the table has one row per source. The
+# last stage has its own balancer (MARBLE: an alpha cache that resume must put back into that
+# stage's balancer) and learning rate.
+STAGED = ["sampling.batch_size=2", "train.batch_size=2", "train.keep_checkpoints=0",
+          ("stages=[{name: pickscore, steps: 2, sources: [pickscore],"
+           " rewards: [toy_brightness, toy_saturation]},"
+           " {name: geneval, steps: 1, sources: [geneval], rewards: [toy_color_match]},"
+           " {name: ocr, steps: 2, sources: [ocr], rewards: [toy_text_contrast, toy_brightness],"
+           " balancer: {method: marble}, lr: 5.0e-3}]")]
+
+
+def staged_args(model: Path, table: Path, out: Path, max_steps: int) -> list[str]:
+    argv = args(model, table, out, max_steps, *STAGED)
+    argv[argv.index("tiny")] = "tiny_sequential"
+    return argv
+
+
+def simulate_kill(run: Path, step: int) -> None:
+    """What a kill -9 during step `step` + 1 leaves beside checkpoint `step`: the step's
+    metrics line, a torn line after it, and a half-written checkpoint folder."""
+    with (run / "metrics.jsonl").open("a", encoding="utf-8") as f:
+        f.write(json.dumps({"step": step + 1, "stage": -1}) + '\n{"step": ')
+    tmp = run / "checkpoints" / f".checkpoint-{step + 1:06d}.killed.tmp"
+    tmp.mkdir()
+    (tmp / "state.pt").write_bytes(b"half")
+
+
+@pytest.mark.filterwarnings("ignore:.*torn last line")  # simulate_kill's, on purpose
+def test_staged_resume_across_every_boundary_is_bitwise(tiny_model_dir, table_path, tmp_path):
+    """Straight 5 steps against a run killed after every step 1..4, i.e. one step before, at
+    and one after each boundary (2, 3); every file of every checkpoint (EMA lora/, optimizer,
+    adapters, state with balancer, sampler and stage) is bitwise the straight run's."""
+    straight, chain = tmp_path / "straight", tmp_path / "chain"
+    assert train_main(staged_args(tiny_model_dir, table_path, straight, 5)) == 0
+    for step in range(1, 6):
+        if step > 1:
+            simulate_kill(chain, step - 1)
+        assert train_main(staged_args(tiny_model_dir, table_path, chain, step)) == 0
+    for step in range(1, 6):
+        assert_same_checkpoint(checkpoint_dir(straight, step), checkpoint_dir(chain, step))
+    state = torch.load(checkpoint_dir(chain, 3) / "state.pt", weights_only=True)
+    # Checkpoint 3 ends stage 1 (geneval): its balancer; step 4 starts stage 2 (ocr).
+    assert state["stage"] == {"index": 1, "name": "geneval", "start_step": 2, "steps": 1}
+    records = [json.loads(x) for x in (chain / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["stage_name"]) for r in records] == [
+        (1, "pickscore"), (2, "pickscore"), (3, "geneval"), (4, "ocr"), (5, "ocr")]
+    # Each stage scores only its own rewards; the optimizer's moments span the boundaries.
+    assert "reward/toy_color_match" in records[2] and "reward/toy_brightness" not in records[2]
+    # Step 5 applies the alpha cache that checkpoint 4 carried into the ocr stage's MARBLE.
+    assert records[3]["full_solve"] == 1.0 and records[4]["full_solve"] == 0.0
+    assert records[4]["balancer"] == "marble" and "alpha/toy_brightness" in records[4]
+
+
+def test_a_later_stage_without_rows_fails_before_the_first_step(
+        tiny_model_dir, table_path, tmp_path, capsys):
+    """Stage b is never reached in a 1-step run; its missing source still fails at start, in one
+    line naming the stage, not at its boundary hours into a long run."""
+    run = tmp_path / "run"
+    argv = args(tiny_model_dir, table_path, run, 1, "sampling.batch_size=2", "train.batch_size=2",
+                ("stages=[{name: a, steps: 1, sources: [pickscore]},"
+                 " {name: b, steps: 1, sources: [drawbench]}]"))
+    argv[argv.index("tiny")] = "tiny_sequential"
+    with pytest.raises(SystemExit) as exc:
+        train_main(argv)
+    assert exc.value.code == 2
+    assert "stage 'b': `sources` ['drawbench'] have no rows" in capsys.readouterr().err
+    assert not (run / "checkpoints").exists()

@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from marble.training import run_lock
-from marble.training.run_lock import LOCK_NAME, RunLockError, acquire, release
+from marble.training.run_lock import RunLockError, acquire, lock_path, release
 
 
 def _dead_pid() -> int:
@@ -22,7 +22,8 @@ def _dead_pid() -> int:
 
 
 def _write(run, **owner):
-    (run / LOCK_NAME).write_text(json.dumps({"started": "then", **owner}))
+    lock_path(run).parent.mkdir(parents=True, exist_ok=True)
+    lock_path(run).write_text(json.dumps({"started": "then", **owner}))
 
 
 def test_lock_records_pid_host_job_and_is_released(tmp_path, monkeypatch):
@@ -32,7 +33,7 @@ def test_lock_records_pid_host_job_and_is_released(tmp_path, monkeypatch):
     assert (owner["pid"], owner["host"], owner["job_id"]) == (os.getpid(), socket.gethostname(), "777")
     release(lock)
     assert not lock.exists()
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == []  # no temp files left
+    assert sorted(p.name for p in lock.parent.iterdir()) == []  # no temp files left
 
 
 def test_live_owner_is_refused_naming_it(tmp_path, monkeypatch):
@@ -66,7 +67,8 @@ def test_stale_owner_is_taken_over(tmp_path, monkeypatch, capsys):
 def test_a_garbled_lock_is_an_error_not_a_takeover(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    (run / LOCK_NAME).write_text("slurm 1234 host\n")
+    lock_path(run).parent.mkdir(parents=True)
+    lock_path(run).write_text("slurm 1234 host\n")
     with pytest.raises(RunLockError, match="not a marble run lock"):
         acquire(run)
 
@@ -101,8 +103,8 @@ def test_take_over_loses_to_a_newer_owner(tmp_path):
     run.mkdir()
     newer = {"pid": os.getpid(), "host": socket.gethostname(), "job_id": None, "started": "now"}
     _write(run, **newer)
-    assert run_lock._take_over(run / LOCK_NAME, {"pid": 1, "host": "x"}) is False
-    assert json.loads((run / LOCK_NAME).read_text()) == newer
+    assert run_lock._take_over(lock_path(run), {"pid": 1, "host": "x"}) is False
+    assert json.loads(lock_path(run).read_text()) == newer
 
 
 def _stub_squeue(tmp_path, monkeypatch, script: str) -> None:
@@ -126,3 +128,22 @@ def test_an_owner_job_on_another_host_is_checked_with_squeue(tmp_path, monkeypat
     (tmp_path / "bin/squeue").write_text(
         "#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1\n")
     assert json.loads(acquire(run).read_text())["job_id"] == "2000"
+
+
+def test_the_lock_lives_outside_the_run_folder_where_dvc_cannot_remove_it(tmp_path, monkeypatch):
+    """`dvc checkout --force` replaces results/runs whole; the lock (and so the live
+    trainer's claim) lives under <project>/.marble/locks, which no DVC output holds."""
+    import shutil
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    (tmp_path / "dvc.yaml").write_text("stages: {}\n")
+    run = tmp_path / "results" / "runs" / "tiny"
+    run.mkdir(parents=True)
+    lock = acquire(run)
+    assert lock == tmp_path / ".marble" / "locks" / "results" / "runs" / "tiny" / "TRAINING.lock"
+    shutil.rmtree(tmp_path / "results")  # what dvc checkout --force does to the output folder
+    with pytest.raises(RunLockError, match="being trained by"):
+        acquire(run)
+    release(lock)
+    monkeypatch.chdir(tmp_path / ".marble")  # the project root, not the working folder, decides
+    assert acquire(tmp_path / "results" / "runs" / "tiny") == lock

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from marble.training.run_lock import lock_path
 from test_workflow_lib import (  # noqa: F401  (tiny_pipeline is a fixture)
     BIN,
     ROOT,
@@ -255,7 +257,7 @@ def test_usr1_on_a_one_node_job_exits_75_requeues_and_resumes_bitwise(tiny_pipel
                             cwd=work, env=environ, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     run_dir = work / "results/runs/marble"
-    lock = run_dir / "TRAINING.lock"
+    lock = lock_path(run_dir)  # outside results/runs (marble.training.run_lock)
     # 1. The lock is taken before torch and the model load: signal the loading trainer.
     _wait(lock.is_file, main, "the run lock")
     job_id = json.loads(lock.read_text())["job_id"]

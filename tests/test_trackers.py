@@ -115,3 +115,27 @@ def test_trackers_do_not_block_a_resume():
     wanted = to_dict(load_config("tiny", overrides=['logging.backends=["jsonl", "dvclive"]']))
     saved = {k: v for k, v in to_dict(load_config("tiny")).items() if k != "logging"}
     assert config_differences(saved, wanted) == []
+
+
+_WANDB_ID = """
+import sys, types
+from pathlib import Path
+fake = types.ModuleType("wandb")  # wandb.init's keywords as the tracker passes them
+fake.init = lambda *, project=None, name=None, dir=None, id=None, resume=None, **settings: id
+sys.modules["wandb"] = fake
+from marble.training.trackers import WandbTracker
+print(WandbTracker(Path(sys.argv[1]), "run").run)
+"""
+
+
+def test_the_wandb_run_id_is_the_same_in_every_process(tmp_path):
+    """A requeued job is a new process: it must resume the same W&B run, so the id cannot
+    depend on the process's string-hash salt."""
+    import os
+    import subprocess
+    import sys
+
+    ids = {subprocess.run([sys.executable, "-c", _WANDB_ID, str(tmp_path)], check=True, text=True,
+                          capture_output=True, env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip()
+           for seed in ("1", "2")}
+    assert len(ids) == 1 and next(iter(ids)).startswith("run-"), ids

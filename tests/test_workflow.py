@@ -26,6 +26,8 @@ from test_workflow_lib import (  # noqa: F401  (tiny_pipeline is a fixture)
     tiny_pipeline,
 )
 
+from marble.workflow import configs
+
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
 
@@ -44,8 +46,9 @@ def test_dry_run_paper_config_is_one_switch():
     paper = dry_run_outputs(ROOT, "all", ["--configfile", "config/paper.yaml"])
     runs = {out.split("results/runs/")[1].split("/")[0]
             for outs in paper.values() for out in outs if out.startswith("results/runs/")}
-    # Table 1's trainings, equal_alpha and the rho ablation (rho_07 is its 0.7 row)
-    assert runs == {"rho_07", "equal_alpha", "weighted_sum", "rho_01", "rho_03", "rho_05", "rho_09"}
+    # Table 1's trainings (sequential too), equal_alpha and the rho ablation (rho_07 is its 0.7 row)
+    assert runs == {"rho_07", "equal_alpha", "weighted_sum", "sequential", "rho_01", "rho_03",
+                    "rho_05", "rho_09"}
     assert {"download_model", "embed_prompts"} <= set(paper)
     # The tiny-only rules are named from the tiny plan, where they must appear: a renamed
     # rule fails here instead of making the paper-side absence check pass vacuously.
@@ -88,7 +91,7 @@ def test_schema_fills_defaults_and_accepts_shipped_configs():
     assert cfg["cluster"] == {"partition": None, "gpu_partition": None, "account": None,
                               "gpu_type": None, "constraint": None, "local_downloads": True}
     for name in ["config.yaml", "config/paper.yaml", "config/paper-eval.yaml", ".test/config.yaml"]:
-        _validate(yaml.safe_load((ROOT / name).read_text()))
+        _validate(configs.load([name], ROOT))
 
 
 @pytest.mark.parametrize("cfg, named", [

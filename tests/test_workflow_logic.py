@@ -60,8 +60,14 @@ def test_settings_name_changes_with_every_image_setting_only():
     assert evaluation.settings_name({**EVAL, "limit": 4}, "data/model") == base
     assert evaluation.settings_name(EVAL, "./data/model") == base  # normalised path
     for key, value in [("guidance_scale", 4.5), ("num_inference_steps", 20),
-                       ("mixed_precision", "bf16"), ("reward_options", {"ocr": {"x": 1}})]:
+                       ("mixed_precision", "bf16"), ("reward_options", {"ocr": {"x": 1}}),
+                       ("numerics", "reference")]:
         assert evaluation.settings_name({**EVAL, key: value}, "data/model") != base, key
+    # `numerics: marble` (the project's) keeps the folder names of runs made before the key;
+    # the reference's numerics (config/eval.yaml's default) never write into those folders.
+    assert evaluation.settings_name({**EVAL, "numerics": "marble"}, "data/model") == base
+    words = shlex.split(evaluation.evaluate_args({**EVAL, "numerics": "reference"}, "ocr"))
+    assert words[words.index("--numerics") + 1] == "reference"
 
 
 def test_eval_launcher_and_processes():

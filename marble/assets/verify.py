@@ -8,67 +8,50 @@ manifest entry has no sha256, the digest recorded when it was verified against t
 listing at the pinned commit. Online and `--offline` alike.
 
 Hashing gigabytes on every check would be slow, so each folder keeps a sidecar
-`.marble-verified.json`: path -> {size, mtime_ns, sha256, git_blob, verified}. A file whose
-size and mtime_ns equal the cached ones reuses the cached digests; any write to it (which
-moves mtime) makes the next check hash it again. `verified` is the sha256 a hub file had
-when its listing confirmed it: the reference for later checks when the manifest pins none.
+`.marble-verified.json`: path -> {stat key, sha256, git_blob, verified}. The key is
+marble.runtime.fingerprint's (size, mtime_ns, inode, ctime_ns and a sampled content
+digest), not size + mtime: a same-size rewrite that restores its mtime still moves ctime,
+so it is hashed again. `verified` is the sha256 a hub file had when its listing confirmed
+it: the reference for later checks when the manifest pins none.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
-from marble.runtime.io import write_json
+from marble.runtime import fingerprint
 
 SIDECAR = ".marble-verified.json"
-CHUNK = 1 << 20
 
 
 def digests(path: Path) -> tuple[str, str]:
     """(sha256, git blob id) of a file, in one read."""
-    sha256 = hashlib.sha256()
-    blob = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(CHUNK), b""):
-            sha256.update(block)
-            blob.update(block)
-    return sha256.hexdigest(), blob.hexdigest()
+    return fingerprint.full_digests(Path(path))
 
 
 class HashCache:
     """The sidecar of one download folder (read once, written after each change)."""
 
     def __init__(self, folder: Path):
-        self.path = Path(folder) / SIDECAR
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            data = {}  # absent or damaged: every file is hashed again, nothing is trusted
-        self.records: dict[str, dict] = data if isinstance(data, dict) else {}
+        self.folder = Path(folder)
+        self.path = self.folder / SIDECAR
+        self._cache = fingerprint.HashCache(self.path, root=self.folder)
+        self.records = self._cache.records
 
     def _save(self) -> None:
         if self.path.parent.is_dir():
-            write_json(self.path, self.records)
+            self._cache.save()
 
     def digests(self, rel: str, path: Path) -> tuple[str, str]:
-        """(sha256, git blob id) of out/rel, from the cache while size and mtime are unchanged."""
-        stat = path.stat()
-        record = self.records.get(rel) or {}
-        if record.get("size") == stat.st_size and record.get("mtime_ns") == stat.st_mtime_ns \
-                and record.get("sha256") and record.get("git_blob"):
-            return record["sha256"], record["git_blob"]
-        sha256, blob = digests(path)
-        self.records[rel] = {**record, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-                             "sha256": sha256, "git_blob": blob}
-        self._save()
-        return sha256, blob
+        """(sha256, git blob id) of out/rel, from the cache while its stat key is unchanged."""
+        if not self.path.parent.is_dir():
+            return digests(path)
+        return self._cache.digests(self.folder / rel)
 
     def mark_verified(self, rel: str, path: Path) -> None:
         """Record out/rel's current sha256 as the verified one (after a check against a pin or listing)."""
         sha256, _ = self.digests(rel, path)
-        self.records[rel]["verified"] = sha256
+        self.records.setdefault(rel, {})["verified"] = sha256
         self._save()
 
     def verified(self, rel: str) -> str | None:

@@ -5,6 +5,10 @@
 - `mgda`: a full solve on every micro-step (K backward passes).
 - `marble`: full solves during warm-up and every `amortize_every` optimizer steps; the
   EMA-smoothed alpha is cached and used with one backward in between.
+- `gramian`: `marble` with a torchjd weighting (`balancer.weighting`) in place of the QP
+  (marble/balancers/gramian.py; torchjd is the `zoo` extra).
+- `gdpo`, `reward_sum`: the weighted sum's step on GDPO's / MixGRPO's advantage
+  (marble/balancers/advantage_level.py).
 
 A "full solve" (docs/algorithm.md §7.2): per-reward gradients g_k of the masked losses L_k (LoRA parameters
 only, all-reduced), unit-normalised, min-norm QP on their Gram matrix, d = sum alpha_k g^_k
@@ -27,13 +31,16 @@ from marble.balancers.common import (
     reward_losses,
     weighted_sum_loss,
 )
+from marble.balancers.advantage_level import GDPO, RewardSum
+from marble.balancers.gramian import Gramian
 from marble.balancers.strategies import MGDA, Balancer, EqualAlpha, Marble, WeightedSum
 from marble.config import BalancerConfig
 
 __all__ = ["MicroStep", "Balancer", "build_balancer", "METHODS", "STRATEGIES", "reward_losses",
            "reward_loss", "weighted_sum_loss", "amortized_loss"]
 
-STRATEGIES = {cls.method: cls for cls in (WeightedSum, EqualAlpha, MGDA, Marble)}
+STRATEGIES = {cls.method: cls for cls in (WeightedSum, EqualAlpha, MGDA, Marble, Gramian, GDPO,
+                                          RewardSum)}
 METHODS = tuple(STRATEGIES)
 
 

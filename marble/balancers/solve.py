@@ -84,8 +84,12 @@ def host_gram(gram: torch.Tensor) -> np.ndarray:
     return np.array(gram.tolist(), dtype=np.float64)
 
 
-def combine(grads, gram: torch.Tensor, grad_eps: float):
+def combine(grads, gram: torch.Tensor, grad_eps: float, solver=None):
     """MGDA on unit gradients, rescaled by the mean norm (docs/algorithm.md §7.2).
+
+    `solver(unit_gram, rewards) -> weights` (the indices of the valid rewards the Gramian's
+    rows are) replaces the min-norm QP (None): the `gramian` balancer passes a torchjd
+    weighting (marble/balancers/gramian.py), on the same unit Gramian.
 
     Returns (direction, alpha over all K rewards, whether the solver failed and the
     reference's uniform-alpha fallback was used, the norms and validity on the host)."""
@@ -104,7 +108,7 @@ def combine(grads, gram: torch.Tensor, grad_eps: float):
     unit_gram = g[np.ix_(idx, idx)] / np.outer(norms[idx], norms[idx])
     failed = False
     try:
-        a = min_norm_weights(unit_gram)
+        a = min_norm_weights(unit_gram) if solver is None else solver(unit_gram, tuple(idx))
     except (ValueError, RuntimeError, np.linalg.LinAlgError):
         failed, a = True, np.full(len(idx), 1.0 / len(idx))
     direction = torch.zeros_like(grads[idx[0]])

@@ -45,16 +45,18 @@ def _kl(step: MicroStep) -> torch.Tensor:
     return torch.as_tensor(step.kl)
 
 
-def schedule_state_problem(cache, last_alpha, last_full, k: int) -> str | None:
+def schedule_state_problem(cache, last_alpha, last_full, k: int,
+                           simplex: bool = True) -> str | None:
     """What is wrong with a saved schedule state, or None. The cache is an EMA of simplex
-    points, so it is one (a NaN or a wrong length would be applied as the step's alpha);
+    points, so it is one (a NaN or a wrong length would be applied as the step's alpha;
+    `simplex=False`: a zoo weighting whose weights are off the simplex, finite only);
     `last_full` is the optimizer step of the last solve, >= 0."""
     for key, value in (("alpha_cache", cache), ("last_alpha", last_alpha)):
         if value is not None:
             a = np.asarray(value, np.float64)
             if a.shape != (k,) or not np.all(np.isfinite(a)):
                 return f"{key} {value} must be {k} finite values"
-    if cache is not None and (np.min(cache) < -1e-9 or abs(float(np.sum(cache)) - 1.0) > 1e-6):
+    if simplex and cache is not None and (np.min(cache) < -1e-9 or abs(float(np.sum(cache)) - 1.0) > 1e-6):
         return f"alpha_cache {cache} is not on the simplex (>= 0, sum 1)"
     if last_full is not None and (isinstance(last_full, bool) or not isinstance(last_full, int) or last_full < 0):
         return f"last_full {last_full!r} must be an optimizer step >= 0"
@@ -65,6 +67,7 @@ class Balancer:
     """Shared machinery; subclasses are the methods. Use `build_balancer`."""
 
     method = ""
+    cache_on_simplex = True  # the alpha cache is an EMA of simplex points (load checks it)
 
     def __init__(self, cfg: BalancerConfig, reward_names: Sequence[str], weights=None):
         self.cfg = cfg
@@ -98,6 +101,11 @@ class Balancer:
 
     def step_metrics(self, step: MicroStep, metrics: dict) -> None:
         pass
+
+    def solver(self, step: MicroStep):
+        """What computes a full solve's weights from the Gramian of the valid unit gradients:
+        None = the min-norm QP (solve.combine), else `f(unit_gram, rewards) -> weights`."""
+        return None
 
     # -------------------------------------------------------------- the contract
 
@@ -213,12 +221,13 @@ class Balancer:
         grads, gram, _, valid_dev, nonfinite = reduce_reward_grads(local[:k], self.cfg.grad_eps)
         kl_grad, bad = zero_nonfinite(all_reduce_mean_(local[k]))
         # The solve's one host read: the K x K Gram matrix for the QP (solve.host_gram).
-        combined, alpha, failed, norms, valid = combine(grads, gram, self.cfg.grad_eps)
+        combined, alpha, failed, norms, valid = combine(grads, gram, self.cfg.grad_eps,
+                                                        self.solver(step))
         self.solver_fallbacks += int(failed)  # reference: uniform alpha on solver failure
         metrics = self._reward_metrics([float(x) for x in norms], values[:k])
         # float64 as before; a reward with no sample on this rank has a NaN float value (no pass)
         used = [float(a) * (v.double() if torch.is_tensor(v) else float(v))
-                for a, v in zip(alpha, values[:k]) if a > 0]
+                for a, v in zip(alpha, values[:k]) if a != 0]
         metrics["loss/policy"] = sum(used) if used else float("nan")
         metrics["loss/kl"] = values[k]
         metrics.update({f"alpha/{n}": float(a) for n, a in zip(self.reward_names, alpha)})
@@ -262,7 +271,8 @@ class Balancer:
             self.alpha_cache, self.last_full, self.last_alpha = None, None, None
             return
         cache, last = state.get("alpha_cache"), state.get("last_alpha")
-        problem = schedule_state_problem(cache, last, state.get("last_full"), len(self.reward_names))
+        problem = schedule_state_problem(cache, last, state.get("last_full"), len(self.reward_names),
+                                         self.cache_on_simplex)
         if problem:
             raise ValueError(f"balancer state: {problem}")
         self.alpha_cache = None if cache is None else np.asarray(cache, np.float64)

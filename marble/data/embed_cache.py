@@ -4,9 +4,12 @@ Layout of a cache folder:
   index.json                 model identity, max_sequence_length, shapes, key -> [shard, row]
   shard-00000.safetensors    `prompt_embeds` [n, L, D] and `pooled` [n, Dp], one row per key
 A key is sha1(model identity NUL max_sequence_length NUL prompt). Shards are written
-atomically and the index is rewritten after each one, so an interrupted run resumes where
+atomically and the index, which records each shard's sha256 (`checksums`), is rewritten
+after each one, so an interrupted run resumes where
 it stopped and a second run encodes nothing. Rows are read through safetensors slices
-(memory-mapped), so a lookup never loads whole shards.
+(memory-mapped), so a lookup never loads whole shards. Opening a cache verifies every
+shard against its recorded sha256 (marble.runtime.fingerprint: re-hashed only when a
+shard's stat key moved), so damaged floats are refused by name, never trained on.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from tqdm.auto import tqdm
 from marble.data.records import load_table
 from marble.models import load_pipeline
 from marble.models.encode import encode_prompts
+from marble.runtime.fingerprint import HashCache, mismatched
 from marble.runtime.io import atomic_path, write_json
 
 INDEX = "index.json"
@@ -61,6 +65,18 @@ def unique_prompts(tables: Iterable[str | Path]) -> list[str]:
     return list(seen)
 
 
+class EmbedCacheError(ValueError):
+    """An embedding cache that is damaged or was built for other encoders; names the folder."""
+
+
+def verify_shards(directory: Path, index: dict) -> None:
+    """Every shard matches the sha256 the index recorded (caches from before checksums: none)."""
+    problems = mismatched(directory, index.get("checksums") or {})
+    if problems:
+        raise EmbedCacheError(f"embedding cache {directory} is damaged ({'; '.join(problems)}); "
+                              "rebuild it with `marble data embed` into an empty --out")
+
+
 class EmbeddingCache:
     """Read side: `lookup(prompts) -> (prompt_embeds [N, L, D], pooled [N, Dp])`."""
 
@@ -69,7 +85,11 @@ class EmbeddingCache:
         index_path = self.dir / INDEX
         if not index_path.is_file():
             raise FileNotFoundError(f"embedding cache {self.dir}: no {INDEX} (run `marble data embed`)")
-        self.index = json.loads(index_path.read_text(encoding="utf-8"))
+        try:
+            self.index = json.loads(index_path.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise EmbedCacheError(f"embedding cache {index_path}: invalid JSON ({exc})") from None
+        verify_shards(self.dir, self.index)
         self.model_id: str = self.index["model"]
         self.max_sequence_length: int = int(self.index["max_sequence_length"])
         self.entries: dict[str, list] = self.index["entries"]
@@ -162,6 +182,7 @@ def build_cache(
         with atomic_path(out / shard) as tmp:
             save_file(tensors, str(tmp))
         index["shards"].append(shard)
+        index.setdefault("checksums", {})[shard] = HashCache().sha256(out / shard)
         for row, prompt in enumerate(chunk):
             index["entries"][prompt_key(prompt, max_sequence_length, model_id)] = [shard, row]
         index["embed_shape"] = list(tensors["prompt_embeds"].shape[1:])

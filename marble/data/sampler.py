@@ -21,6 +21,7 @@ from typing import Iterator, Literal, Sequence
 
 import numpy as np
 
+from marble.config_stages import source_counts
 from marble.runtime.seeds import STREAM_PROMPT_PLAN, stable_seed
 
 SeedScheme = Literal["keyed", "reference"]
@@ -59,6 +60,7 @@ class StratifiedKRepeatSampler:
         rank: int,
         seed: int,
         stratified: bool = True,
+        source_shares: dict[str, float] | None = None,
         seed_scheme: SeedScheme = "keyed",
     ):
         if k < 1 or batch_size < 1 or world_size < 1:
@@ -86,6 +88,11 @@ class StratifiedKRepeatSampler:
         self.counts = (
             per_source_counts(self.m, len(self.source_names)) if self.stratified else [self.m]
         )
+        if source_shares is not None:  # a stage's `mix`: shares instead of the even split
+            if not self.stratified or set(source_shares) != set(self.source_names):
+                raise ValueError(f"sampler: shares for {sorted(source_shares)} need stratified "
+                                 f"sampling over exactly those sources ({self.source_names})")
+            self.counts = source_counts(self.m, [source_shares[n] for n in self.source_names])
         pools = self.rows_by_source if self.stratified else [np.arange(len(self.sources))]
         for name, pool, n in zip(self.source_names if self.stratified else ["all"], pools, self.counts):
             if n > len(pool):

@@ -45,16 +45,42 @@ def json_safe(values: dict) -> dict:
 
 
 def read_results(path: str | Path) -> dict[int, dict]:
-    """sample_id -> row, last line wins; a torn final line (crash mid-write) is ignored."""
+    """sample_id -> row; a torn final line (crash mid-write) is ignored.
+
+    A rescored sample (more rewards, a retried request) is appended again with `rev` one
+    higher, and that line wins. Anything else is an edit or a copy, an error naming the
+    file and line: a sample repeated without the next `rev`, a score that is not a finite
+    number or null (NaN, "NaN" and Infinity were counted as scored: an unscorable sample is
+    stored as null, and counted as such).
+    """
     path = Path(path)
     if not path.is_file():
         return {}
     rows: dict[int, dict] = {}
     for lineno, row in read_jsonl(path, ResultsError):
-        if not isinstance(row, dict) or not isinstance(row.get("sample_id"), int):
+        if not isinstance(row, dict) or not isinstance(row.get("sample_id"), int) \
+                or isinstance(row.get("sample_id"), bool):
             raise ResultsError(f"{path}:{lineno}: a result row needs an integer sample_id")
+        check_row(path, lineno, row, rows.get(row["sample_id"]))
         rows[row["sample_id"]] = row
     return dict(sorted(rows.items()))
+
+
+def check_row(path: Path, lineno: int, row: dict, previous: dict | None) -> None:
+    """ResultsError unless `row` is a valid first line or the next revision of its sample."""
+    sid = row["sample_id"]
+    scores = row.get("scores") or {}
+    if not isinstance(scores, dict):
+        raise ResultsError(f"{path}:{lineno}: sample {sid}: `scores` must be a mapping")
+    for name, value in scores.items():
+        if value is not None and not finite(value):
+            raise ResultsError(f"{path}:{lineno}: sample {sid}: score {name!r} = {value!r} is not a finite "
+                               "number (unscorable samples are stored as null); the file was edited")
+    legacy = previous is not None and "rev" not in previous and "rev" not in row  # files of before revisions
+    want = 1 if previous is None else previous.get("rev", 1) + 1
+    if not legacy and row.get("rev", 1) != want:
+        raise ResultsError(f"{path}:{lineno}: sample {sid} appears again as revision {row.get('rev', 1)}, "
+                           f"expected {want}: a duplicated or edited line; remove it or rerun into a new --output_dir")
 
 
 def is_scored(row: dict, rewards: Iterable[str]) -> bool:
@@ -102,6 +128,10 @@ def geneval_summary(rows: list[dict]) -> dict[str, float]:
         for key in GENEVAL_DETAIL_KEYS:
             if tag in means[key]:
                 out[f"{tag}_{key}"] = means[key][tag]
+    # The reference's per-tag means of the partial-credit score, beside the per-tag accuracies.
+    credit = per_tag_means([{"score": (r.get("scores") or {}).get("geneval"), "tag": d["tag"]}
+                            for r, d in zip(rows, details)], "score")
+    out.update({f"{tag}_partial_credit": credit[tag] for tag in GENEVAL_TAGS if tag in credit})
     tag_acc = [means["accuracy"][tag] for tag in GENEVAL_TAGS if tag in means["accuracy"]]
     # The official overall needs every tag; a --limit subset leaves it undefined (NaN).
     out["geneval_overall"] = _mean(tag_acc) if len(tag_acc) == len(GENEVAL_TAGS) else float("nan")
@@ -123,6 +153,26 @@ def identity(args: dict) -> dict:
     return {key: args.get(key) for key in IDENTITY_KEYS}
 
 
+def _content(value):
+    """An identity value as compared: an input entry without its path (marble.evaluation.identity)."""
+    return {k: v for k, v in value.items() if k != "path"} if isinstance(value, dict) else value
+
+
+def same_value(old, new) -> bool:
+    """Equal identity values; inputs ({path, fingerprint} or {ref}) compare by content, so a
+    moved project is the same run. A string from a run_info of before fingerprints matches an
+    entry whose reference or resolved path it spells."""
+    if isinstance(old, str) and isinstance(new, dict):
+        return old in (new.get("ref"), str(Path(new.get("path", "")).resolve()) if new.get("path") else None)
+    return _content(old) == _content(new)
+
+
+def _shown(value) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v}" for k, v in value.items())
+    return repr(value)
+
+
 def check_same_run(info_path: str | Path, new_identity: dict) -> None:
     """Refuse to append to results made with other image-changing arguments."""
     info_path = Path(info_path)
@@ -132,8 +182,8 @@ def check_same_run(info_path: str | Path, new_identity: dict) -> None:
         old = json.loads(info_path.read_text(encoding="utf-8")).get("identity", {})
     except json.JSONDecodeError as exc:
         raise ResultsError(f"{info_path}: invalid JSON: {exc}") from exc
-    diffs = [f"{k}: {old.get(k)!r} -> {new_identity.get(k)!r}"
-             for k in IDENTITY_KEYS if old.get(k) != new_identity.get(k)]
+    diffs = [f"{k}: {_shown(old.get(k))} -> {_shown(new_identity.get(k))}"
+             for k in IDENTITY_KEYS if not same_value(old.get(k), new_identity.get(k))]
     if diffs:
         raise ResultsError(
             f"{info_path.parent} holds results of a different run ({'; '.join(diffs)}); "

@@ -30,9 +30,10 @@ from marble.evaluation import images as image_io
 from marble.evaluation.prompts import EvalSample, batches, sample_seed, shard
 from marble.evaluation.results import is_scored, json_scores, read_results
 from marble.models import load_pipeline
+from marble.models.loading import cast_pipeline
 from marble.models.encode import decode_latents
 from marble.models.loading import load_text_to_image
-from marble.models.lora import load_lora_into_pipeline
+from marble.models.lora import load_lora_into_pipeline, merge_lora
 from marble.rewards import build_scorers, reward_device
 from marble.runtime import distributed as dist
 from marble.runtime.io import append_jsonl, remove_atomic_leftovers
@@ -42,13 +43,25 @@ RESULTS_FILE = "evaluation_results.jsonl"
 log = logging.getLogger(__name__)
 
 
+# The reference's evaluation.py encodes prompts with 256 T5 tokens (Flow-GRPO's and
+# DiffusionNFT's training-time evaluation use 128); both numerics modes pass it explicitly.
+T5_LENGTH = 256
+
+
 def load_eval_pipeline(model_path: str, mixed_precision: str, device, lora: str | Path | None,
-                       model_type: str = "sd3"):
+                       model_type: str = "sd3", numerics: str = "marble"):
+    """numerics="reference": load in fp32, merge the LoRA into the fp32 transformer, then cast
+    (the reference's order); "marble": load cast, run the LoRA unmerged on the cast weights."""
     if model_type == "generic":  # a base row through its own pipeline (no LoRA: parse_args)
         return load_text_to_image(model_path, dtype=DTYPES[mixed_precision], device=device)
-    pipe = load_pipeline(model_path, dtype=DTYPES[mixed_precision], device=device)
+    reference = numerics == "reference"
+    pipe = load_pipeline(model_path, dtype=torch.float32 if reference else DTYPES[mixed_precision], device=device)
     if lora is not None:
         load_lora_into_pipeline(pipe, str(lora))
+        if reference:
+            merge_lora(pipe.transformer)
+    if reference:
+        cast_pipeline(pipe, DTYPES[mixed_precision], device)  # the VAE stays fp32, as in marble mode
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -68,11 +81,13 @@ def generate_images(pipe, samples: list[EvalSample], args) -> torch.Tensor:
     precision = getattr(args, "mixed_precision", "no")
     autocast = device.type == "cuda" and precision != "no"  # the reference's autocast, CUDA only
     with torch.autocast(device.type, dtype=DTYPES[precision], enabled=autocast):
-        latents = _sd3_latents(pipe, samples, generators, args)
+        latents = sd3_latents(pipe, samples, generators, args)
+        if getattr(args, "numerics", "marble") == "reference":  # the reference decodes in autocast
+            return image_io.quantize_8bit(decode_latents(pipe, latents))
     return image_io.quantize_8bit(decode_latents(pipe, latents))
 
 
-def _sd3_latents(pipe, samples, generators, args):
+def sd3_latents(pipe, samples, generators, args):
     return pipe(
         prompt=[s.prompt for s in samples],  # a copy: the pipeline never sees our records
         num_inference_steps=args.num_inference_steps,
@@ -80,6 +95,7 @@ def _sd3_latents(pipe, samples, generators, args):
         height=args.resolution,
         width=args.resolution,
         generator=generators,
+        max_sequence_length=T5_LENGTH,
         output_type="latent",
     ).images
 
@@ -170,7 +186,9 @@ def process_batch(pipe, rewards, batch, previous: dict[int, dict], args, output_
         old = previous.get(sample.sample_id, {})
         path = image_io.image_path(output_dir, sample.sample_id, fmt)
         rows.append({
-            "sample_id": sample.sample_id, "prompt_id": sample.prompt_id, "prompt": sample.prompt,
+            # The next revision of a rescored sample (results.read_results: a repeat without it is an edit).
+            "sample_id": sample.sample_id, "rev": old.get("rev", 1) + 1 if old else 1,
+            "prompt_id": sample.prompt_id, "prompt": sample.prompt,
             "metadata": dict(sample.metadata),
             "scores": {**(old.get("scores") or {}), **json_scores(new_scores)},
             "not_applicable": [] if args.no_score else not_applicable(rewards, sample),
@@ -191,8 +209,13 @@ def pending_samples(samples: list[EvalSample], previous: dict[int, dict], reward
     return [s for s in samples if not done(s)]
 
 
-def run(samples: list[EvalSample], reward_names: list[str], reward_options: dict, lora, args) -> dict:
-    """Evaluate `samples` into args.output_dir; rank 0 appends rows. Returns phase timings."""
+def run(samples: list[EvalSample], reward_names: list[str], reward_options: dict, lora, args,
+        on_ready=None) -> dict:
+    """Evaluate `samples` into args.output_dir; rank 0 appends rows. Returns phase timings.
+
+    `on_ready()` runs once the pipeline and the scorers are built, before the first row is
+    written (`marble evaluate` writes run_info.json there: a start that fails to load
+    leaves nothing that refuses the corrected command)."""
     info = dist.world()
     output_dir = Path(args.output_dir)
     results_path = output_dir / RESULTS_FILE
@@ -211,11 +234,15 @@ def run(samples: list[EvalSample], reward_names: list[str], reward_options: dict
     scorer_device = reward_device(getattr(args, "reward_device", "auto"), info.local_rank,
                                   cuda=info.device.type == "cuda")
     totals["numerics"] = precision_setup(info.device, args.mixed_precision)
+    totals["numerics"]["mode"] = getattr(args, "numerics", "marble")
     pipe = None if args.skip_generation else load_eval_pipeline(
-        args.model_path, args.mixed_precision, info.device, lora, getattr(args, "model_type", "sd3"))
+        args.model_path, args.mixed_precision, info.device, lora, getattr(args, "model_type", "sd3"),
+        getattr(args, "numerics", "marble"))
     specs = [RewardSpec(name=name, options=dict(reward_options.get(name, {}))) for name in reward_names]
     rewards = {} if args.no_score else build_scorers(specs, scorer_device)
     totals["scorers"] = describe_scorers(rewards)
+    if on_ready is not None:
+        on_ready()
     for index in tqdm(range(rounds), desc=f"evaluate {args.dataset}", disable=not info.is_main):
         batch = mine[index] if index < len(mine) else []
         rows, timing = process_batch(pipe, rewards, batch, previous, args, output_dir)

@@ -22,7 +22,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from marble.evaluation.results import ResultsError, read_results
 from marble.runtime.io import write_text
+
+RESULTS_FILE = "evaluation_results.jsonl"  # marble.evaluation.runner's (which imports torch)
 
 # (column, candidate keys in order, datasets in order of preference, scale, decimals)
 PAPER_METRICS = [
@@ -36,6 +39,31 @@ PAPER_METRICS = [
     ("UniRwd", ("unifiedreward",), ("drawbench", "pickscore"), 5.0, 2),
 ]
 PAPER_KEYS = {key for _, keys, _, _, _ in PAPER_METRICS for key in keys}
+# The reference's evaluation writes three GenEval aggregates and does not say which the paper
+# prints (issue 29): each is kept in average_scores.json; Table 1 takes the one selected
+# (eval.table1_geneval) and its header names it.
+GENEVAL_AGGREGATES = {"task_mean": "geneval_overall", "image_accuracy": "accuracy",
+                      "partial_credit": "geneval"}
+# The model-based columns: the MARBLE evaluation scores them on both prompt sets; Table 1 takes
+# one (eval.table1_prompts), the other set's numbers stay in the results.
+MODEL_COLUMNS = ("PickScore", "CLIPScore", "HPSv2.1", "Aesthetic", "ImgRwd")
+PROMPT_SETS = ("pickscore", "drawbench")
+
+
+def paper_metrics(geneval: str = "task_mean", prompts: str = "pickscore") -> list[tuple]:
+    """PAPER_METRICS with one GenEval aggregate and one prompt set for the model-based
+    columns, no fallback: a cell the selected protocol did not produce is NaN ("–")."""
+    if geneval not in GENEVAL_AGGREGATES or prompts not in PROMPT_SETS:
+        raise ValueError(f"GenEval aggregate {geneval!r} (one of {sorted(GENEVAL_AGGREGATES)}), "
+                         f"prompt set {prompts!r} (one of {list(PROMPT_SETS)})")
+    out = []
+    for column, keys, datasets, scale, places in PAPER_METRICS:
+        if column == "GenEval":
+            keys = (GENEVAL_AGGREGATES[geneval],)
+        elif column in MODEL_COLUMNS:
+            datasets = (prompts,)
+        out.append((column, keys, datasets, scale, places))
+    return out
 GENEVAL_DETAIL = ("accuracy", "strict_accuracy", "geneval_overall")
 COMPOSITE = "Composite"
 
@@ -89,10 +117,25 @@ def collect(eval_dir) -> pd.DataFrame:
             scores = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: invalid JSON: {exc}") from exc
+        check_recorded_count(path, scores)
         for metric, value in sorted(scores.items()):
             if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
                 records.append((run, checkpoint, dataset, metric, math.nan if value is None else float(value)))
     return pd.DataFrame(records, columns=["run", "checkpoint", "dataset", "metric", "value"])
+
+
+def check_recorded_count(path: Path, scores: dict) -> None:
+    """The averages must come from the results beside them: every row valid (read_results:
+    no duplicate, no non-finite score) and at least `num_samples` of them (a --limit run
+    averages a subset, so more rows are fine; fewer means rows were removed or lost)."""
+    results = path.parent / RESULTS_FILE
+    if not results.is_file():
+        return  # an averages-only folder (a published reference): nothing to compare with
+    rows = read_results(results)
+    recorded = scores.get("num_samples")
+    if isinstance(recorded, int) and len(rows) < recorded:
+        raise ResultsError(f"{path}: num_samples = {recorded}, but {results} holds {len(rows)} samples: "
+                           "rows were removed or the files come from different runs; rerun `marble evaluate`")
 
 
 def _reward_keys(metrics: set[str]) -> list[str]:
@@ -109,14 +152,16 @@ def _paper_value(cell: dict[tuple[str, str], float], keys, datasets, scale) -> f
     return math.nan
 
 
-def wide_table(long: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, int]]:
-    """Rows `run/checkpoint`, metric columns + Composite; also each column's decimals."""
+def wide_table(long: pd.DataFrame, metrics: list[tuple] | None = None) -> tuple[pd.DataFrame, dict[str, int]]:
+    """Rows `run/checkpoint`, metric columns + Composite; also each column's decimals.
+    `metrics`: PAPER_METRICS (each column's first candidate present) or a paper_metrics()."""
+    metrics = PAPER_METRICS if metrics is None else metrics
     decimals: dict[str, int] = {}
     rows: dict[str, dict[str, float]] = {}
     for (run, checkpoint), group in long.groupby(["run", "checkpoint"], sort=True):
         cell = {(d, m): v for d, m, v in zip(group["dataset"], group["metric"], group["value"])}
         row: dict[str, float] = {}
-        for column, keys, datasets, scale, places in PAPER_METRICS:
+        for column, keys, datasets, scale, places in metrics:
             value = _paper_value(cell, keys, datasets, scale)
             if math.isfinite(value):
                 row[column], decimals[column] = value, places

@@ -80,6 +80,12 @@ def _place(pipe, dtype: torch.dtype, device, transformer_dtype: torch.dtype | No
     return pipe
 
 
+def cast_pipeline(pipe, dtype: torch.dtype, device):
+    """`pipe`'s components cast as load_pipeline casts them (the VAE stays fp32): for a pipeline
+    loaded in fp32 and changed first (evaluation's reference numerics merge a LoRA, then cast)."""
+    return _place(pipe, dtype, device)
+
+
 def _move_components(pipe, dtype: torch.dtype, device, transformer_dtype: torch.dtype) -> None:
     for name in ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3"):
         module = getattr(pipe, name, None)

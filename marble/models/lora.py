@@ -233,6 +233,64 @@ def _load_peft_folder(pipe, folder: Path, adapter_name: str) -> None:
     pipe.transformer.set_adapter(adapter_name)
 
 
+class LoraMismatchError(ValueError):
+    """A LoRA file that does not fit the base model it is loaded into; names the file."""
+
+
+def lora_file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """key -> shape of a safetensors LoRA file, from its header (no tensor is read)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as fh:
+        return {key: tuple(fh.get_slice(key).get_shape()) for key in fh.keys()}
+
+
+def match_lora_keys(transformer, shapes: dict[str, tuple[int, ...]], source: Path) -> tuple[int, list[str]]:
+    """(modules of `transformer` the LoRA's keys address, unexpected keys); LoraMismatchError
+    for a key whose shape does not fit its module (a LoRA of another base architecture).
+
+    A diffusers/peft LoRA key is `[transformer.|base_model.model.]<module>.lora_A|lora_B[.<adapter>].weight`;
+    lora_A is [r, in_features], lora_B [out_features, r] of the module's linear layer.
+    """
+    modules = dict(transformer.named_modules())
+    matched, unexpected = set(), []
+    for key, shape in sorted(shapes.items()):
+        stem = key.removeprefix("transformer.").removeprefix("base_model.model.")
+        if ".lora_A" not in stem and ".lora_B" not in stem:
+            unexpected.append(key)
+            continue
+        kind = "lora_A" if ".lora_A" in stem else "lora_B"
+        name = stem.split(f".{kind}", 1)[0]
+        module = modules.get(name)
+        module = getattr(module, "base_layer", module)
+        if not isinstance(module, nn.Linear):
+            unexpected.append(key)
+            continue
+        want = module.in_features if kind == "lora_A" else module.out_features
+        got = shape[1] if kind == "lora_A" else shape[0]
+        if len(shape) != 2 or got != want:
+            raise LoraMismatchError(
+                f"LoRA {source}: {key} has shape {list(shape)}, but {name} of the base model is "
+                f"{module.in_features} -> {module.out_features}: this LoRA belongs to another base model")
+        matched.add(name)
+    return len(matched), unexpected
+
+
+def _checked_match(pipe, weights: Path, shapes: dict) -> int:
+    matched, unexpected = match_lora_keys(pipe.transformer, shapes, weights)
+    if matched == 0:
+        raise LoraMismatchError(f"LoRA {weights}: none of its {len(shapes)} keys matches a layer of the base "
+                                f"model (e.g. {sorted(shapes)[:1]}): it belongs to another model")
+    if unexpected:
+        warnings.warn(f"LoRA {weights}: {len(unexpected)} keys match no layer of the base model and are "
+                      f"ignored (e.g. {unexpected[:3]}); {matched} layers load")
+    return matched
+
+
+def _loaded_layers(transformer, adapter_name: str) -> int:
+    return sum(1 for _, layer in _lora_layers(transformer) if adapter_name in layer.lora_A)
+
+
 def load_lora_into_pipeline(pipe, path: str | os.PathLike, adapter_name: str = "marble"):
     """Load a LoRA into `pipe` and activate it, from one of three folder kinds:
 
@@ -243,11 +301,28 @@ def load_lora_into_pipeline(pipe, path: str | os.PathLike, adapter_name: str = "
     folder = Path(path).expanduser()
     if (folder / "lora").is_dir():
         folder = folder / "lora"
+    # Keys are matched against the base model first (a LoRA that matches nothing would
+    # evaluate as the base model, exit 0), and the loaded layers counted after.
     if (folder / DIFFUSERS_LORA_FILE).is_file():
+        weights = folder / DIFFUSERS_LORA_FILE
+        matched = _checked_match(pipe, weights, lora_file_shapes(weights))
         pipe.load_lora_weights(str(folder), adapter_name=adapter_name)
-        return pipe
-    if (folder / PEFT_CONFIG_FILE).is_file() and _peft_weights_file(folder) is not None:
-        _load_peft_folder(pipe, folder, adapter_name)
+    elif (folder / PEFT_CONFIG_FILE).is_file() and _peft_weights_file(folder) is not None:
+        weights = _peft_weights_file(folder)
+        shapes = ({k: tuple(v.shape) for k, v in read_peft_weights(weights).items()}
+                  if weights.suffix == ".bin" else lora_file_shapes(weights))
+        matched = _checked_match(pipe, weights, shapes)
+        try:
+            _load_peft_folder(pipe, folder, adapter_name)
+        except (KeyError, ValueError, RuntimeError) as exc:  # peft: targets absent; ours: keys differ
+            raise LoraMismatchError(f"LoRA {weights} does not load into the base model: "
+                                    f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    else:
+        matched = None
+    if matched is not None:
+        loaded = _loaded_layers(pipe.transformer, adapter_name)
+        if loaded < matched:
+            raise LoraMismatchError(f"LoRA {weights}: {matched} layers matched but {loaded} loaded")
         return pipe
     raise FileNotFoundError(
         f"no LoRA found in {str(path)!r}: looked for a marble checkpoint (lora/ subfolder), "
@@ -271,3 +346,17 @@ class AdapterStates:
             raise KeyError(f"adapters {sorted(states)} where this run has {sorted(self.names)}")
         for name in self.names:
             load_adapter_state(self.transformer, name, states[name])
+
+
+def merge_lora(model) -> int:
+    """Merge every active LoRA adapter of `model` into its base weights, in the weights' own
+    dtype (peft's public BaseTunerLayer.merge): the reference merges into the fp32 transformer
+    before casting, so the delta is added at full precision. Returns the layers merged."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    merged = 0
+    for module in model.modules():
+        if isinstance(module, BaseTunerLayer) and not module.merged:
+            module.merge()
+            merged += 1
+    return merged

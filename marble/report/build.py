@@ -72,6 +72,10 @@ def run_trends(runs: list[RunData], window: int | None, min_gain: float) -> list
 def all_specialists(runs: list[RunData]) -> dict[str, float]:
     found: dict[str, float] = {}
     for run in runs:
+        if run.config.get("stages"):
+            # A staged run logs a reward only in its stages: its shares measure stage lengths,
+            # not applicability (a generalist of a short stage would read as a specialist).
+            continue
         for name, share in specialist_rewards(run.metrics, run.reward_names).items():
             found[name] = min(share, found.get(name, 1.0))
     return found
@@ -184,10 +188,7 @@ def _paper_section(b: Builder, runs: list[RunData], evals: pd.DataFrame | None) 
         "the tiny model with toy rewards (brightness and saturation stand in for the general "
         "rewards, text contrast for OCR, colour match for GenEval). Compare directions and "
         f"orderings, not values. Source of every `published` column: {published.SOURCE}."))
-    b.table(s, "table1_beside_paper", "Table 1, this run (eval scores, mean over a balancer's "
-            "seeds) beside the published row of the same method (`published: ...` columns; "
-            "equal_alpha has no published row)",
-            published.beside_paper(evals, {r.name: r.balancer for r in runs}))
+    # This run beside the published rows is the lead's Table 1 (marble.report.table1.build).
     b.table(s, "table1_published", f"Table 1 as published ({published.SOURCE})", published.table1())
 
 

@@ -48,8 +48,32 @@ def _run_colors(runs: list[RunData]) -> dict[str, tuple]:
     return {r.name: cmap(i % 10) for i, r in enumerate(runs)}
 
 
+def stage_boundaries(metrics: pd.DataFrame) -> list[tuple[float, str]]:
+    """(x, the stage starting there) at each stage change of a staged run's metrics (the
+    `stage`, `stage_name` columns marble.training.stages adds), x halfway between the last
+    step of one stage and the first of the next; none for a run without stages."""
+    if "stage" not in metrics.columns or "step" not in metrics.columns:
+        return []
+    rows = metrics.dropna(subset=["stage"]).sort_values("step")
+    out, prev = [], None
+    for step, stage, name in zip(rows["step"], rows["stage"], rows.get("stage_name", rows["stage"])):
+        if prev is not None and stage != prev[1]:
+            out.append(((prev[0] + step) / 2, str(name)))
+        prev = (step, stage)
+    return out
+
+
+def _mark_stages(ax, run: RunData, color) -> None:
+    """A staged run's boundaries: a dotted line in the run's colour, the new stage's name."""
+    for x, name in stage_boundaries(run.metrics):
+        ax.axvline(x, color=color, linestyle=":", linewidth=1)
+        ax.annotate(name, (x, 0.98), xycoords=("data", "axes fraction"), rotation=90,
+                    fontsize=6, va="top", ha="right", color=color)
+
+
 def training_curves(runs: list[RunData], path: Path, window: int = 5) -> Path | None:
-    """One panel per reward, one line per run: faint raw values, bold moving average."""
+    """One panel per reward, one line per run: faint raw values, bold moving average; a
+    staged run's stage boundaries as dotted lines (a stage logs only its own rewards)."""
     rewards = sorted({n for r in runs for n in r.reward_names if f"reward/{n}" in r.metrics})
     if not rewards:
         return None
@@ -65,6 +89,7 @@ def training_curves(runs: list[RunData], path: Path, window: int = 5) -> Path | 
             ax.plot(m["step"], m[col], color=colors[run.name], alpha=0.25, linewidth=1)
             ax.plot(m["step"], smooth(m[col], window), color=colors[run.name], linestyle=style,
                     linewidth=2, label=f"{run.name} ({run.balancer})")
+            _mark_stages(ax, run, colors[run.name])
         ax.set_title(f"reward/{reward}")
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("mean raw reward")

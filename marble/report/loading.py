@@ -35,6 +35,10 @@ class RunData:
 
     @property
     def balancer(self) -> str:
+        if self.config.get("stages"):
+            # A staged run is its own method (Table 1's "sequential"), never pooled with the
+            # joint runs of its stages' balancer (the verdict compares weighted sum and MARBLE).
+            return "sequential"
         method = (self.config.get("balancer") or {}).get("method")
         if method:
             return str(method)
@@ -66,7 +70,7 @@ def read_metrics(path: Path) -> pd.DataFrame:
     if frame.empty:
         return pd.DataFrame({"step": pd.Series(dtype=float)})
     for col in frame.columns:
-        if col != "balancer":
+        if col not in ("balancer", "stage_name"):  # text columns
             frame[col] = pd.to_numeric(frame[col], errors="coerce")
     frame = frame.drop_duplicates("step", keep="last").sort_values("step")
     return frame.reset_index(drop=True)

@@ -13,8 +13,8 @@ import math
 
 import pandas as pd
 
-from marble.evaluation.summary import wide_table
 from marble.report import published
+from marble.report import table1 as table1_builder
 from marble.report.loading import RunData, latest_checkpoint_name
 from marble.report.render import markdown_table
 from marble.report.tables import (
@@ -42,16 +42,13 @@ def _rho_runs(runs: list[RunData]) -> list[RunData]:
 
 
 def _eval_values(long_eval: pd.DataFrame | None, run: str) -> dict[str, float]:
-    """Our Table-1 columns (the paper's scales) at the run's latest evaluated checkpoint;
-    a toy reward keeps its own `<reward> (<dataset>)` column."""
+    """Our values at the run's latest evaluated checkpoint: marble.report.table1.run_values
+    (the paper's columns and scales; a toy reward as its mean over the eval datasets)."""
     if long_eval is None or run not in set(long_eval["run"]):
         return {}
-    # wide_table tells reward means by their `n_<key>` counts beside them: keep those.
     mine = long_eval[long_eval["run"] == run]
     latest = latest_checkpoint_name(list(mine["checkpoint"]))
-    wide, _ = wide_table(mine[mine["checkpoint"] == latest])
-    row = wide.iloc[0].drop(labels=["Composite"], errors="ignore")
-    return {k: float(v) for k, v in row.items()}
+    return table1_builder.run_values(mine[mine["checkpoint"] == latest])
 
 
 def _train_values(run: RunData) -> dict[str, float]:
@@ -80,7 +77,7 @@ def rho_ablation(runs: list[RunData], long_eval: pd.DataFrame | None) -> pd.Data
             rows.append({"rho": rho, "row": "published", "metric": metric, "ours": math.nan,
                          "published": value, "basis": "", "source": published.RHO_SOURCE})
     for run in group:
-        ours = _over_datasets(_eval_values(long_eval, run.name)) if evaluated else _train_values(run)
+        ours = _eval_values(long_eval, run.name) if evaluated else _train_values(run)
         paper = dict(zip(published.RHO_COLUMNS, published.RHO_ABLATION.get(run.alpha_ema, [])))
         for metric, value in ours.items():
             rows.append({"rho": run.alpha_ema, "row": _rho_label(run, varies_masking), "metric": metric,
@@ -271,33 +268,28 @@ def metrics_json(frame: pd.DataFrame) -> dict:
 # ------------------------------------------------------------------ Table 1 (the report's view)
 
 
-def _over_datasets(values: dict[str, float]) -> dict[str, float]:
-    """A reward outside the paper's columns (`<reward> (<dataset>)`, e.g. a toy reward)
-    as its mean over the eval datasets, so the view stays one column per reward."""
-    groups: dict[str, list[float]] = {}
-    for key, value in values.items():
-        name = key.rsplit(" (", 1)[0] + " (mean over datasets)" if key.endswith(")") else key
-        groups.setdefault(name, []).append(value)
-    return {k: sum(v) / len(v) for k, v in groups.items()}
-
-
 def table1(runs: list[RunData], long_eval: pd.DataFrame | None) -> pd.DataFrame:
-    """Per balancer with a published row (weighted sum, MARBLE): our eval scores (mean over
-    its runs, i.e. seeds, at their latest checkpoints) beside the published row. The full
-    Table 1 with every published row is the Table 1 target's (results/eval/table1.*)."""
-    rows = []
+    """Per balancer with a published row (weighted sum, MARBLE): our values (mean over its
+    runs, i.e. seeds, at their latest checkpoints) beside the published row, built by THE
+    Table 1 builder (marble.report.table1.build; composites over these rows). The full Table 1
+    with every published row is the Table 1 target's (results/eval/table1.*)."""
+    ours, rows, basis = {}, {}, {}
     for balancer, paper_row in published.BALANCER_ROWS.items():
-        mine = [_over_datasets(_eval_values(long_eval, r.name)) for r in runs
-                if r.balancer == balancer]
-        mine = [m for m in mine if m]
-        paper = dict(zip(published.TABLE1_COLUMNS[:-1], published.TABLE1[paper_row]))
-        basis = (f"eval: latest checkpoint, mean of {len(mine)} run(s)" if mine
-                 else f"{NOT_MEASURED}: no evaluated {balancer} run")
-        metrics = list(dict.fromkeys([*paper, *(k for m in mine for k in m)]))
-        for metric in metrics:
-            values = [m[metric] for m in mine if metric in m and not math.isnan(m[metric])]
-            rows.append({"row": f"{balancer} ({paper_row})", "metric": metric,
-                         "ours": sum(values) / len(values) if values else math.nan,
-                         "published": paper.get(metric, math.nan), "basis": basis,
-                         "source": published.SOURCE if metric in paper else ""})
-    return _frame(rows)
+        mine = [v for v in (_eval_values(long_eval, r.name) for r in runs if r.balancer == balancer) if v]
+        keys = dict.fromkeys(k for m in mine for k in m)
+        ours[balancer] = {k: _mean([m[k] for m in mine if k in m]) for k in keys}
+        name = f"{balancer} ({paper_row})"
+        rows[name] = {"run": balancer, "values": dict(zip(published.TABLE1_COLUMNS[:-1],
+                                                          published.TABLE1[paper_row]))}
+        basis[name] = (f"eval: latest checkpoint, mean of {len(mine)} run(s)" if mine
+                       else f"{NOT_MEASURED}: no evaluated {balancer} run")
+    frame = table1_builder.build(ours, {"rows": rows})
+    long = table1_builder.long_form(frame, basis, published.SOURCE)
+    # A composite over two rows only ranks them (z = +-1 per column): the page's composite is
+    # over 11 rows, so this view leaves it out rather than print a number that reads as it.
+    return long[long["metric"] != table1_builder.COMPOSITE].reset_index(drop=True)
+
+
+def _mean(values: list[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return sum(finite) / len(finite) if finite else math.nan

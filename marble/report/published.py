@@ -7,7 +7,6 @@ x26 scale, UnifiedReward on 1-5; composite = mean of column-wise z-scores over t
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pandas as pd
@@ -66,32 +65,6 @@ def table1() -> pd.DataFrame:
     frame = pd.DataFrame.from_dict(TABLE1, orient="index", columns=TABLE1_COLUMNS)
     frame.index.name = "model (published)"
     return frame
-
-
-def beside_paper(evals: pd.DataFrame | None, balancer_of: dict[str, str]) -> pd.DataFrame:
-    """One row per balancer: this run's eval scores (per reward, mean over the eval datasets
-    and the balancer's runs, i.e. seeds), then the published row in `published: ...` columns."""
-    balancers = list(dict.fromkeys(balancer_of.values())) or list(BALANCER_ROWS)
-    rows = []
-    for bal in balancers:
-        row: dict = {"balancer": bal}
-        runs = [r for r, b in balancer_of.items() if b == bal]
-        if evals is not None:
-            mine = evals.loc[[r for r in runs if r in evals.index]].drop(columns="checkpoint",
-                                                                        errors="ignore")
-            row["runs"] = len(mine)
-            # One column per reward (its mean over the eval datasets) keeps the table
-            # readable beside the published columns; the full table is `eval_scores`.
-            by_reward: dict[str, list[str]] = {}
-            for col in mine.columns:
-                by_reward.setdefault(col.rsplit("/", 1)[-1], []).append(col)
-            for reward, cols in by_reward.items():
-                values = mine[cols].apply(pd.to_numeric, errors="coerce")
-                row[f"this run: {reward}"] = float(values.stack().mean()) if len(mine) else math.nan
-        published = TABLE1.get(BALANCER_ROWS.get(bal, ""), [math.nan] * len(TABLE1_COLUMNS))
-        row.update({f"published: {c}": v for c, v in zip(TABLE1_COLUMNS, published)})
-        rows.append(row)
-    return pd.DataFrame(rows).set_index("balancer")
 
 
 def load_published(path: Path) -> dict:

@@ -53,8 +53,11 @@ def git_state(root: str | Path = SOURCE_ROOT) -> dict[str, Any]:
             return None
         return proc.stdout if proc.returncode == 0 else None
 
+    # `root` must be the work tree's top, not a folder inside one: marble installed as a wheel
+    # into a venv inside some checkout would otherwise record that checkout's commit.
+    top = git("rev-parse", "--show-toplevel")
     commit = git("rev-parse", "HEAD")
-    if commit is None:
+    if top is None or commit is None or Path(top.strip()).resolve() != Path(root).resolve():
         return {"commit": None, "dirty": None}
     status = git("status", "--porcelain")
     return {"commit": commit.strip(), "dirty": None if status is None else bool(status.strip())}

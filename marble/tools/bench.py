@@ -316,12 +316,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _flops_main(cfg, args) -> int:
     from marble.runtime.io import write_json, write_text
-    from marble.tools.bench_flops import FLOP_ROWS, bench_flops, markdown_table
+    from marble.tools.bench_flops import FLOP_ROWS, bench_flops, default_rows, markdown_table
 
     def names(text):
         return None if text is None else tuple(x.strip() for x in text.split(",") if x.strip())
 
-    rows = names(args.rows) or tuple(FLOP_ROWS)
+    rows = names(args.rows) or default_rows()
     if "weighted_sum" not in rows or set(rows) - set(FLOP_ROWS):
         print(f"marble bench: error: --rows {args.rows!r}: pick from {', '.join(FLOP_ROWS)}, "
               "weighted_sum included", file=sys.stderr)

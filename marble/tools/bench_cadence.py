@@ -35,8 +35,17 @@ def micro_step_kinds(cfg) -> Counter:
     return kinds
 
 
-def kind_row(method: str, full_solve_mode: str, full: bool, diagnostics: bool) -> str:
-    """The `marble bench flops` row that prices a micro-step of this kind."""
+def kind_row(method: str, full_solve_mode: str, full: bool, diagnostics: bool,
+             weighting: str | None = None) -> str:
+    """The `marble bench flops` row that prices a micro-step of this kind. A zoo balancer's
+    plain micro-steps have rows of their own; its diagnostic ones run the same passes as
+    MARBLE's (gramian) or the weighted sum's (gdpo, reward_sum)."""
+    from marble.balancers.advantage_level import ADVANTAGE_LEVEL
+
+    if method == "gramian" and not diagnostics and not (full and full_solve_mode != "retain"):
+        return f"zoo_{weighting}_full" if full else f"zoo_{weighting}"
+    if method in ADVANTAGE_LEVEL:
+        return "weighted_sum_diag" if diagnostics else method
     if full:
         base = "mgda" if full_solve_mode == "retain" else "marble_recompute"
     else:
@@ -48,11 +57,11 @@ def run_overhead(cfg, row_flops: dict[str, float]) -> dict:
     """Whole-run FLOPs of `cfg`'s cadence over its max_steps, relative to a weighted-sum
     run of the same length without diagnostics (`overhead` = ratio - 1)."""
     kinds = micro_step_kinds(cfg)
-    method, mode = cfg.balancer.method, cfg.balancer.full_solve
-    missing = {kind_row(method, mode, *kind) for kind in kinds} - set(row_flops)
+    method, mode, weighting = cfg.balancer.method, cfg.balancer.full_solve, cfg.balancer.weighting
+    missing = {kind_row(method, mode, *kind, weighting) for kind in kinds} - set(row_flops)
     if missing:
         raise KeyError(f"pricing run {cfg.preset!r} needs rows {sorted(missing)}")
-    total = sum(n * row_flops[kind_row(method, mode, full, diag)]
+    total = sum(n * row_flops[kind_row(method, mode, full, diag, weighting)]
                 for (full, diag), n in kinds.items())
     micro_steps = sum(kinds.values())
     base = micro_steps * row_flops["weighted_sum"]

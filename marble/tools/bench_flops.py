@@ -22,10 +22,15 @@ from __future__ import annotations
 import dataclasses
 import warnings
 
+import importlib.util
+
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["FLOP_ROWS", "bench_flops", "markdown_table", "MetaAutocast"]
+from marble.balancers.advantage_level import ADVANTAGE_LEVEL
+from marble.balancers.weightings import WEIGHTINGS
+
+__all__ = ["FLOP_ROWS", "ZOO_ROWS", "default_rows", "bench_flops", "markdown_table", "MetaAutocast"]
 
 # Row -> (method, balancer overrides, micro_index, prime the alpha cache). The rows of
 # `marble bench step` plus diagnostics on each kind of step (diagnostics_every = 1).
@@ -43,6 +48,17 @@ FLOP_ROWS = {
     "marble_recompute_diag": ("marble", {**_SOLVE, **_DIAG, "full_solve": "recompute"}, 0,
                               False),
 }
+# The balancer zoo (marble/balancers/gramian.py): per torchjd weighting a full-solve row
+# (a solve on every micro-step) above its amortized row (the cached weights, one backward),
+# and the advantage-level balancers, whose step is the weighted sum's.
+# Named as their presets (`zoo_<weighting>`): the bare names clash with the rows above.
+ZOO_ROWS = {}
+for _w in WEIGHTINGS:
+    ZOO_ROWS[f"zoo_{_w}_full"] = ("gramian", {**_SOLVE, "weighting": _w}, 1, False)
+    ZOO_ROWS[f"zoo_{_w}"] = ("gramian", {**_AMORTIZED, "weighting": _w}, 1, True)
+assert not set(ZOO_ROWS) & set(FLOP_ROWS), "a zoo row would replace a row above"
+ZOO_ROWS.update({m: (m, {}, 1, False) for m in ADVANTAGE_LEVEL})
+FLOP_ROWS.update(ZOO_ROWS)
 PAPER_RUNS = ("rho_07", "rho_07_exact", "full_mgda", "weighted_sum", "equal_alpha")
 TINY_RUNS = ("tiny", "tiny_mgda", "tiny_weighted_sum", "tiny_equal_alpha")
 GIB = 2**30
@@ -143,11 +159,26 @@ def _balancer(cfg, row: str):
     bcfg = dataclasses.replace(cfg.balancer, **{"method": method, "diagnostics_every": 0,
                                                  **overrides})
     bal = build_balancer(bcfg, cfg.reward_names)
-    if prime:
+    if prime:  # the balancer's own state format (a zoo row's names its weighting too)
         k = len(cfg.reward_names)
-        bal.load_state_dict({"method": method, "reward_names": cfg.reward_names,
-                             "alpha_cache": [1.0 / k] * k, "last_full": 0, "last_alpha": None})
+        bal.load_state_dict({**bal.state_dict(), "alpha_cache": [1.0 / k] * k, "last_full": 0,
+                             "last_alpha": None})
     return bal
+
+
+def default_runs(tiny: bool, rows) -> tuple:
+    """The presets whose whole-run overhead is priced: the current balancers', and the
+    zoo's whose rows were counted."""
+    base = TINY_RUNS if tiny else PAPER_RUNS
+    zoo = [("tiny_zoo_" if tiny else "zoo_") + w for w in WEIGHTINGS if f"zoo_{w}" in rows]
+    zoo += [("tiny_" if tiny else "") + m for m in ADVANTAGE_LEVEL if m in rows]
+    return (*base, *zoo)
+
+
+def default_rows() -> tuple:
+    """Every row; the torchjd ones only where torchjd is installed (the `zoo` extra)."""
+    zoo = importlib.util.find_spec("torchjd") is not None
+    return tuple(r for r in FLOP_ROWS if zoo or FLOP_ROWS[r][0] != "gramian")
 
 
 class _Precision:
@@ -192,12 +223,13 @@ def count_row(cfg, transformer, params, batch, row: str) -> dict:
             "peak_over_start_gib": (memory.peak - start) / GIB}
 
 
-def bench_flops(cfg, rows: tuple = tuple(FLOP_ROWS), runs: tuple | None = None,
+def bench_flops(cfg, rows: tuple | None = None, runs: tuple | None = None,
                 num_layers: int | None = None) -> dict:
     """Every row's counts (ratios to weighted_sum) and each run's whole-run overhead."""
     from marble.config import load_config
     from marble.tools.bench_cadence import run_overhead
 
+    rows = default_rows() if rows is None else rows
     if "weighted_sum" not in rows or set(rows) - set(FLOP_ROWS):
         raise ValueError(f"bench flops rows {list(rows)}: pick from {list(FLOP_ROWS)}, "
                          "weighted_sum included (the ratios' base)")
@@ -209,7 +241,7 @@ def bench_flops(cfg, rows: tuple = tuple(FLOP_ROWS), runs: tuple | None = None,
         r["flops_ratio"] = r["flops"] / ws["flops"]
         r["peak_ratio"] = r["peak_live_gib"] / ws["peak_live_gib"]
     tiny = "tiny" in cfg.model.path
-    runs = runs if runs is not None else (TINY_RUNS if tiny else PAPER_RUNS)
+    runs = runs if runs is not None else default_runs(tiny, rows)
     flops, per_run, unpriced = {row: r["flops"] for row, r in counted.items()}, {}, {}
     for name in runs:  # a run whose kinds of micro-step were not all counted is listed
         try:

@@ -6,7 +6,9 @@ counted, never averaged in as zeros.
 
 from __future__ import annotations
 
+import json
 import math
+import warnings
 from collections import defaultdict
 from pathlib import Path
 
@@ -105,11 +107,50 @@ class MetricsLog:
         self.enabled = enabled
         self.backends = list(backends)
         self._trackers = None
+        self._lines: list[str] | None = None  # what the file holds by our writes (a live run's truth)
+        self._size = 0
 
     def log(self, record: dict) -> None:
         if self.enabled:
+            self._restore_if_rolled_back()
+            line = json.dumps(_jsonable(record), allow_nan=True)
             append_jsonl(self.path, _jsonable(record))
+            self._lines.append(line)
+            self._size = self.path.stat().st_size
             self.trackers().log(_jsonable(record))
+
+    # Under a live run the file only grows by our appends. Something that replaced it
+    # meanwhile (`dvc checkout --force` restores the cached metrics.jsonl of an older
+    # commit; an editor; a copy) is refused, not merged: the lines this run holds are
+    # written back whole (atomically) before the next append, so no step is lost or
+    # logged twice, and a warning names what happened.
+    def _restore_if_rolled_back(self) -> None:
+        if self._lines is None:  # first record of a run that was never truncated: the file is the truth
+            self._lines = self._read_lines()
+            self._size = self.path.stat().st_size if self.path.is_file() else 0
+            return
+        size = self.path.stat().st_size if self.path.is_file() else -1
+        if (size == -1 and not self._lines) or (size == self._size and self._tail_matches()):
+            return
+        warnings.warn(f"{self.path} changed under this live run ({max(size, 0)} bytes, this run wrote "
+                      f"{self._size}: restored by `dvc checkout`?); rewriting the {len(self._lines)} "
+                      "lines this run holds, nothing of the other version is kept")
+        write_text(self.path, "".join(x + "\n" for x in self._lines))
+        self._size = self.path.stat().st_size
+
+    def _tail_matches(self) -> bool:
+        if not self._lines:
+            return True
+        tail = (self._lines[-1] + "\n").encode("utf-8")
+        with open(self.path, "rb") as fh:
+            fh.seek(max(0, self._size - len(tail)))
+            return fh.read() == tail
+
+    def _read_lines(self) -> list[str]:
+        if not self.path.is_file():
+            return []
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        return [lines[lineno - 1] for lineno, _ in read_jsonl(self.path)]
 
     def trackers(self):
         if self._trackers is None:
@@ -128,6 +169,7 @@ class MetricsLog:
         (a kill mid-write) included. A bad line elsewhere is an error naming it.
         """
         if not self.enabled or not self.path.is_file():
+            self._lines, self._size = [], 0
             return 0
         lines = self.path.read_text(encoding="utf-8").splitlines()
         records = read_jsonl(self.path)
@@ -136,6 +178,7 @@ class MetricsLog:
         dropped = sum(1 for line in lines if line.strip()) - len(kept)
         if dropped:
             write_text(self.path, "".join(x + "\n" for x in kept))
+        self._lines, self._size = kept, self.path.stat().st_size
         return dropped
 
     def read(self) -> list[dict]:

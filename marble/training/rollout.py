@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 from marble.config import RunConfig
 from marble.data.records import reward_masks
 from marble.maths.advantages import group_advantages, nan_weighted_mean
+from marble.maths.advantage_balancers import gdpo_advantages, reward_sum_advantages
 from marble.models.encode import decode_latents, encode_prompts, latent_shape
 from marble.models.lora import use_adapter
 from marble.models.sampling import sample_latents
@@ -104,12 +105,20 @@ def applicable_mask(table: pd.DataFrame, names: list[str], rows: torch.Tensor,
 
 
 def compute_advantages(rewards_all: torch.Tensor, groups_all: torch.Tensor,
-                       weights: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-reward group advantages [M, K] and the weighted-mean reward's advantage [M]."""
+                       weights: list[float], method: str = "weighted_sum"
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-reward group advantages [M, K] and the one-per-sample advantage [M] of the
+    weighted-sum step: the weighted-mean reward's, or GDPO's / the per-reward sum's for
+    those balancers (marble.maths.advantage_balancers)."""
     group_ids = groups_all.tolist()
     adv = group_advantages(rewards_all.double(), group_ids)
-    avg = nan_weighted_mean(rewards_all.double(), torch.tensor(weights, dtype=torch.float64))
-    avg_adv = group_advantages(avg, group_ids)
+    if method == "gdpo":
+        avg_adv = gdpo_advantages(rewards_all.double(), group_ids, weights)
+    elif method == "reward_sum":
+        avg_adv = reward_sum_advantages(rewards_all.double(), group_ids, weights)
+    else:
+        avg = nan_weighted_mean(rewards_all.double(), torch.tensor(weights, dtype=torch.float64))
+        avg_adv = group_advantages(avg, group_ids)
     return adv.float(), avg_adv.float()
 
 
@@ -199,7 +208,8 @@ class RolloutEngine:
         groups_all = dist.all_gather_cat(self.groups[rows])
         applicable_all = dist.all_gather_cat(applicable)
         weights = [r.weight for r in self.cfg.rewards]
-        adv_all, avg_all = compute_advantages(rewards_all, groups_all, weights)
+        adv_all, avg_all = compute_advantages(rewards_all, groups_all, weights,
+                                              self.cfg.balancer.method)
         n, rank = len(rows), self.info.rank
         mine = slice(rank * n, (rank + 1) * n)
         metrics = epoch_reward_metrics(self.names, rewards_all, applicable_all, adv_all)

@@ -51,11 +51,13 @@ def comparable(key: str, value):
     return value
 
 
-def config_differences(saved: dict, wanted: dict) -> list[str]:
-    """Keys (dotted) whose values differ and that change the result."""
+def config_differences(saved: dict, wanted: dict, by_content: frozenset = frozenset()) -> list[str]:
+    """Keys (dotted) whose values differ and that change the result. `by_content`: path
+    keys whose content the run folder's inputs.json records (marble.training.inputs
+    compares those by fingerprint, so a moved or copied project resumes)."""
     a, b = flat_config(saved), flat_config(wanted)
     keys = sorted(set(a) | set(b))
-    return [k for k in keys if k not in RESULT_NEUTRAL_KEYS
+    return [k for k in keys if k not in RESULT_NEUTRAL_KEYS and k not in by_content
             and comparable(k, a.get(k, "<absent>")) != comparable(k, b.get(k, "<absent>"))]
 
 
@@ -70,7 +72,7 @@ def check_run_dir(out_dir: Path, cfg: RunConfig) -> None:
         raise TrainError(f"{saved_path}: unreadable config ({exc})") from exc
     # Round-trip through YAML so tuples/lists and floats compare like the saved file.
     wanted = yaml.safe_load(dump_yaml(cfg))
-    diff = config_differences(saved, wanted)
+    diff = config_differences(saved, wanted, content_checked_keys(out_dir))
     if diff:
         # Every differing key with both values: the saved run's and the requested one.
         old, new = flat_config(saved), flat_config(wanted)
@@ -82,6 +84,19 @@ def check_run_dir(out_dir: Path, cfg: RunConfig) -> None:
             f"{', '.join(sorted(RESULT_NEUTRAL_KEYS))} may change on resume)."
         )
     check_max_steps(out_dir, cfg)
+
+
+def content_checked_keys(out_dir: Path) -> frozenset:
+    """PATH_KEYS whose fingerprint DIR/inputs.json records (its reader, marble.training.inputs,
+    refuses changed content; only the file's keys are read here)."""
+    try:
+        recorded = yaml.safe_load((Path(out_dir) / "inputs.json").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return frozenset()
+    if not isinstance(recorded, dict):
+        return frozenset()
+    return frozenset(k for k, v in recorded.items()
+                     if k in PATH_KEYS and isinstance(v, dict) and v.get("fingerprint"))
 
 
 def check_max_steps(out_dir: Path, cfg: RunConfig) -> None:

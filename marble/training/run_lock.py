@@ -1,4 +1,13 @@
-"""One trainer per run folder: `<run>/TRAINING.lock`, taken by `marble train` itself.
+"""One trainer per run folder: its TRAINING.lock, taken by `marble train` itself.
+
+Where the lock lives: outside the run folder, because run folders sit inside DVC outputs
+(`results/runs`) and `dvc checkout --force` deletes what an output folder holds beyond its
+cached version: a lock there vanished under a live trainer and a second one was admitted.
+The lock of `<project>/<rel>` is `<project>/.marble/locks/<rel>/TRAINING.lock`, the
+project being the nearest folder above the run with a `dvc.yaml`, `.dvc`, `.git` or `Snakefile`
+(`$MARBLE_STATE_DIR` replaces `<project>/.marble`); a run outside any project keeps it
+in a sibling `.marble-locks/<name>/`. `marble evaluate` takes EVALUATION.lock of its
+output folder the same way (`acquire(folder, name=EVAL_LOCK_NAME)`).
 
 The lock is taken by global rank 0 before the model loads, so every way of starting a
 trainer (Snakemake, the SLURM launcher, torchrun by hand, a restarted Snakemake that
@@ -30,6 +39,28 @@ import uuid
 from pathlib import Path
 
 LOCK_NAME = "TRAINING.lock"
+EVAL_LOCK_NAME = "EVALUATION.lock"
+STATE_ENV = "MARBLE_STATE_DIR"
+PROJECT_MARKERS = ("dvc.yaml", ".dvc", ".git", "Snakefile")  # a copied workflow folder too
+
+
+def project_root(folder: Path) -> Path | None:
+    """The nearest folder at or above `folder` that holds a project marker."""
+    for candidate in [folder, *folder.parents]:
+        if any((candidate / marker).exists() for marker in PROJECT_MARKERS):
+            return candidate
+    return None
+
+
+def lock_path(folder: Path, name: str = LOCK_NAME) -> Path:
+    """Where the lock of `folder` lives: under the project's state folder, never inside
+    `folder` (which DVC may delete or restore); see the module docstring."""
+    folder = Path(folder).expanduser().resolve()
+    root = project_root(folder.parent)
+    if root is None:
+        return folder.parent / ".marble-locks" / folder.name / name
+    state = Path(os.environ.get(STATE_ENV) or root / ".marble")
+    return state / "locks" / folder.relative_to(root) / name
 
 
 class RunLockError(RuntimeError):
@@ -142,10 +173,11 @@ def _take_over(lock: Path, seen: dict) -> bool:
     return True
 
 
-def acquire(run_dir: Path, log=print) -> Path:
-    """Take `run_dir`/TRAINING.lock for this process; RunLockError if a live trainer has it."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    lock = run_dir / LOCK_NAME
+def acquire(run_dir: Path, log=print, name: str = LOCK_NAME) -> Path:
+    """Take the lock of `run_dir` (`lock_path`) for this process; RunLockError if a live
+    owner has it."""
+    lock = lock_path(Path(run_dir), name)
+    lock.parent.mkdir(parents=True, exist_ok=True)
     me = _this_owner()
     for _ in range(3):  # a lost take-over race re-reads the new owner
         if _link_new(lock, me):
@@ -156,11 +188,12 @@ def acquire(run_dir: Path, log=print) -> Path:
         reason = stale_reason(owner)
         if reason is None:
             raise RunLockError(
-                f"{run_dir} is being trained by {describe(owner)} ({lock}); not starting a "
-                f"second trainer. Wait for it or stop it (scancel / kill); if it is gone, "
-                f"remove {lock}")
+                f"{run_dir} is being {'trained' if name == LOCK_NAME else 'evaluated'} by "
+                f"{describe(owner)} ({lock}); not starting a second "
+                f"{'trainer' if name == LOCK_NAME else 'evaluation'}. Wait for it or stop it "
+                f"(scancel / kill); if it is gone, remove {lock}")
         if _take_over(lock, owner):
-            log(f"marble train: taking over {lock}: {reason}")
+            log(f"marble: taking over {lock}: {reason}")
     raise RunLockError(f"{lock}: could not take the lock (another trainer keeps taking it)")
 
 

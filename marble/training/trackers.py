@@ -10,6 +10,7 @@ log) warns and is dropped: training goes on. Offline modes are the trackers' own
 
 from __future__ import annotations
 
+import hashlib
 import math
 import warnings
 from pathlib import Path
@@ -65,10 +66,11 @@ class WandbTracker:
     def __init__(self, out_dir: Path, run_name: str, project: str = "marble"):
         import wandb
 
-        # One W&B run per run folder, resumed after a requeue (id from the folder name).
+        # One W&B run per run folder, resumed after a requeue: the id is a digest of the folder's
+        # path (hash() of a str is salted per process, so a requeued job would start a new run).
+        digest = hashlib.sha256(str(out_dir.resolve()).encode("utf-8")).hexdigest()[:8]
         self.run = wandb.init(project=project, name=run_name, dir=str(out_dir),
-                              id=f"{run_name}-{abs(hash(str(out_dir.resolve()))) % 10**8}",
-                              resume="allow")
+                              id=f"{run_name}-{digest}", resume="allow")
 
     def log(self, scalars: dict[str, float], step: int) -> None:
         self.run.log(scalars, step=step)

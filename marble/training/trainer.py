@@ -62,7 +62,11 @@ from marble.training.rollout import (
     RolloutEngine,
     Rollouts,
 )
-from marble.training.run_dir import check_run_dir
+from marble.training.inputs import write_inputs
+from marble.training.outcome import failed_run_reason
+from marble.training.preflight import preflight
+from marble.training.run_dir import TrainError
+from marble.training.stages import CurrentState, StageSchedule, StageState
 from marble.training.stopping import StopRequest
 
 log = logging.getLogger(__name__)
@@ -93,23 +97,22 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.params, lr=t.lr, betas=tuple(t.adam_betas),
                                            weight_decay=t.weight_decay, eps=t.adam_eps)
         self.ema = WeightEMA(self.params, max_decay=t.ema_decay)
-        self.balancer = build_balancer(cfg.balancer, cfg.reward_names)
         self.precision: Precision = make_precision(m.mixed_precision, dev)
         self.scaler = self.precision.scaler  # fp16 only
         self.autocast = self.precision
         self.table = load_table(cfg.data.train)
-        self.sampler = StratifiedKRepeatSampler(
-            self.table["source"].tolist(), k=s.images_per_prompt, batch_size=s.batch_size,
-            world_size=self.info.world_size, rank=self.info.rank, seed=t.seed,
-            stratified=cfg.data.stratified, seed_scheme=cfg.data.sampler_seeds)
         self.sigmas = sigma_schedule(self.pipe.scheduler, s.num_steps).to(dev, torch.float32)
         self.reward_device = reward_device(t.reward_device, self.info.local_rank,
                                            cuda=dev.type == "cuda")
-        self.rollouts = RolloutEngine(self.pipe, cfg, self.table,
-                                      build_scorers(cfg.rewards, self.reward_device), self.sampler,
-                                      self.sigmas, self.info, self.autocast,
-                                      self._embed_cache(), progress,
-                                      reward_device=self.reward_device)
+        # Stage-owned pieces (sampler, scorers, balancer, lr) come from _enter_stage.
+        self.schedule, self.stage, self.rollouts = StageSchedule(cfg), None, None
+        self.scorers: dict = {}  # built once per reward, shared by the stages that use it
+        self.embed_cache = self._embed_cache()
+        for index in range(len(self.schedule.configs)):
+            # Every stage's prompts checked now: a bad later stage fails here in one line,
+            # not at its boundary hours into the run (samplers are cheap and draw no RNG).
+            self._stage_sampler(index)
+        self._enter_stage(0)
         self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", enabled=self.info.is_main,
                                   backends=cfg.logging.backends)
         self.step, self.epoch = 0, 0
@@ -120,17 +123,59 @@ class Trainer:
     def _checkpoint_states(self) -> dict:
         """Everything a resume restores, by name: one line per piece of state (the manager
         refuses a checkpoint that lacks one, so none can be forgotten)."""
-        return {
+        states = {
             "adapters": AdapterStates(self.pipe.transformer),  # online "default" and "old"
             "optimizer": self.optimizer,
             "step": AttributeState(self, "step"),
             "epoch": AttributeState(self, "epoch"),
-            "sampler": self.sampler,
-            "balancer": self.balancer,
+            # The stage's own objects (a boundary replaces them): whichever the trainer holds.
+            "sampler": CurrentState(self, "sampler"),
+            "balancer": CurrentState(self, "balancer"),
             "ema": self.ema,
             "scaler": OptionalState(self.scaler, "fp16 GradScaler"),
             "rng": RNGState(),
         }
+        if self.schedule.staged:
+            # Restored first (dicts keep order): it enters the stage whose sampler and
+            # balancer the checkpoint holds. A run without stages saves no stage key.
+            states = {"stage": StageState(self.schedule, lambda: self.stage, self._enter_stage),
+                      **states}
+        return states
+
+    def _enter_stage(self, index: int) -> None:
+        """Build what stage `index` owns; the optimizer, EMA and adapters carry over."""
+        if index == self.stage:
+            return
+        cfg = self.schedule.config(index)
+        if self.rollouts is not None:
+            self.rollouts.close()
+        table, self.sampler = self._stage_sampler(index)
+        self.balancer = build_balancer(cfg.balancer, cfg.reward_names)  # fresh: a new reward set
+        missing = [spec for spec in cfg.rewards if spec.name not in self.scorers]
+        self.scorers.update(build_scorers(missing, self.reward_device))
+        self.rollouts = RolloutEngine(self.pipe, cfg, table,
+                                      {r.name: self.scorers[r.name] for r in cfg.rewards},
+                                      self.sampler, self.sigmas, self.info, self.autocast,
+                                      self.embed_cache, self.progress,
+                                      reward_device=self.reward_device)
+        for group in self.optimizer.param_groups:
+            group["lr"] = cfg.train.lr
+        self.stage, self.stage_cfg = index, cfg
+
+    def _stage_sampler(self, index: int) -> tuple:
+        """Stage `index`'s prompt rows and sampler; a TrainError naming the stage when its
+        sources cannot fill a sampling batch (`marble train` prints it as one line)."""
+        cfg, s = self.schedule.config(index), self.cfg.sampling
+        table = self.schedule.table(self.table, index)
+        try:
+            return table, StratifiedKRepeatSampler(
+                table["source"].tolist(), k=s.images_per_prompt, batch_size=s.batch_size,
+                world_size=self.info.world_size, rank=self.info.rank, seed=self.cfg.train.seed,
+                stratified=cfg.data.stratified, source_shares=self.schedule.shares(index),
+                seed_scheme=cfg.data.sampler_seeds)
+        except ValueError as exc:
+            where = f"stage {self.schedule.name(index)!r}: " if self.schedule.staged else ""
+            raise TrainError(f"{where}{exc}") from None
 
     def _embed_cache(self):
         if not self.cfg.data.embed_cache:
@@ -162,12 +207,14 @@ class Trainer:
 
     def train_epoch(self) -> dict:
         t0 = time.perf_counter()
+        self._enter_stage(self.schedule.index(self.step))  # a boundary: the next stage's pieces
         ro = self.rollouts.collect(self.epoch)
         # Means over micro-steps: `full_solve` is the fraction of micro-steps that solved;
         # alpha/* keep the last value (the weights in force after the step).
         averager = StepAverager()
         self._optimize(ro, averager)
-        record = {"step": self.step, "epoch": self.epoch, "balancer": self.cfg.balancer.method}
+        record = {"step": self.step, "epoch": self.epoch, "balancer": self.stage_cfg.balancer.method,
+                  **self.schedule.record(self.stage)}
         record.update(ro.metrics)
         step_metrics = averager.result()
         loss_keys = sorted(k for k in step_metrics if k.startswith("loss/"))
@@ -312,17 +359,20 @@ def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
     without one the handlers are installed here, before the model loads.
     """
     out_dir = Path(out_dir)
-    check_run_dir(out_dir, cfg)  # before config.yaml is replaced: refuse a changed config
+    # Validate, then write: every input and the folder's identity (config and input
+    # content) are checked before config.yaml is replaced (marble.training.preflight).
+    inputs = preflight(cfg, out_dir)
     info = dist.init_distributed(device)
-    if info.is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_text(out_dir / "config.yaml", dump_yaml(cfg))
-        write_provenance(out_dir, to_dict(cfg))  # this attempt's code and libraries
     start = time.perf_counter()
     with contextlib.ExitStack() as scope:
         if stop is None:
             stop = scope.enter_context(StopRequest())
         trainer = Trainer(cfg, out_dir, device=device, progress=progress)
+        if info.is_main:  # once the model, table and rewards loaded: a failed start writes nothing
+            out_dir.mkdir(parents=True, exist_ok=True)
+            write_text(out_dir / "config.yaml", dump_yaml(cfg))
+            write_inputs(out_dir, inputs)
+            write_provenance(out_dir, to_dict(cfg))  # this attempt's code and libraries
         try:
             resumed, requeue = _train_loop(trainer, cfg, progress and info.is_main, stop)
         finally:
@@ -337,6 +387,11 @@ def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
         "balancer": cfg.balancer.method, "final_rewards": _final_rewards(trainer.metrics.read()),
         "requeue": requeue, "stop_signal": stop.signal_name,
     }
+    # Every step skipped, or a reward NaN throughout: a failed run, no summary (all ranks raise).
+    reason = dist.broadcast_object(failed_run_reason(trainer.metrics.read(), cfg.reward_names)
+                                   if info.is_main and not requeue else None)
+    if reason:
+        raise TrainError(f"{out_dir}: {reason}; no train_summary.json written")
     if info.is_main and not requeue:  # the workflow's output: only for a finished run
         write_json(out_dir / "train_summary.json", summary)
     dist.barrier()

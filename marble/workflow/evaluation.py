@@ -99,6 +99,8 @@ def settings_name(eval_cfg: dict, model_dir: str) -> str:
     settings["model"] = os.path.normpath(model_dir)
     if eval_cfg.get("model_type", "sd3") != "sd3":  # absent for sd3: earlier folder names stay
         settings["model_type"] = eval_cfg["model_type"]
+    if eval_cfg.get("numerics", "marble") != "marble":  # other numerics, other images
+        settings["numerics"] = eval_cfg["numerics"]
     if eval_cfg["reward_options"]:  # absent when empty: folder names of earlier runs stay
         settings["reward_options"] = eval_cfg["reward_options"]
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
@@ -136,7 +138,8 @@ def evaluate_args(eval_cfg: dict, dataset: str) -> str:
     args = [f"--model_type {q(eval_cfg.get('model_type', 'sd3'))}",
             f"--num_inference_steps {q(eval_cfg['num_inference_steps'])}",
             f"--guidance_scale {q(eval_cfg['guidance_scale'])}",
-            f"--mixed_precision {q(eval_cfg['mixed_precision'])}"]
+            f"--mixed_precision {q(eval_cfg['mixed_precision'])}",
+            f"--numerics {q(eval_cfg.get('numerics', 'marble'))}"]
     if eval_cfg["limit"] is not None:
         args.append(f"--limit {q(eval_cfg['limit'])}")
     if eval_cfg["resolution"] is not None:

@@ -14,8 +14,7 @@ import json
 import statistics
 from pathlib import Path
 
-import yaml
-
+from marble.workflow import configs as wf_configs
 from marble.workflow import cost as wf_cost
 from marble.workflow import plan as wf_plan
 from marble.workflow import runs as wf_runs
@@ -83,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if not args.config.is_file():
         raise SystemExit(f"marble plan: --config {args.config}: no such file")
-    config = yaml.safe_load(args.config.read_text(encoding="utf-8")) or {}
+    config = wf_configs.load([args.config])  # an overlay gets its `overlay_on:` base
     for key in ("mode", "runs", "train", "dataset", "model_dir"):
         if key not in config:
             raise SystemExit(f"marble plan: {args.config}: missing key `{key}`")

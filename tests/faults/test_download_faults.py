@@ -92,17 +92,21 @@ def test_an_empty_or_unverified_file_is_not_present(tmp_path):
     assert "verified as" in verify.problem(hub_file, tmp_path)
 
 
-def test_the_hash_is_cached_by_size_and_mtime(tmp_path, monkeypatch):
+def test_the_hash_is_cached_by_stat_and_sampled_content(tmp_path, monkeypatch):
+    """Cached while size, mtime, inode, ctime and the sampled bytes are unchanged; a same-size
+    corruption whose mtime was put back (size + mtime alone were fooled) is hashed again."""
+    from marble.runtime import fingerprint
+
     calls = []
-    real = verify.digests
-    monkeypatch.setattr(verify, "digests", lambda path: calls.append(path) or real(path))
+    real = fingerprint.full_digests
+    monkeypatch.setattr(fingerprint, "full_digests", lambda path: calls.append(path) or real(path))
     e = Entry("datasets", "p.txt", "http://127.0.0.1:9/p", len(PAYLOAD), SHA)
     (tmp_path / "p.txt").write_bytes(PAYLOAD)
     assert verify.problem(e, tmp_path) is None and verify.problem(e, tmp_path) is None
     assert len(calls) == 1  # the second check read the sidecar
-    same_size_corruption(tmp_path / "p.txt")
     stat = (tmp_path / "p.txt").stat()
-    os.utime(tmp_path / "p.txt", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    same_size_corruption(tmp_path / "p.txt")
+    os.utime(tmp_path / "p.txt", ns=(stat.st_atime_ns, stat.st_mtime_ns))  # mtime restored
     assert verify.problem(e, tmp_path).startswith("sha256") and len(calls) == 2
 
 

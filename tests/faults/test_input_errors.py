@@ -100,6 +100,15 @@ def test_a_full_disk_during_torch_save_says_no_space_and_names_the_folder(mount_
     assert describe_write_failure(err.value, disk) == f"No space left on device: {disk}"
 
 
+def a_table(folder):
+    """A valid one-prompt table: `marble train` reads its inputs before writing (preflight)."""
+    from marble.data.records import PromptRecord, to_frame
+
+    path = folder / "train.parquet"
+    to_frame([PromptRecord.make("a cat", "pickscore")], {}).to_parquet(path)
+    return path
+
+
 def train_argv(out, table):
     return ["--preset", "tiny", "--output-dir", str(out), "--set", "model.path=random:tiny",
             "--set", f"data.train={table}"]
@@ -109,8 +118,7 @@ def test_disk_full_during_a_checkpoint_is_one_line_from_marble_train(mount_tmpfs
     from marble.training import checkpoint
 
     disk = mount_tmpfs("size=256k")
-    table = tmp_path / "train.parquet"
-    table.write_bytes(b"")
+    table = a_table(tmp_path)
 
     def run_training(cfg, out_dir, device=None, progress=True, stop=None):  # the real signature
         checkpoint.save_checkpoint(checkpoint.checkpoint_dir(out_dir, 1), {"w": torch.zeros(1 << 18)}, keep=None)
@@ -126,13 +134,13 @@ def test_a_read_only_run_folder_is_one_line(mount_tmpfs, tmp_path, capsys):
     disk = mount_tmpfs("size=1m")
     (disk / "run").mkdir()
     subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
-    table = tmp_path / "train.parquet"
-    table.write_bytes(b"")
+    table = a_table(tmp_path)
     with pytest.raises(SystemExit) as exc:
         train.main(train_argv(disk / "run", table))
     err = capsys.readouterr().err.strip()
     assert exc.value.code == 2 and len(err.splitlines()) == 1
-    assert err.startswith("marble train: error: Read-only file system: ") and str(disk / "run") in err
+    # The first write is the run's lock (beside the run when no project holds it).
+    assert err.startswith("marble train: error: Read-only file system: ") and str(disk) in err
 
 
 def eval_argv(raw, out, dataset, *extra):

@@ -7,6 +7,7 @@ from pathlib import Path
 from snakemake.utils import min_version, validate
 
 from marble.workflow import checkpoints as wf_ckpts
+from marble.workflow import configs as wf_configs
 from marble.workflow import evaluation as wf_eval
 from marble.workflow import plan as wf_plan
 from marble.workflow import runs as wf_runs
@@ -22,6 +23,9 @@ if not workflow.config_settings.configfiles:
     configfile: "config.yaml"
 
 
+# config/paper.yaml & co. are overlays on config/eval.yaml (`overlay_on:`): the base goes beneath
+# them here, so one --configfile is complete, never the schema's default eval protocol.
+wf_configs.compose_in_place(config)
 validate(config, "../schemas/config.schema.yaml")
 
 MODE = config["mode"]
@@ -54,6 +58,13 @@ wildcard_constraints:
 def run_overrides(run):
     embed = EMBED_DIR if config["dataset"]["embed"] else None
     return wf_runs.run_overrides(RUNS[run], MODEL_DIR, DATASET_DIR, embed)
+
+
+def table1_choice():
+    """Table 1's open choices (eval.table1_geneval, eval.table1_prompts) as arguments."""
+    return "--geneval {} --prompts {}".format(
+        shlex.quote(EVAL["table1_geneval"]), shlex.quote(EVAL["table1_prompts"])
+    )
 
 
 def final_ckpt(run):

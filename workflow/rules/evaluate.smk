@@ -115,8 +115,9 @@ rule paper_comparison:
         MARBLE_ENV
     params:
         eval_dirs=summary_dirs(),
+        choice=table1_choice(),
     shell:
-        "python workflow/scripts/published.py {params.eval_dirs}"
+        "python workflow/scripts/published.py {params.eval_dirs} {params.choice}"
         " --published {input.published:q} --out {output:q} > {log:q} 2>&1"
 
 
@@ -138,6 +139,7 @@ rule table1:
     params:
         eval_dirs=summary_dirs(),
         out_dir=lambda wc, output: os.path.dirname(output.md),
+        choice=table1_choice(),
     shell:
         "python -m marble.report.table1 {params.eval_dirs} --published {input.published:q}"
-        " --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        " --out-dir {params.out_dir:q} {params.choice} > {log:q} 2>&1"

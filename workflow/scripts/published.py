@@ -1,42 +1,26 @@
-"""Our evaluation of public checkpoints beside the paper's published rows.
+"""Our evaluation of public checkpoints beside the paper's published rows, one line per metric.
 
     python workflow/scripts/published.py --eval-dir results/eval/<settings> \
         --published config/paper_published.yaml --out results/eval/paper_comparison.md
 
-For each published row whose `run` we evaluated: ours, published, and ours - published
-per metric (the Table-1 columns of marble.evaluation.summary). A metric we did not evaluate is
-"–", never 0; a published row we have no results for is listed as missing.
+The table is marble.report.table1's (the one Table 1 builder: its ours, its guards); this
+page lists it long, with ours - published per metric. A metric we did not evaluate is "–",
+never 0; a published row we have no results for is listed as missing.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 
-from marble.evaluation.summary import PAPER_METRICS, collect, wide_table
-from marble.runtime.io import write_text
+from marble.report import table1
 from marble.report.published import load_published
-
-COLUMNS = [c for c, *_ in PAPER_METRICS]
+from marble.runtime.io import write_text
 
 
 def comparison(ours: dict[str, dict[str, float]], published: dict) -> list[dict]:
-    """One record per (published row, metric): ours, paper, difference (None if absent).
-    `ours` maps our run name to its Table-1 values (the run's single checkpoint)."""
-    records = []
-    for name, row in published["rows"].items():
-        mine = ours.get(row["run"])
-        for metric in COLUMNS:
-            if metric not in row["values"]:
-                continue
-            paper = float(row["values"][metric])
-            value = None if mine is None else mine.get(metric)
-            if value is not None and not math.isfinite(value):
-                value = None
-            records.append({"row": name, "run": row["run"], "metric": metric, "ours": value,
-                            "paper": paper, "diff": None if value is None else value - paper})
-    return records
+    """One record per (published row, metric): ours, paper, difference (None if absent)."""
+    return table1.differences(table1.build(ours, published))
 
 
 def render(records: list[dict], source: str) -> str:
@@ -55,27 +39,22 @@ def render(records: list[dict], source: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def ours_by_run(eval_dir) -> dict[str, dict[str, float]]:
-    table, _ = wide_table(collect(eval_dir))
-    out: dict[str, dict[str, float]] = {}
-    for key, row in table.iterrows():
-        run = str(key).split("/")[0]
-        if run in out:
-            raise ValueError(f"{eval_dir}: run {run} has several checkpoints; compare one")
-        out[run] = {c: float(row[c]) for c in table.columns if c in COLUMNS}
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--eval-dir", type=Path, required=True, action="append",
                    help="a settings folder (repeat: each row may have its own)")
     p.add_argument("--published", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--geneval", choices=sorted(table1.GENEVAL_AGGREGATES), default="task_mean")
+    p.add_argument("--prompts", choices=table1.PROMPT_SETS, default="pickscore")
     args = p.parse_args(argv)
     published = load_published(args.published)
-    write_text(args.out, render(comparison(ours_by_run(args.eval_dir), published),
-                                published.get("source", str(args.published))))
+    try:
+        ours = table1.ours_by_run(args.eval_dir, table1.Choice(args.geneval, args.prompts))
+    except ValueError as exc:  # the builder's merge guards: one line in the job's log, no traceback
+        raise SystemExit(f"published.py: error: {exc}") from None
+    records = comparison(ours, published)
+    write_text(args.out, render(records, published.get("source", str(args.published))))
     return 0
 
 

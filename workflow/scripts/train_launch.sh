@@ -18,7 +18,7 @@ fi
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 gpus="${MARBLE_GPUS_PER_NODE:-0}"
 
-# One trainer per run folder: `marble train` itself takes <run>/TRAINING.lock (pid,
+# One trainer per run folder: `marble train` itself takes the run's TRAINING.lock (pid,
 # host, SLURM job id; marble/training/run_lock.py), so every launch path meets it.
 # This script only keeps every attempt's output in the run folder: Snakemake's jobstep
 # recreates the rule's log when SLURM requeues the job, so logs/train/<run>.log holds

@@ -33,11 +33,12 @@ import yaml
 from marble.assets.manifest import MANIFEST, load_manifest
 from marble.runtime.io import sha256_file
 from marble.tools.dev import replicas, replicas_hps
+from marble.workflow import configs
 
 # open_clip architecture of the HPS replica (pass it as the hpsv2 reward's model_config/arch).
 HPS_ARCH = "marble-tiny-hps"
 # Bumped when a replica's format changes, so a harness rebuilds an older mirror folder.
-REPLICA_VERSION = 4  # 3: PaddleOCR's model tars; 4: Table 1's public rows
+REPLICA_VERSION = 5  # 3: PaddleOCR's model tars; 4: Table 1's public rows; 5: the DiffusionNFT LoRA
 # The paper config whose pinned public rows (eval.checkpoints, eval.protocols.*.model) the
 # mirror serves at their commits (the one place those commits are written).
 PAPER_CONFIG = Path(__file__).resolve().parents[3] / "config" / "paper.yaml"
@@ -80,6 +81,8 @@ def _public_row_builders(seed: int) -> dict:
         "stabilityai/stable-diffusion-3.5-large": (lambda d: replicas.sd3_repo(d, seed + 22), True),
         # A LoRA for the SD3.5-M replica, in the hub repo's peft format.
         "jieliu/SD3.5M-FlowGRPO-PickScore": (lambda d: replicas.sd3_peft_lora_repo(d, seed + 23), False),
+        # The DiffusionNFT multi-reward LoRA (pinned since issue 29), in the same peft format.
+        "worstcoder/SD3.5M-DiffusionNFT-MultiReward": (lambda d: replicas.sd3_peft_lora_repo(d, seed + 24), False),
     }
 
 
@@ -89,7 +92,8 @@ def pinned_public_rows(config: str | Path = PAPER_CONFIG) -> dict[str, str]:
     PIN-A-COMMIT are left out (the workflow's fetch refuses them too)."""
     from marble.assets.hub_ref import is_hub_ref, parse_hub_ref
 
-    ev = (yaml.safe_load(Path(config).read_text(encoding="utf-8")) or {}).get("eval") or {}
+    # config/paper.yaml is an overlay on config/eval.yaml (its base, beside it in config/).
+    ev = configs.load([config], root=Path(config).resolve().parents[1]).get("eval") or {}
     refs = [*(ev.get("checkpoints") or {}).values(),
             *((spec or {}).get("model") for spec in (ev.get("protocols") or {}).values())]
     out = {}

@@ -1,0 +1,117 @@
+"""Validate, then write: every input of `marble train` checked before the first file is written.
+
+A start that failed on a bad input used to leave config.yaml behind, and the corrected
+command was refused as "a different training config". `preflight(cfg, out_dir)` reads
+every input the way training will (reward names against the registry, the table parsed
+and non-empty, the model folder a diffusers folder, the embedding cache built for this
+model and sequence length), then checks the run folder's identity (config.yaml keys,
+inputs.json content), and returns the inputs' fingerprints for `run_training` to record
+once the trainer is built. Nothing here writes. Errors are TrainError, one line naming
+the key, the file and the value.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from marble.config import RunConfig, stage_config
+from marble.runtime.fingerprint import mismatched
+from marble.training.inputs import check_inputs, current_inputs
+from marble.training.run_dir import TrainError, check_run_dir
+
+
+def check_rewards(cfg: RunConfig) -> None:
+    from marble.rewards import available  # the registry imports torch: deferred past --help
+
+    known = available()
+    # The run's rewards, then each stage's (a curriculum stage may name its own set).
+    stages = [(f"stages[{k}].", stage_config(cfg, k)) for k in range(len(cfg.stages))]
+    for where, config in [("", cfg), *stages]:
+        for i, name in enumerate(config.reward_names):
+            if name not in known:
+                raise TrainError(f"`{where}rewards[{i}].name` = {name!r} is not a reward "
+                                 f"(available: {', '.join(known)})")
+
+
+def check_table(cfg: RunConfig) -> None:
+    from marble.data.records import DataError, load_table
+
+    path = cfg.data.train
+    try:
+        table = load_table(path)
+    except FileNotFoundError:
+        raise TrainError(f"training table not found: `data.train` = {path!r} "
+                         "(assemble it with `marble data assemble`)") from None
+    except DataError as exc:
+        raise TrainError(f"`data.train`: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises its own types for a damaged file
+        raise TrainError(f"`data.train` = {path!r} is not a readable parquet table "
+                         f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+    if len(table) == 0:
+        raise TrainError(f"`data.train` = {path!r} holds no prompts (an empty table)")
+
+
+def unreadable_weights(folder: Path) -> str | None:
+    """The first safetensors file of a model folder whose header does not parse (a truncated
+    or overwritten file: diffusers would fail deep in from_pretrained), with the reason."""
+    from safetensors import safe_open
+
+    for path in sorted(folder.rglob("*.safetensors")):
+        if any(part.startswith(".") for part in path.relative_to(folder).parts):
+            continue
+        try:
+            with safe_open(str(path), framework="np"):
+                pass
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own SafetensorError
+            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return f"{path}: not a readable safetensors file ({why})"
+    return None
+
+
+def check_model_folder(cfg: RunConfig) -> None:
+    path = Path(cfg.model.path).expanduser()
+    if cfg.model.path.startswith("random:") or not path.exists():
+        return  # a hub id (or its refusal) is `marble train`'s check_model_path
+    if not path.is_dir() or not (path / "model_index.json").is_file():
+        raise TrainError(f"`model.path` = {cfg.model.path!r} is not a diffusers model folder "
+                         "(no model_index.json)")
+    damaged = unreadable_weights(path)
+    if damaged:
+        raise TrainError(f"`model.path` = {cfg.model.path!r} does not load: {damaged}")
+
+
+def check_embed_cache(cfg: RunConfig) -> None:
+    """The cache must encode prompts with this model's text encoders at this sequence length."""
+    if not cfg.data.embed_cache:
+        return
+    from marble.data.embed_cache import INDEX, model_identity
+
+    index_path = Path(cfg.data.embed_cache) / INDEX
+    try:
+        index = json.loads(index_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise TrainError(f"`data.embed_cache` = {cfg.data.embed_cache!r}: {index_path} unreadable "
+                         f"({type(exc).__name__}); rebuild it with `marble data embed`") from None
+    want = {"model": model_identity(cfg.model.path), "max_sequence_length": cfg.model.max_sequence_length}
+    for key, value in want.items():
+        if index.get(key) != value:
+            raise TrainError(f"`data.embed_cache` = {cfg.data.embed_cache!r} was built for {key} "
+                             f"{index.get(key)!r}, this run uses {value!r} (`model.path` / "
+                             "`model.max_sequence_length`); rebuild it with `marble data embed`")
+    damaged = mismatched(cfg.data.embed_cache, index.get("checksums") or {})
+    if damaged:
+        raise TrainError(f"`data.embed_cache` = {cfg.data.embed_cache!r} is damaged ({'; '.join(damaged)}); "
+                         "rebuild it with `marble data embed` into an empty --out")
+
+
+def preflight(cfg: RunConfig, out_dir: Path) -> dict[str, dict]:
+    """Every check, no write; returns the inputs' fingerprints (marble.training.inputs)."""
+    check_rewards(cfg)
+    check_model_folder(cfg)
+    check_table(cfg)
+    check_embed_cache(cfg)
+    check_run_dir(Path(out_dir), cfg)
+    now = current_inputs(cfg)
+    check_inputs(Path(out_dir), now)
+    return now

@@ -1,0 +1,83 @@
+# NOT INCLUDED YET (issue 27 item 5): this file reuses workflow/rules/claim.smk (rule
+# claim_run, `wf_claim`), which is on engineer "claim"'s branch, not on main at 22:55 UTC.
+# When claim lands: add `include: "workflow/rules/zoo.smk"` after claim.smk's include in the
+# Snakefile, the `zoo:` section of docs/balancers.md to config.yaml and
+# `zoo: {$ref: "#/properties/claim"}` under the schema's properties. Checked in a scratch
+# merge with claim: `snakemake -n zoo` plans 70 runs; a shrunk config (5 arms x 2 seeds x
+# 3 steps) ran end to end in 16 min on the loaded 2 cores (verdict.json, claim.md, cost.json).
+#
+# `snakemake -c2 zoo` (docs/balancers.md): the claim experiment's machinery with the balancer
+# zoo's arms (config.yaml `zoo:`, the claim section's schema): every torchjd weighting, GDPO
+# and the per-reward advantage sum beside MARBLE and the weighted sum, same paired seeds,
+# steps and statistics. Results in results/zoo; separate from `claim` and `all`.
+
+ZOO = config["zoo"]
+ZOO_DIR = "results/zoo"
+ZOO_RUNS = wf_claim.runs(ZOO)
+ZOO_ARMS = wf_claim.arms(ZOO)
+# the bench rows that price every zoo arm (marble.tools.bench_cadence.kind_row)
+ZOO_ROWS = ",".join(["weighted_sum", "weighted_sum_diag", "marble", "marble_diag", "mgda",
+                     "mgda_diag", "gdpo", "reward_sum"]
+                    + [f"zoo_{w}{s}" for w in ("mgda", "upgrad", "cagrad", "nash_mtl", "imtl_g",
+                                               "dualproj", "aligned_mtl", "pcgrad", "random",
+                                               "fairgrad") for s in ("", "_full")])
+
+
+wildcard_constraints:
+    zoorun=r"[A-Za-z0-9][A-Za-z0-9_.]*-s[0-9]+",
+
+
+use rule claim_run as zoo_run with:
+    output:
+        f"{ZOO_DIR}/runs/{{zoorun}}/train_summary.json",
+    log:
+        "logs/zoo/{zoorun}.log",
+    benchmark:
+        "benchmarks/zoo/{zoorun}.tsv"
+    params:
+        preset=lambda wc: ZOO_RUNS[wc.zoorun]["preset"],
+        run_dir=lambda wc, output: os.path.dirname(output[0]),
+        args=lambda wc: wf_runs.train_args(
+            ZOO_RUNS[wc.zoorun],
+            wf_runs.run_overrides(ZOO_RUNS[wc.zoorun], MODEL_DIR, DATASET_DIR, None)),
+
+
+rule zoo_cost:
+    input:
+        model=MODEL_DIR,
+    output:
+        flops=f"{ZOO_DIR}/flops.json",
+        cost=f"{ZOO_DIR}/cost.json",
+    log:
+        "logs/zoo/cost.log",
+    conda:
+        MARBLE_ENV
+    params:
+        arms=json.dumps(ZOO_ARMS, sort_keys=True),
+        rows=ZOO_ROWS,
+    shell:
+        "marble bench flops --preset tiny --set model.path={input.model:q}"
+        " --rows {params.rows:q} --runs tiny --json {output.flops:q} > {log:q} 2>&1"
+        " && python -m marble.tools.claim_cost --flops {output.flops:q} --arms {params.arms:q}"
+        " --model {input.model:q} --out {output.cost:q} >> {log:q} 2>&1"
+
+
+rule zoo:
+    input:
+        runs=expand(f"{ZOO_DIR}/runs/{{r}}/train_summary.json", r=ZOO_RUNS),
+        cost=f"{ZOO_DIR}/cost.json",
+    output:
+        verdict=f"{ZOO_DIR}/verdict.json",
+        md=f"{ZOO_DIR}/claim.md",
+        figures=directory(f"{ZOO_DIR}/figures"),
+    log:
+        "logs/zoo/report.log",
+    conda:
+        MARBLE_ENV
+    params:
+        marble_arm=ZOO["marble_arm"],
+        baseline=ZOO["baseline_arm"],
+    shell:
+        "python -m marble.report.claim_cli --runs {ZOO_DIR}/runs --cost {input.cost:q}"
+        " --benchmarks benchmarks/zoo --marble-arm {params.marble_arm:q}"
+        " --baseline-arm {params.baseline:q} --out {ZOO_DIR} > {log:q} 2>&1"
