@@ -14,6 +14,7 @@ include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/paper_tables.smk"
+include: "workflow/rules/claim.smk"
 
 
 from marble.workflow import preflight as wf_preflight
@@ -37,6 +38,7 @@ localrules:
     harmony,
     cost,
     paper_tables,
+    claim,
 
 
 # Compute nodes are often offline: downloads run where Snakemake runs (the login node).

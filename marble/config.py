@@ -137,6 +137,10 @@ class DataConfig:
     test: str = "data/datasets/test.parquet"
     embed_cache: str | None = None  # folder written by `marble data embed`
     stratified: bool = True
+    # Prompt-plan seeds (marble.data.sampler.plan_seed): `keyed` (ours, the default) gives
+    # every (seed, epoch) its own plan; `reference` is the reference's seed + epoch, where
+    # seed s + 1 replays seed s one epoch late. The paper presets choose `reference`.
+    sampler_seeds: Literal["keyed", "reference"] = "keyed"
 
 
 @dataclass

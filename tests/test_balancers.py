@@ -131,13 +131,18 @@ def test_marble_schedule_and_alpha_ema_by_hand():
 
 
 def test_equal_alpha_never_solves_and_defaults_to_uniform(monkeypatch):
-    monkeypatch.setattr(solve_mod, "min_norm_weights", lambda g: pytest.fail("solved"))
+    """Its applied alpha never comes from the QP; the QP runs only for the diagnostics'
+    fresh solve (issue 26 item 4: `cos_solve*`), on diagnostic steps."""
+    real, calls = solve_mod.min_norm_weights, []
+    monkeypatch.setattr(solve_mod, "min_norm_weights", lambda g: calls.append(1) or real(g))
     toy = Toy(13)
     bal = build_balancer(BalancerConfig(method="equal_alpha", diagnostics_every=2), NAMES)
     for gs in range(4):
+        before = len(calls)
         _, m = toy.applied_grad(bal, _adv(gs), global_step=gs)
         assert m["full_solve"] == 0.0 and m["alpha/r2"] == pytest.approx(1 / 3)
-        assert ("cos_min" in m) == (gs % 2 == 0)
+        assert ("cos_min" in m) == (gs % 2 == 0) == ("cos_solve_min" in m)
+        assert len(calls) - before == (1 if gs % 2 == 0 else 0)
 
 
 def test_diagnostics_on_weighted_sum_match_independent_cosines():

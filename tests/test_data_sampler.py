@@ -131,3 +131,21 @@ def test_the_k_copies_of_a_prompt_spread_over_ranks_as_a_uniform_shuffle():
     assert abs(sum(reached) / len(reached) - expected) < 0.1
     # Within a rank the copies are not adjacent either: the plan is not sorted by prompt.
     assert any(list(row) != sorted(row) for row in s.global_plan(0).tolist())
+
+
+def _plan_key(seed: int, epoch: int, scheme: str) -> tuple:
+    s = StratifiedKRepeatSampler(SOURCES, k=4, batch_size=6, world_size=4, rank=0, seed=seed,
+                                 seed_scheme=scheme)
+    return tuple(s.global_plan(epoch).ravel().tolist())
+
+
+def test_keyed_plans_of_seeds_0_to_15_over_epochs_0_to_9_are_pairwise_different():
+    """Issue 26: under `seed + epoch` seed 43's epoch 0 is seed 42's epoch 1; keyed plans
+    of 160 (seed, epoch) pairs are all distinct (the default), the reference's are not."""
+    keyed = {(s, e): _plan_key(s, e, "keyed") for s in range(16) for e in range(10)}
+    assert len(set(keyed.values())) == len(keyed) == 160
+    assert make().seed_scheme == "keyed"  # the default
+    assert _plan_key(42, 1, "reference") == _plan_key(43, 0, "reference")  # the named option
+    with pytest.raises(ValueError, match="sampler_seeds"):
+        StratifiedKRepeatSampler(SOURCES, k=4, batch_size=6, world_size=4, rank=0, seed=0,
+                                 seed_scheme="seed_plus_epoch")

@@ -52,9 +52,10 @@ def _balancer(cfg, method, diagnostics, amortized):
 
 # (method, diagnostics_every, amortized, full_solve mode) -> host reads in one micro-step
 CASES = [
-    ("weighted_sum", 1, False, "retain", 0),  # cosines stay on the device
+    # diagnostics: the fresh solve on the step's gradients reads its Gram for the QP (issue 26)
+    ("weighted_sum", 1, False, "retain", 1),
     ("marble", 0, True, "retain", 0),  # the amortized step
-    ("marble", 1, True, "retain", 0),
+    ("marble", 1, True, "retain", 1),
     ("marble", 0, False, "recompute", 1),  # a full solve: the Gram read for the QP
     ("mgda", 1, False, "retain", 1),
 ]

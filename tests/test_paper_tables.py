@@ -180,3 +180,24 @@ def test_table1_view_toy_rewards_averaged_over_datasets(tmp_path):
     assert _cell(frame, "weighted_sum (+ DiffusionNFT (weighted-sum))", "OCR")["published"] == 0.91
     assert set(frame["basis"]) == {"eval: latest checkpoint, mean of 1 run(s)",
                                    "eval: latest checkpoint, mean of 2 run(s)"}
+
+
+def test_a_table_without_common_metrics_is_shown_as_two_sides(tmp_path):
+    """Issue 26: the tiny default's Table 1 has toy metrics of ours and the paper's metrics
+    published, none in common: the lead shows two tables saying so, not "– / 0.92" cells."""
+    from marble.report.lead import lead_blocks
+    from marble.report.render import Table, Text
+
+    frame = pd.DataFrame([
+        {"row": "weighted_sum", "metric": "toy_brightness", "ours": 0.5, "published": math.nan,
+         "basis": "eval", "source": ""},
+        {"row": "weighted_sum", "metric": "OCR", "ours": math.nan, "published": 0.92,
+         "basis": "eval", "source": "published: page"}])
+    assert not pt.has_overlap(frame)
+    assert pt.has_overlap(frame.assign(ours=[0.5, 0.9]))
+    assert pt.one_side(frame, "ours").to_dict() == {"toy_brightness": {"weighted_sum": "0.5"}}
+    blocks = lead_blocks({"Table 1": frame}, tmp_path, True, lambda name, f: f"{name}.csv")
+    tables = [b for b in blocks if isinstance(b, Table)]
+    assert len(tables) == 2 and "not measured" in tables[1].caption
+    assert "– / 0.92" not in str([t.frame.to_dict() for t in tables])
+    assert isinstance(blocks[-1], Text)  # the toy note; no figure of published bars alone

@@ -145,6 +145,27 @@ def test_tiny_pipeline_end_to_end(tiny_pipeline):
     assert "Nothing to be done" in tiny_pipeline["dry_all"]
 
 
+@pytest.mark.slow
+def test_claim_shrunk_in_the_pipeline(tiny_pipeline):
+    """The `claim` stage shrunk by .test/config.yaml (2 arms x 2 seeds x 3 steps, in the
+    fixture's dvc repro): the verdict's documented keys, an answer per question that is
+    true, false or a bound, and the full-solve property on every full-solve step."""
+    work = tiny_pipeline["dir"]
+    verdict = json.loads((work / "results/claim/verdict.json").read_text())
+    assert set(verdict["arms"]) == {"weighted_sum", "marble_n5"} and verdict["seeds"] == [1, 2]
+    assert set(verdict) >= {"questions", "sentences", "arm_results", "specialists", "cost",
+                            "published_anti_aligned", "arm_settings", "rewards"}
+    for name, q in verdict["questions"].items():
+        a = q["answer"]
+        assert a is True or a is False or a.startswith("no difference larger than "), (name, a)
+    theorem = verdict["questions"]["theorem_full_solves_never_anti_aligned"]
+    assert theorem["answer"] is True and theorem["full_solve_steps"] >= 2, theorem
+    assert verdict["cost"]["marble_n5"]["flops_ratio"] > verdict["cost"]["weighted_sum"]["flops_ratio"]
+    assert "## The claim at CPU scale" in (work / "results/claim/claim.md").read_text()
+    assert {p.name for p in (work / "results/claim/figures").glob("*.png")} == {
+        "change.png", "anti_aligned_vs_n.png", "cost.png"}
+
+
 def _eval_workdir(tmp_path: Path, pipeline_dir: Path, scan: Path, datasets: list[str]) -> Path:
     work = copy_workflow(tmp_path / "repo")
     copy_inputs(pipeline_dir, work, ["data/models", "data/raw-tiny"])

@@ -29,7 +29,8 @@ from marble.balancers.common import (
 from marble.maths.qp import min_norm_weights
 from marble.runtime.distributed import all_reduce_mean_
 
-__all__ = ["gradient_passes", "reduce_reward_grads", "host_gram", "combine", "cosine_metrics"]
+__all__ = ["gradient_passes", "reduce_reward_grads", "host_gram", "combine", "cosine_metrics",
+           "solve_gap_metrics"]
 
 LossFn = Callable[[MicroStep], torch.Tensor]
 
@@ -147,4 +148,59 @@ def cosine_metrics(names, directions: list[tuple[str, torch.Tensor]], grads,
         low, mean, var, anti = _nan_stats(cos)
         out[f"{tag}_min"], out[f"{tag}_mean"], out[f"{tag}_var"] = low, mean, var
         out["anti_aligned" + tag[3:]] = anti
+    return out
+
+
+def _angle_deg(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The angle between two flat vectors in degrees (float64 device scalar; NaN for a zero)."""
+    gram = gram64([a, b])
+    norms = norms_from_gram(gram)
+    cos = (gram[0, 1] / (norms[0] * norms[1])).clamp(-1.0, 1.0)
+    return torch.rad2deg(torch.arccos(cos))
+
+
+def _alpha_combination(grads, alpha: np.ndarray, norms: np.ndarray, valid: np.ndarray,
+                       unit: bool) -> torch.Tensor:
+    """sum_k alpha_k g_k (raw gradients: what an amortized step with exact masking applies) or
+    |g|_mean sum_k alpha_k g_k / |g_k| (`unit`: the solve's form, docs/algorithm.md §7.2)."""
+    out = torch.zeros_like(grads[0])
+    idx = [k for k in range(len(grads)) if valid[k]]
+    mean_norm = float(norms[idx].mean()) if idx else 0.0
+    for k in idx:
+        w = float(alpha[k]) * (mean_norm / float(norms[k]) if unit else 1.0)
+        out.add_(grads[k], alpha=w)
+    return out
+
+
+def solve_gap_metrics(names, applied: torch.Tensor, grads, gram: torch.Tensor, grad_eps: float,
+                      alpha: np.ndarray | None = None, kl_grad: torch.Tensor | None = None,
+                      solved: tuple | None = None) -> dict:
+    """Why an applied direction can oppose a reward (issue 26 item 4), on one step's gradients.
+
+    - `cos_solve*`: the direction of a fresh full solve on these gradients (`combine`); it is
+      never anti-aligned (min-norm point d of the hull: <d, u_k> >= |d|^2 >= 0).
+    - `angle_applied_solve`: degrees between the applied policy direction and that solve.
+    - with the applied alpha (amortized MARBLE, equal_alpha): `cos_alpha_unit*` is the alpha in
+      the solve's unit-gradient form (the gap to the fresh solve is staleness: interval + EMA),
+      `cos_alpha_raw*` the alpha on raw gradients (the gap to the unit form is the gradients'
+      norms, which the solve divides out and an amortized step does not), and
+      `angle_applied_alpha_raw` the gap between that and the applied direction (advantage
+      clipping and the r = 1/2 fill of inexact masking; 0 under exact masking).
+    - `angle_kl`: the applied update with the KL gradient (outside the QP) against without.
+    Device scalars, as `cosine_metrics`'s. `solved`: a full solve's own `combine` result on
+    these gradients (no second QP); otherwise the fresh solve costs this step's one host read
+    (the Gram for the QP), on diagnostic steps only."""
+    fresh, _, _, norms, valid = solved if solved is not None else combine(grads, gram, grad_eps)
+    valid_dev = torch.as_tensor(valid, device=grads[0].device)
+    dirs = [("cos_solve", fresh)]
+    out: dict = {}
+    if alpha is not None:
+        raw = _alpha_combination(grads, alpha, norms, valid, unit=False)
+        dirs += [("cos_alpha_unit", _alpha_combination(grads, alpha, norms, valid, unit=True)),
+                 ("cos_alpha_raw", raw)]
+        out["angle_applied_alpha_raw"] = _angle_deg(applied, raw)
+    out.update(cosine_metrics(names, dirs, grads, valid_dev))
+    out["angle_applied_solve"] = _angle_deg(applied, fresh)
+    if kl_grad is not None:
+        out["angle_kl"] = _angle_deg(applied + kl_grad, applied)
     return out

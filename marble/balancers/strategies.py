@@ -27,7 +27,13 @@ from marble.balancers.common import (
     weighted_sum_loss,
     zero_nonfinite,
 )
-from marble.balancers.solve import combine, cosine_metrics, gradient_passes, reduce_reward_grads
+from marble.balancers.solve import (
+    combine,
+    cosine_metrics,
+    gradient_passes,
+    reduce_reward_grads,
+    solve_gap_metrics,
+)
 from marble.config import BalancerConfig
 from marble.maths.ema import update_alpha_cache
 from marble.runtime.distributed import all_reduce_mean_
@@ -184,10 +190,13 @@ class Balancer:
         add_into_grads(step.params, local[0] * loss_scale(step))
         add_into_grads(step.params, local[-1] * loss_scale(step))
         applied = all_reduce_mean_(local[0])  # in place from here: p.grad has its own copy
-        grads, _, norms, valid, _ = reduce_reward_grads(local[1:1 + k], self.cfg.grad_eps)
+        grads, gram, norms, valid, _ = reduce_reward_grads(local[1:1 + k], self.cfg.grad_eps)
         ws = applied if ws_applied else all_reduce_mean_(local[1 + k])
         out = cosine_metrics(self.reward_names, [("cos", applied), ("cos_ws", ws)],
                              grads, valid)
+        # The same gradients under a fresh solve and under the applied alpha (issue 26 item 4).
+        out.update(solve_gap_metrics(self.reward_names, applied, grads, gram, self.cfg.grad_eps,
+                                     self.applied_alpha(), all_reduce_mean_(local[-1])))
         out.update(self._reward_metrics(norms, values[1:1 + k]))
         return out
 
@@ -231,6 +240,9 @@ class Balancer:
             if with_ws:
                 dirs.append(("cos_ws", all_reduce_mean_(local[k + 1])))
             metrics.update(cosine_metrics(self.reward_names, dirs, grads, valid_dev))
+            metrics.update(solve_gap_metrics(self.reward_names, combined, grads, gram,
+                                             self.cfg.grad_eps, kl_grad=kl_grad,
+                                             solved=(combined, alpha, failed, norms, valid)))
         del local, grads
         add_into_grads(step.params, combined.add_(kl_grad).mul_(loss_scale(step)))
         self.solved(step, alpha, valid, metrics)

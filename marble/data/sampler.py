@@ -7,15 +7,34 @@ times, shuffled, and cut into one batch_size chunk per rank. The shuffle spreads
 of a prompt over the ranks (uniformly at random: with 4 ranks x 4 and k = 4 a prompt reaches
 2.9 ranks on average, tests/test_data_sampler.py), and the ranks' chunks are disjoint and
 cover the plan.
+
+Seeds (`data.sampler_seeds`): `keyed` (the default) draws each plan from
+`stable_seed(seed, STREAM_PROMPT_PLAN, epoch)` (marble/runtime/seeds.py), so no two
+(seed, epoch) pairs share a plan; `reference` is the reference's `default_rng(seed + epoch)`,
+under which seed s + 1's plan for epoch e is seed s's plan for epoch e + 1 (neighbouring
+seeds are shifted copies, not independent draws). The paper presets choose `reference`.
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Iterator, Literal, Sequence
 
 import numpy as np
 
 from marble.config_stages import source_counts
+from marble.runtime.seeds import STREAM_PROMPT_PLAN, stable_seed
+
+SeedScheme = Literal["keyed", "reference"]
+SEED_SCHEMES = ("keyed", "reference")
+
+
+def plan_seed(seed: int, epoch: int, scheme: SeedScheme = "keyed") -> int:
+    """The numpy seed of one iteration's plan (see the module docstring)."""
+    if scheme == "keyed":
+        return stable_seed(int(seed), STREAM_PROMPT_PLAN, int(epoch))
+    if scheme == "reference":
+        return int(seed) + int(epoch)
+    raise ValueError(f"data.sampler_seeds must be one of {SEED_SCHEMES}, got {scheme!r}")
 
 
 def per_source_counts(m: int, n_sources: int) -> list[int]:
@@ -42,6 +61,7 @@ class StratifiedKRepeatSampler:
         seed: int,
         stratified: bool = True,
         source_shares: dict[str, float] | None = None,
+        seed_scheme: SeedScheme = "keyed",
     ):
         if k < 1 or batch_size < 1 or world_size < 1:
             raise ValueError(f"k={k}, batch_size={batch_size}, world_size={world_size} must be >= 1")
@@ -58,6 +78,8 @@ class StratifiedKRepeatSampler:
             raise ValueError("the sampler needs at least one row")
         self.k, self.batch_size, self.world_size, self.rank = k, batch_size, world_size, rank
         self.seed, self.stratified = int(seed), bool(stratified)
+        plan_seed(self.seed, 0, seed_scheme)  # an unknown scheme fails here, not at step 1
+        self.seed_scheme = seed_scheme
         self.m = total // k
         self.epoch = 0
         labels = np.asarray(self.sources)
@@ -85,8 +107,8 @@ class StratifiedKRepeatSampler:
     def global_plan(self, epoch: int | None = None) -> np.ndarray:
         """All ranks' indices for one iteration, shape [world_size, batch_size]."""
         epoch = self.epoch if epoch is None else int(epoch)
-        # seed + epoch as in the reference; a Generator per call keeps it stateless.
-        rng = np.random.default_rng(self.seed + epoch)
+        # A Generator per call keeps it stateless (resume needs only the epoch).
+        rng = np.random.default_rng(plan_seed(self.seed, epoch, self.seed_scheme))
         pools = self.rows_by_source if self.stratified else [np.arange(len(self.sources))]
         chosen = [pool[rng.permutation(len(pool))[:n]] for pool, n in zip(pools, self.counts)]
         prompts = np.concatenate(chosen)
@@ -109,13 +131,15 @@ class StratifiedKRepeatSampler:
             "batch_size": self.batch_size,
             "world_size": self.world_size,
             "stratified": self.stratified,
+            "seed_scheme": self.seed_scheme,
             "num_rows": len(self.sources),
             "source_names": list(self.source_names),
         }
 
     def load_state_dict(self, state: dict) -> None:
         mine = self.state_dict()
-        for key in ("seed", "k", "batch_size", "world_size", "stratified", "num_rows", "source_names"):
+        for key in ("seed", "k", "batch_size", "world_size", "stratified", "seed_scheme", "num_rows",
+                    "source_names"):
             if key in state and state[key] != mine[key]:
                 raise ValueError(
                     f"sampler state mismatch on {key!r}: checkpoint has {state[key]!r}, "

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from marble.runtime.io import atomic_path
+from marble.runtime.seeds import STREAM_LORA_INIT, stable_seed
 
 TRAINABLE = "default"
 OLD = "old"
@@ -54,8 +55,8 @@ def add_lora_adapters(transformer, rank: int, alpha: float, targets: list[str],
                         init_lora_weights="gaussian")
     # Seeded in a forked RNG so adapter init is reproducible and leaves the global stream alone.
     with torch.random.fork_rng(devices=[]):
-        if seed is not None:
-            torch.manual_seed(seed)
+        if seed is not None:  # keyed like every other stream (marble/runtime/seeds.py)
+            torch.manual_seed(stable_seed(seed, STREAM_LORA_INIT))
         transformer.add_adapter(config, adapter_name=TRAINABLE)
         with warnings.catch_warnings():  # peft warns that a second adapter is being added: intended
             warnings.filterwarnings("ignore", message=".*multiple adapters.*")

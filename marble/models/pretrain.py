@@ -28,7 +28,7 @@ from marble.models.loading import load_pipeline
 from marble.rewards.base import quoted_target
 from marble.rewards.toy import GENEVAL_COLORS, first_named_color
 from marble.runtime.io import atomic_path, write_json
-from marble.runtime.seeds import SEED_BITS, stable_seed
+from marble.runtime.seeds import SEED_BITS, STREAM_PRETRAIN, keyed_generator, stable_seed
 
 
 @dataclass(frozen=True)
@@ -89,11 +89,14 @@ def draw_toy_image(prompt: str, metadata: dict, gen: torch.Generator, size: int 
     return img.clamp(0, 1)
 
 
-def picture_set(records: list[tuple[str, dict]], n: int, seed: int, size: int):
-    """(images [n, 3, size, size], record index [n]): record i % len, variation keyed by (seed, i)."""
+def picture_set(records: list[tuple[str, dict]], n: int, seed: int, size: int,
+                purpose: str = "flow"):
+    """(images [n, 3, size, size], record index [n]): record i % len, variation keyed by
+    (seed, purpose, i) through marble's one seed scheme (the VAE's and the flow's picture
+    sets are distinct draws of one seed, and no two seeds share a picture)."""
     images, index = [], []
     for i in range(n):
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + i)
+        gen = keyed_generator(seed, STREAM_PRETRAIN, f"picture_{purpose}", i)
         k = i % len(records)
         images.append(draw_toy_image(*records[k], gen, size))
         index.append(k)
@@ -102,7 +105,7 @@ def picture_set(records: list[tuple[str, dict]], n: int, seed: int, size: int):
 
 def train_vae(vae, images: torch.Tensor, s: PretrainSettings) -> list[float]:
     """Fit the VAE as an autoencoder (posterior mode, MSE); returns the loss per step."""
-    gen = torch.Generator().manual_seed(s.seed + 1)
+    gen = keyed_generator(s.seed, STREAM_PRETRAIN, "vae_batches")
     vae.requires_grad_(True).train()  # loaded pipelines come frozen
     opt = torch.optim.Adam(vae.parameters(), lr=s.vae_lr)
     losses = []
@@ -136,7 +139,7 @@ def normalise_latents(vae, images: torch.Tensor) -> torch.Tensor:
 
 def train_flow(transformer, latents, embeds, pooled, index, s: PretrainSettings) -> list[float]:
     """Flow matching x_t = (1 - sigma) x0 + sigma eps, target eps - x0, SD3's shift-3 sigmas."""
-    gen = torch.Generator().manual_seed(s.seed + 2)
+    gen = keyed_generator(s.seed, STREAM_PRETRAIN, "flow_draws")
     transformer.requires_grad_(True).train()
     opt = torch.optim.AdamW(transformer.parameters(), lr=s.flow_lr, weight_decay=0.0)
     losses = []
@@ -164,12 +167,12 @@ def pretrain(model_dir: str | Path, records: Sequence[tuple[str, dict]], out: st
     The records come from an assembled table (`marble models pretrain --table`): reading the
     table is the data layer's job, so this module does not import it."""
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(s.seed)
+        torch.manual_seed(stable_seed(s.seed, STREAM_PRETRAIN, "init"))  # the global RNG: inits
         pipe = load_pipeline(str(model_dir))
         records = list(records)
         if not records:
             raise ValueError("no prompts to pretrain on")
-        small, _ = picture_set(records, s.pictures, s.seed + 7, s.vae_resolution)
+        small, _ = picture_set(records, s.pictures, s.seed, s.vae_resolution, "vae")
         vae_losses = train_vae(pipe.vae, small, s)
         images, index = picture_set(records, s.pictures, s.seed, s.resolution)
         latents = normalise_latents(pipe.vae, images)

@@ -50,6 +50,21 @@ def paper_frames(runs: list[RunData], long_eval: pd.DataFrame | None, bench: dic
             "Training cost": paper_tables.cost(bench, flops)}
 
 
+def _separate_sides(title: str, frame: pd.DataFrame, path, toy: bool) -> list:
+    """Our measured values and the published ones as two tables, when no metric has both."""
+    ours, paper = paper_tables.one_side(frame, "ours"), paper_tables.one_side(frame, "published")
+    what = "toy metrics of the tiny run" if toy else "our metrics"
+    out = []
+    if ours.empty:
+        out.append(Text(f"{title}: nothing of ours measured for it (`{path}`). {_notes(frame)}"))
+    else:
+        out.append(Table(f"{title}, ours ({what}; `{path}`): the paper's metrics are not "
+                         f"measured by these runs, so no cell compares. {_notes(frame)}", ours))
+    if not paper.empty:
+        out.append(Table(f"{title}, published (not measured here)", paper))
+    return out
+
+
 def lead_blocks(frames: dict[str, pd.DataFrame], root: Path, toy: bool, write_csv) -> list:
     """Each table (compact, with its notes), then the headline figures two by two, then the
     toy note. `write_csv(name, frame)` saves a table's long form and returns its path."""
@@ -60,6 +75,11 @@ def lead_blocks(frames: dict[str, pd.DataFrame], root: Path, toy: bool, write_cs
         path = write_csv(f"paper_{slug}", frame)
         if frame.empty:  # e.g. harmony with no runs
             blocks.append(Text(f"{title}: no rows (no run to compare; `{path}` is empty)."))
+            continue
+        if not paper_tables.has_overlap(frame):
+            # No metric has both sides (the tiny default's toy scores against the paper's
+            # metrics): two tables, each saying what it holds, not "– / 0.92" cells.
+            blocks += _separate_sides(title, frame, path, toy)
             continue
         label = (f"{title}{' (toy analogue)' if toy else ''}: each cell ours / published "
                  f"(`{path}`). {_notes(frame)}")

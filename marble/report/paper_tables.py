@@ -222,6 +222,27 @@ def compact(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(keys)
 
 
+def has_overlap(frame: pd.DataFrame) -> bool:
+    """Whether any metric has both our value and a published one (else "ours / published"
+    cells would each hold one side only: the tiny default against the paper's metrics)."""
+    return bool((frame["ours"].notna() & frame["published"].notna()).any()) if len(frame) else False
+
+
+def one_side(frame: pd.DataFrame, column: str) -> pd.DataFrame:
+    """A row per table row, a column per metric that has a `column` value, that value."""
+    keys = ["rho", "row"] if "rho" in frame else ["row"]
+    kept = frame[frame[column].notna()]
+    if kept.empty:
+        return pd.DataFrame()
+    metrics = list(dict.fromkeys(kept["metric"]))
+    rows = []
+    for key, group in kept.groupby(keys, sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        cells = dict(zip(group["metric"], group[column]))
+        rows.append({**dict(zip(keys, key)), **{m: _one(cells.get(m)) for m in metrics}})
+    return pd.DataFrame(rows).set_index(keys)
+
+
 def wide_markdown(frame: pd.DataFrame, title: str) -> str:
     """The compact table, then the bases and sources as lines (each said once)."""
     lines = [f"## {title}", "", "Each cell: ours / published (– = none).", ""]

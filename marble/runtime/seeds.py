@@ -7,9 +7,15 @@ with each key part an int or a str (JSON: ints as decimals, strings quoted and e
 ("1", 2) and (1, "2") differ). A 63-bit non-negative int, what `torch.Generator.manual_seed`
 takes; stable across processes, platforms and Python versions (unlike `hash()`, which is
 salted per process). Users: the training rollouts' noise, timestep subsets and shuffles
-(`keyed_generator(seed, stream, epoch, index)`), evaluation's per-sample noise
-(`marble.evaluation.prompts.sample_seed`), the tiny model's pretraining pictures (a hue per
-prompt). Changing this changes every result; the training path has always used it.
+(`keyed_generator(seed, stream, epoch, index)`), the prompt sampler's plan per (seed,
+epoch) (`marble.data.sampler.plan_seed`), the LoRA init, evaluation's per-sample noise
+(`marble.evaluation.prompts.sample_seed`), the tiny model's pretraining (a hue per prompt,
+each picture's variation, the noise of every optimisation step). Changing this changes
+every result.
+
+Streams: the integer constants below name what a seed is for, so two uses of one
+(seed, epoch) never draw the same numbers. torch is imported only by `keyed_generator`:
+the torch-free sampler uses `stable_seed` alone.
 """
 
 from __future__ import annotations
@@ -17,9 +23,11 @@ from __future__ import annotations
 import hashlib
 import json
 
-import torch
-
 SEED_BITS = 63
+# Stream ids (the training rollout's 1-3 live in marble/training/rollout.py, unchanged).
+STREAM_PROMPT_PLAN = 4
+STREAM_LORA_INIT = 5
+STREAM_PRETRAIN = 6
 
 
 def stable_seed(*key: int | str) -> int:
@@ -29,8 +37,10 @@ def stable_seed(*key: int | str) -> int:
     return int.from_bytes(digest, "little") & ((1 << SEED_BITS) - 1)
 
 
-def keyed_generator(*key: int | str, device: str | torch.device = "cpu") -> torch.Generator:
+def keyed_generator(*key: int | str, device="cpu"):
     """A torch.Generator seeded with `stable_seed(*key)`."""
+    import torch  # deferred: stable_seed users (the sampler) stay torch-free
+
     gen = torch.Generator(device=device)
     gen.manual_seed(stable_seed(*key))
     return gen

@@ -145,6 +145,11 @@ MUTANTS: list[Mutant] = [
            "return [base + (1 if i >= n_sources - rest else 0) for i in range(n_sources)]",
            ("tests/test_data_sampler.py::test_per_source_counts_gives_remainder_to_first_sources",),
            "the remainder prompts go to the last sorted sources"),
+    Mutant("sampler_seed_plus_epoch", "marble/data/sampler.py",
+           "return stable_seed(int(seed), STREAM_PROMPT_PLAN, int(epoch))",
+           "return int(seed) + int(epoch)",
+           ("tests/test_data_sampler.py::test_keyed_plans_of_seeds_0_to_15_over_epochs_0_to_9_are_pairwise_different",),
+           "the keyed default falls back to the reference's seed + epoch: seed s + 1 replays seed s"),
     # ---------------------------------------------------------------- rewards' rules
     Mutant("geneval_position_corners", "marble/rewards/geneval_rules.py",
            "center_a, center_b = (a[:2] + a[2:]) / 2, (b[:2] + b[2:]) / 2",

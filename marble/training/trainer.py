@@ -171,7 +171,8 @@ class Trainer:
             return table, StratifiedKRepeatSampler(
                 table["source"].tolist(), k=s.images_per_prompt, batch_size=s.batch_size,
                 world_size=self.info.world_size, rank=self.info.rank, seed=self.cfg.train.seed,
-                stratified=cfg.data.stratified, source_shares=self.schedule.shares(index))
+                stratified=cfg.data.stratified, source_shares=self.schedule.shares(index),
+                seed_scheme=cfg.data.sampler_seeds)
         except ValueError as exc:
             where = f"stage {self.schedule.name(index)!r}: " if self.schedule.staged else ""
             raise TrainError(f"{where}{exc}") from None

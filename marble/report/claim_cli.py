@@ -1,0 +1,125 @@
+"""`python -m marble.report.claim_cli`: the claim experiment's verdict, report section, figures.
+
+    python -m marble.report.claim_cli --runs results/claim/runs --cost results/claim/cost.json
+        --benchmarks benchmarks/claim --marble-arm marble_n5 --baseline-arm weighted_sum
+        --out results/claim
+
+Writes OUT/verdict.json (keys: docs/claim.md), OUT/claim.md (the section "The claim at CPU
+scale") and OUT/figures/{change,anti_aligned_vs_n,cost}.png. Bad input: one line naming
+the file, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from marble.report import claim_stats as cs
+from marble.report.claim_experiment import claim_verdict, measure_run
+from marble.report.claim_figures import write_figures
+from marble.report.claim_markdown import claim_markdown
+from marble.report.loading import ReportInputError, load_run, read_json_file
+from marble.report.verdict import specialist_rewards
+from marble.runtime.io import write_json, write_text
+from marble.workflow.claim import ALONE_PREFIX, parse_run_name
+
+
+def cpu_seconds(benchmarks: Path | None, run: str) -> float:
+    """CPU seconds of a run's Snakemake benchmark file (`cpu_time`), NaN when absent."""
+    path = None if benchmarks is None else benchmarks / f"{run}.tsv"
+    if path is None or not path.is_file():
+        return math.nan
+    with path.open(encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh, delimiter="\t"))
+    try:
+        return float(rows[-1]["cpu_time"])
+    except (IndexError, KeyError, ValueError) as exc:
+        raise ReportInputError(f"{path}: no cpu_time value ({exc})") from exc
+
+
+def collect(runs_dir: Path, benchmarks: Path | None):
+    """(measures, rewards, specialists, arm settings, cpu seconds per arm)."""
+    if not runs_dir.is_dir():
+        raise ReportInputError(f"--runs {runs_dir}: not a directory")
+    loaded = []
+    for folder in sorted(p for p in runs_dir.iterdir() if (p / "metrics.jsonl").is_file()):
+        try:
+            arm, seed = parse_run_name(folder.name)
+        except ValueError as exc:
+            raise ReportInputError(str(exc)) from exc
+        loaded.append((arm, seed, load_run(folder)))
+    main = [r for a, _, r in loaded if not a.startswith(ALONE_PREFIX)]
+    if not main:
+        raise ReportInputError(f"--runs {runs_dir}: no claim run folders with metrics.jsonl")
+    rewards = main[0].reward_names
+    pooled = pd.concat([r.metrics for r in main], ignore_index=True)
+    specialists = specialist_rewards(pooled, rewards)
+    measures = [measure_run(a, s, r.metrics, r.reward_names if a.startswith(ALONE_PREFIX) else rewards)
+                for a, s, r in loaded]
+    settings, cpu = {}, {}
+    for arm, seed, run in loaded:
+        bal = run.config.get("balancer") or {}
+        settings[arm] = {"method": bal.get("method"), "amortize_every": bal.get("amortize_every"),
+                         "alpha_ema": bal.get("alpha_ema")}
+        cpu.setdefault(arm, []).append(cpu_seconds(benchmarks, run.name))
+    return measures, rewards, specialists, settings, cpu
+
+
+def build(args) -> dict:
+    measures, rewards, specialists, settings, cpu = collect(args.runs, args.benchmarks)
+    verdict = claim_verdict(measures, rewards, specialists, args.marble_arm, args.baseline_arm)
+    costs = read_json_file(args.cost) if args.cost else {}
+    verdict["arm_settings"] = {a: settings[a] for a in verdict["arms"]}
+    verdict["cost"] = {a: {"counted_flops": (costs.get(a) or {}).get("flops"),
+                           "flops_ratio": (costs.get(a) or {}).get("ratio"),
+                           "full_solve_micro_steps": (costs.get(a) or {}).get("full_solves"),
+                           "cpu_s": cs.t_interval(cpu.get(a, [])).as_json()}
+                       for a in verdict["arms"]}
+    return verdict
+
+
+NO_ARMS = "No claim arms in this config (`claim.arms`): the claim is the tiny model's experiment."
+
+
+def write_no_arms(out: Path) -> int:
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    write_json(out / "verdict.json", {"arms": [], "seeds": [], "questions": {}, "sentences": [NO_ARMS]})
+    write_text(out / "claim.md", f"## The claim at CPU scale\n\n{NO_ARMS}\n")
+    print(NO_ARMS)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m marble.report.claim_cli", description=__doc__)
+    p.add_argument("--runs", type=Path, default=None)
+    p.add_argument("--no-arms", action="store_true",
+                   help="the config has no claim arms: write a verdict that says so")
+    p.add_argument("--cost", type=Path, default=None, help="marble.tools.claim_cost output")
+    p.add_argument("--benchmarks", type=Path, default=None, help="Snakemake benchmark tsvs")
+    p.add_argument("--marble-arm", default="marble_n5")
+    p.add_argument("--baseline-arm", default="weighted_sum")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    if args.no_arms:
+        return write_no_arms(args.out)
+    if args.runs is None:
+        p.error("--runs is required (or --no-arms)")
+    try:
+        verdict = build(args)
+    except (ReportInputError, ValueError) as exc:
+        print(f"marble report claim: error: {exc}", file=sys.stderr)
+        return 2
+    figures = write_figures(verdict, args.out / "figures")
+    write_json(args.out / "verdict.json", verdict)
+    write_text(args.out / "claim.md", claim_markdown(verdict, figures))
+    print("\n".join(verdict["sentences"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,203 @@
+"""The `claim` experiment's verdict from its runs' metrics (docs/claim.md, issue 26).
+
+Per run (arm x seed): each reward's change from the initial model, = the mean of its last
+`TAIL` logged values minus the mean of its first `HEAD` (the first is the initial model's
+rollouts: LoRA B starts at zero, so under every arm of a seed the first steps share model,
+prompts and noise; three, NaN-aware, because a specialist is absent from some steps' plans);
+the fraction of diagnostic steps whose applied direction opposes some reward
+(`anti_aligned`), split into full-solve and amortized steps, and the same for a fresh
+solve on the same gradients (`anti_aligned_solve`), the applied alpha in the solve's form
+(`anti_aligned_alpha_unit`) and on raw gradients (`anti_aligned_alpha_raw`). Over seeds:
+intervals and paired differences (marble.report.claim_stats). Pure functions on frames.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from marble.report import claim_stats as cs
+from marble.report.claim import PUBLISHED_ANTI_ALIGNED, json_number
+from marble.workflow.claim import ALONE_PREFIX
+
+HEAD, TAIL = 3, 5
+THEOREM_TOL = 1e-6  # a full solve's worst cosine may sit this far below 0 (rounding)
+# anti-aligned flags and angles recorded per diagnostic step (marble.balancers.solve)
+FLAGS = {"applied": "anti_aligned", "fresh_solve": "anti_aligned_solve",
+         "alpha_unit": "anti_aligned_alpha_unit", "alpha_raw": "anti_aligned_alpha_raw"}
+ANGLES = ("angle_applied_solve", "angle_applied_alpha_raw", "angle_kl")
+
+
+@dataclass
+class RunMeasure:
+    arm: str
+    seed: int
+    changes: dict[str, float]  # reward -> change from the initial model
+    anti: dict[str, float]  # FLAGS key (+ "full_solve", "amortized") -> fraction of steps
+    angles: dict[str, float]  # ANGLES -> mean degrees over diagnostic steps
+    full_solve_min_cos: float  # worst cos_min over full-solve steps (NaN: none)
+    full_solve_steps: int
+
+
+def reward_change(metrics: pd.DataFrame, reward: str, head: int = HEAD, tail: int = TAIL) -> float:
+    """mean(last `tail` finite-or-NaN values) - mean(first `head`), NaN-aware; NaN if either
+    window has no finite value."""
+    col = f"reward/{reward}"
+    if col not in metrics:
+        return math.nan
+    values = metrics[col].to_numpy(dtype=float)
+    first, last = values[:head], values[-tail:]
+    first, last = first[np.isfinite(first)], last[np.isfinite(last)]
+    if not (len(first) and len(last)):
+        return math.nan
+    return float(last.mean() - first.mean())
+
+
+def _fraction(frame: pd.DataFrame, col: str) -> float:
+    if col not in frame:
+        return math.nan
+    v = frame[col].to_numpy(dtype=float)
+    v = v[np.isfinite(v)]
+    return float((v > 0.5).mean()) if len(v) else math.nan
+
+
+def measure_run(arm: str, seed: int, metrics: pd.DataFrame, rewards: list[str]) -> RunMeasure:
+    diag = metrics[metrics["anti_aligned"].notna()] if "anti_aligned" in metrics else metrics.iloc[:0]
+    solve = diag["full_solve"].fillna(0) > 0 if "full_solve" in diag else pd.Series(False, diag.index)
+    anti = {key: _fraction(diag, col) for key, col in FLAGS.items()}
+    anti["full_solve"] = _fraction(diag[solve], "anti_aligned")
+    anti["amortized"] = _fraction(diag[~solve], "anti_aligned")
+    angles = {a: float(diag[a].mean()) if a in diag and diag[a].notna().any() else math.nan
+              for a in ANGLES}
+    cos = diag.loc[solve, "cos_min"].to_numpy(float) if "cos_min" in diag else np.array([])
+    cos = cos[np.isfinite(cos)]
+    return RunMeasure(arm, seed, {r: reward_change(metrics, r) for r in rewards}, anti, angles,
+                      float(cos.min()) if len(cos) else math.nan, int(solve.sum()))
+
+
+def _mdd(iv: cs.Interval):
+    """The minimal detectable difference at 80% power with these seeds (JSON: null if none)."""
+    return json_number(cs.minimal_detectable_difference(iv.sd, iv.n))
+
+
+def _by_seed(measures: list[RunMeasure], arm: str, get) -> dict[int, float]:
+    return {m.seed: get(m) for m in measures if m.arm == arm}
+
+
+def arm_table(measures: list[RunMeasure], rewards: list[str]) -> dict:
+    """arm -> {"change": {reward: Interval}, "anti_aligned": {...}, "angles": {...}}."""
+    out = {}
+    for arm in dict.fromkeys(m.arm for m in measures):
+        mine = [m for m in measures if m.arm == arm]
+        out[arm] = {
+            "change": {r: cs.t_interval([m.changes[r] for m in mine]) for r in rewards},
+            "anti_aligned": {k: cs.t_interval([m.anti[k] for m in mine])
+                             for k in [*FLAGS, "full_solve", "amortized"]},
+            "angles": {a: cs.t_interval([m.angles[a] for m in mine]) for a in ANGLES},
+        }
+    return out
+
+
+def question_a(measures, rewards, marble_arm) -> dict:
+    per, mdd = {}, {}
+    for r in rewards:
+        iv = cs.t_interval(_by_seed(measures, marble_arm, lambda m: m.changes[r]).values())
+        per[r] = cs.decide(iv)
+        mdd[r] = _mdd(iv)
+    return {"answer": cs.all_of(list(per.values())), "per_reward": per,
+            "minimal_detectable_difference": mdd}
+
+
+def question_b(measures, specialists, marble_arm, baseline_arm) -> dict:
+    per = {}
+    for s in specialists:
+        iv = cs.paired(_by_seed(measures, marble_arm, lambda m: m.changes[s]),
+                       _by_seed(measures, baseline_arm, lambda m: m.changes[s]))
+        per[s] = {"difference": iv.as_json(), "answer": cs.decide(iv),
+                  "minimal_detectable_difference": _mdd(iv),
+                  "seeds_for_observed_effect": cs.seeds_needed(iv.sd, iv.mean)}
+    return {"answer": cs.all_of([p["answer"] for p in per.values()]), "per_specialist": per}
+
+
+def question_c(measures, marble_arm, baseline_arm) -> dict:
+    """The weighted sum's anti-aligned fraction minus MARBLE's, paired by seed (> 0: MARBLE
+    opposes a reward less often)."""
+    iv = cs.paired(_by_seed(measures, baseline_arm, lambda m: m.anti["applied"]),
+                   _by_seed(measures, marble_arm, lambda m: m.anti["applied"]))
+    return {"answer": cs.decide(iv), "difference": iv.as_json(),
+            "minimal_detectable_difference": _mdd(iv)}
+
+
+def question_conflict(measures, baseline_arm) -> dict:
+    """Do the rewards conflict: is the weighted sum's anti-aligned fraction above 0?"""
+    iv = cs.t_interval(_by_seed(measures, baseline_arm, lambda m: m.anti["applied"]).values())
+    return {"answer": cs.decide(iv), "fraction": iv.as_json()}
+
+
+def question_theorem(measures) -> dict:
+    """Every full-solve step of every run: worst-reward cosine of the solve's combination >= -tol."""
+    cos = [m.full_solve_min_cos for m in measures if math.isfinite(m.full_solve_min_cos)]
+    worst = min(cos) if cos else math.nan
+    steps = sum(m.full_solve_steps for m in measures)
+    return {"answer": bool(steps) and worst >= -THEOREM_TOL, "min_cosine": json_number(worst),
+            "full_solve_steps": steps, "tolerance": THEOREM_TOL}
+
+
+def question_learnable(measures) -> dict:
+    """Each reward trained alone (`alone_<reward>` arms) rises: its change's interval > 0."""
+    per = {}
+    for arm in dict.fromkeys(m.arm for m in measures if m.arm.startswith(ALONE_PREFIX)):
+        reward = arm[len(ALONE_PREFIX):]
+        iv = cs.t_interval([m.changes.get(reward, math.nan) for m in measures if m.arm == arm])
+        per[reward] = {"change": iv.as_json(), "answer": cs.decide(iv)}
+    return {"answer": cs.all_of([p["answer"] for p in per.values()]), "per_reward": per}
+
+
+QUESTIONS = {
+    "every_reward_learnable_alone": "Each reward rises when trained alone",
+    "a_every_reward_rises_under_marble": "(a) Every reward rises under MARBLE",
+    "b_specialists_rise_more_under_marble":
+        "(b) Every specialist rises more under MARBLE than under the weighted sum (paired by seed)",
+    "c_marble_less_anti_aligned":
+        "(c) MARBLE's applied direction opposes some reward on fewer steps than the weighted sum's",
+    "conflict_weighted_sum_anti_aligned":
+        "The rewards conflict: the weighted sum's direction opposes some reward on a fraction of steps above 0",
+    "theorem_full_solves_never_anti_aligned":
+        "Every full-solve step's combination has worst-reward cosine >= -1e-6",
+}
+
+
+def claim_verdict(measures: list[RunMeasure], rewards: list[str], specialists: dict[str, float],
+                  marble_arm: str, baseline_arm: str) -> dict:
+    """The verdict JSON (keys documented in docs/claim.md)."""
+    arms = list(dict.fromkeys(m.arm for m in measures))
+    for need in (marble_arm, baseline_arm):
+        if need not in arms:
+            raise ValueError(f"claim: arm {need!r} has no runs (arms: {', '.join(arms) or 'none'})")
+    alone = [m for m in measures if m.arm.startswith(ALONE_PREFIX)]
+    measures = [m for m in measures if not m.arm.startswith(ALONE_PREFIX)]
+    arms = [a for a in arms if not a.startswith(ALONE_PREFIX)]
+    table = arm_table(measures, rewards)
+    questions = {
+        "every_reward_learnable_alone": question_learnable(alone),
+        "a_every_reward_rises_under_marble": question_a(measures, rewards, marble_arm),
+        "b_specialists_rise_more_under_marble": question_b(measures, specialists, marble_arm,
+                                                           baseline_arm),
+        "c_marble_less_anti_aligned": question_c(measures, marble_arm, baseline_arm),
+        "conflict_weighted_sum_anti_aligned": question_conflict(measures, baseline_arm),
+        "theorem_full_solves_never_anti_aligned": question_theorem(measures),
+    }
+    return {
+        "arms": arms, "seeds": sorted({m.seed for m in measures}),
+        "marble_arm": marble_arm, "baseline_arm": baseline_arm,
+        "rewards": rewards, "specialists": specialists, "head_window": HEAD, "tail_window": TAIL,
+        "level": cs.LEVEL, "power": cs.POWER,
+        "published_anti_aligned": dict(PUBLISHED_ANTI_ALIGNED),
+        "arm_results": {arm: {part: {k: iv.as_json() for k, iv in vals.items()}
+                              for part, vals in t.items()} for arm, t in table.items()},
+        "questions": questions,
+        "sentences": [cs.sentence(QUESTIONS[q], v["answer"]) for q, v in questions.items()],
+    }

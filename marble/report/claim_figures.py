@@ -1,0 +1,97 @@
+"""The claim section's three figures: change per reward, anti-aligned fraction against N
+(with the paper's 80% / 0% drawn beside it), and each arm's cost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from marble.runtime.io import atomic_path  # noqa: E402
+
+
+def _save(fig, path: Path) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return f"figures/{path.name}"
+
+
+def _err(d: dict) -> tuple[float, float, float]:
+    """(mean, lower error, upper error), NaN where absent."""
+    if not d or d.get("mean") is None:
+        return np.nan, 0.0, 0.0
+    if d.get("low") is None:
+        return d["mean"], 0.0, 0.0
+    return d["mean"], d["mean"] - d["low"], d["high"] - d["mean"]
+
+
+def change_figure(v: dict, path: Path) -> str:
+    rewards, arms = v["rewards"], v["arms"]
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(arms)), 3.5))
+    width = 0.8 / max(len(rewards), 1)
+    for i, r in enumerate(rewards):
+        vals = [_err(v["arm_results"][a]["change"].get(r)) for a in arms]
+        x = np.arange(len(arms)) + (i - (len(rewards) - 1) / 2) * width
+        ax.bar(x, [m for m, _, _ in vals], width, yerr=np.array([[lo for _, lo, _ in vals],
+                                                                  [hi for _, _, hi in vals]]),
+               capsize=2, label=r + (" (specialist)" if r in v["specialists"] else ""))
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xticks(np.arange(len(arms)), arms, rotation=30, ha="right")
+    ax.set_ylabel("change from initial model")
+    ax.legend(fontsize=7)
+    ax.set_title("Change per reward, 95% interval over seeds")
+    return _save(fig, path)
+
+
+def anti_figure(v: dict, path: Path) -> str:
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    settings = v["arm_settings"]
+    marble = [a for a in v["arms"] if settings.get(a, {}).get("method") == "marble"
+              and settings[a].get("alpha_ema") == settings.get(v["marble_arm"], {}).get("alpha_ema")]
+    marble.sort(key=lambda a: settings[a]["amortize_every"])
+    for key, label in (("applied", "applied direction"), ("fresh_solve", "fresh solve, same gradients")):
+        vals = [_err(v["arm_results"][a]["anti_aligned"][key]) for a in marble]
+        ax.errorbar([settings[a]["amortize_every"] for a in marble], [m for m, _, _ in vals],
+                    yerr=np.array([[lo for _, lo, _ in vals], [hi for _, _, hi in vals]]),
+                    marker="o", capsize=3, label=f"MARBLE, {label}")
+    for arm, style in ((v["baseline_arm"], "--"),):
+        m, lo, hi = _err(v["arm_results"][arm]["anti_aligned"]["applied"])
+        ax.axhspan(m - lo, m + hi, color="grey", alpha=0.2)
+        ax.axhline(m, color="grey", ls=style, label=f"{arm} (ours)")
+    pub = v["published_anti_aligned"]
+    ax.axhline(pub.get("weighted_sum", np.nan), color="red", ls=":", label="weighted sum, published")
+    ax.axhline(pub.get("marble", np.nan), color="green", ls=":", label="MARBLE, published")
+    ax.set_xscale("log")
+    ax.set_xlabel("N (optimizer steps between full solves)")
+    ax.set_ylabel("anti-aligned fraction of steps")
+    ax.set_ylim(-0.05, 1.05)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def cost_figure(v: dict, path: Path) -> str:
+    arms = v["arms"]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.2))
+    ratios = [v["cost"][a].get("flops_ratio") or np.nan for a in arms]
+    a1.bar(arms, ratios)
+    a1.set_ylabel("counted FLOPs vs weighted sum")
+    cpu = [_err(v["cost"][a]["cpu_s"]) for a in arms]
+    a2.bar(arms, [m for m, _, _ in cpu], yerr=np.array([[lo for _, lo, _ in cpu],
+                                                        [hi for _, _, hi in cpu]]), capsize=2)
+    a2.set_ylabel("CPU seconds per run")
+    for ax in (a1, a2):
+        ax.tick_params(axis="x", rotation=45)
+    return _save(fig, path)
+
+
+def write_figures(v: dict, folder: Path) -> dict[str, str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    return {"change": change_figure(v, folder / "change.png"),
+            "anti": anti_figure(v, folder / "anti_aligned_vs_n.png"),
+            "cost": cost_figure(v, folder / "cost.png")}

@@ -1,0 +1,115 @@
+"""The report section "The claim at CPU scale" from a claim verdict (marble.report.claim_experiment)."""
+
+from __future__ import annotations
+
+import math
+
+PAPER = "published (MARBLE project page): weighted sum 80%, MARBLE 0%"
+
+
+def _iv(d: dict | None, pct: bool = False, digits: int = 3, clip: bool = True) -> str:
+    if not d or d.get("mean") is None:
+        return "n/a"
+    # a fraction's t-interval can leave [0, 1]; shown clipped (verdict.json keeps it as computed)
+    lo, hi = (0.0, 1.0) if clip else (-1.0, 1.0)  # a difference of fractions may be < 0
+    f = ((lambda x: f"{100 * min(max(x, lo), hi):+.0f}%" if not clip else f"{100 * min(max(x, lo), hi):.0f}%")
+         if pct else (lambda x: f"{x:+.{digits}g}"))
+    if d.get("low") is None:
+        return f"{f(d['mean'])} (1 seed)"
+    return f"{f(d['mean'])} [{f(d['low'])}, {f(d['high'])}]"
+
+
+def _num(x, fmt: str) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt)
+
+
+def _change_table(v: dict) -> list[str]:
+    rewards = v["rewards"]
+    head = "| arm | " + " | ".join(
+        f"{r}{' (specialist, %.0f%%)' % (100 * v['specialists'][r]) if r in v['specialists'] else ''}"
+        for r in rewards) + " |"
+    lines = [head, "|---" * (len(rewards) + 1) + "|"]
+    for arm in v["arms"]:
+        ch = v["arm_results"][arm]["change"]
+        lines.append(f"| {arm} | " + " | ".join(_iv(ch.get(r)) for r in rewards) + " |")
+    return lines
+
+
+def _anti_table(v: dict) -> list[str]:
+    lines = ["| arm | N | alpha EMA | applied | full-solve steps | amortized steps | fresh solve, "
+             "same gradients | applied alpha, solve's form | applied alpha, raw gradients | "
+             "angle applied vs solve (deg) | published |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    published = v["published_anti_aligned"]
+    for arm in v["arms"]:
+        a = v["arm_results"][arm]["anti_aligned"]
+        s = v["arm_settings"].get(arm, {})
+        method = s.get("method") or ""
+        n = s.get("amortize_every") if method == "marble" else "-"
+        ema = s.get("alpha_ema") if method == "marble" else "-"
+        pub = published.get(method)
+        lines.append(
+            f"| {arm} | {n} | {ema} | {_iv(a['applied'], True)} | {_iv(a['full_solve'], True)} | "
+            f"{_iv(a['amortized'], True)} | {_iv(a['fresh_solve'], True)} | "
+            f"{_iv(a['alpha_unit'], True)} | {_iv(a['alpha_raw'], True)} | "
+            f"{_iv(v['arm_results'][arm]['angles']['angle_applied_solve'])} | "
+            f"{'-' if pub is None else f'{100 * pub:.0f}%'} |")
+    return lines
+
+
+def _cost_table(v: dict) -> list[str]:
+    lines = ["| arm | counted FLOPs (marble bench flops) | vs a weighted-sum run | full-solve "
+             "micro-steps | CPU seconds per run |", "|---|---|---|---|---|"]
+    for arm in v["arms"]:
+        c = v["cost"].get(arm, {})
+        ratio = c.get("flops_ratio")
+        lines.append(f"| {arm} | {_num(c.get('counted_flops'), '.3e')} | "
+                     f"{'x' if ratio is not None else ''}{_num(ratio, '.2f')} | "
+                     f"{_num(c.get('full_solve_micro_steps'), 'd')} | "
+                     f"{_iv(c.get('cpu_s'), digits=4).lstrip('+')} |")
+    return lines
+
+
+def _power_lines(v: dict) -> list[str]:
+    q = v["questions"]
+    out = []
+    for s, p in q["b_specialists_rise_more_under_marble"]["per_specialist"].items():
+        out.append(f"- (b) {s}: paired difference {_iv(p['difference'])}; minimal detectable "
+                   f"difference at 80% power with {p['difference']['n']} seeds: "
+                   f"{_num(p['minimal_detectable_difference'], '.3g')}; seeds to detect the "
+                   f"observed difference: {p['seeds_for_observed_effect'] or 'more than 1000'}.")
+    for r, m in q["a_every_reward_rises_under_marble"]["minimal_detectable_difference"].items():
+        out.append(f"- (a) {r}: minimal detectable change {_num(m, '.3g')}.")
+    c = q["c_marble_less_anti_aligned"]
+    out.append(f"- (c) anti-aligned fraction, weighted sum minus MARBLE: {_iv(c['difference'], True, clip=False)}; "
+               f"minimal detectable difference {_num(c['minimal_detectable_difference'], '.2f')}.")
+    t = q["theorem_full_solves_never_anti_aligned"]
+    out.append(f"- Full solves: worst cosine {_num(t['min_cosine'], '.3g')} over "
+               f"{t['full_solve_steps']} full-solve steps (tolerance {t['tolerance']:g}).")
+    for r, p in q["every_reward_learnable_alone"]["per_reward"].items():
+        out.append(f"- trained alone, {r}: change {_iv(p['change'])}.")
+    return out
+
+
+def claim_markdown(v: dict, figures: dict[str, str]) -> str:
+    seeds = ", ".join(map(str, v["seeds"]))
+    lines = ["## The claim at CPU scale", "",
+             f"Arms {', '.join(v['arms'])}; seeds {seeds} (independent plans: "
+             f"`data.sampler_seeds: keyed`); MARBLE = `{v['marble_arm']}`, weighted sum = "
+             f"`{v['baseline_arm']}`. 95% intervals over seeds (Student t); (b) and (c) paired "
+             "by seed (same prompt plan, rollout noise and initial model).", ""]
+    lines += [f"- {s}" for s in v["sentences"]] + ["", "### Change of each reward from the initial model",
+              "", f"Mean of the last {v['tail_window']} steps minus the first {v['head_window']}.", ""]
+    lines += _change_table(v) + [""]
+    if "change" in figures:
+        lines += [f"![change per reward]({figures['change']})", ""]
+    lines += ["### Anti-aligned steps against the solve interval N", "",
+              f"Share of diagnostic steps whose direction opposes some reward ({PAPER}).", ""]
+    lines += _anti_table(v) + [""]
+    if "anti" in figures:
+        lines += [f"![anti-aligned fraction against N]({figures['anti']})", ""]
+    lines += ["### Cost", ""] + _cost_table(v) + [""]
+    if "cost" in figures:
+        lines += [f"![cost]({figures['cost']})", ""]
+    lines += ["### Power", ""] + _power_lines(v) + [""]
+    return "\n".join(lines)

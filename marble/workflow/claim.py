@@ -1,0 +1,63 @@
+"""The `claim` experiment's runs from config.yaml's `claim:` section (docs/claim.md).
+
+Arms are data: `claim.arms.<name>: {preset, set}`; every arm trains once per seed in
+`claim.seeds`, for `claim.max_steps` steps (an arm's own `max_steps` wins), with the
+section's `set:` first, then the arm's, then `train.seed=<seed>`. Run folders are
+`results/claim/runs/<arm>-s<seed>`; `-` never occurs in an arm name (the schema), so the
+folder name parses back. Torch-free: the Snakemake DAG build uses it.
+"""
+
+from __future__ import annotations
+
+from marble.workflow.runs import configured
+
+CLAIM_DIR = "results/claim"
+
+
+def arms(section: dict) -> dict[str, dict]:
+    """arm name -> run spec ({preset, max_steps, set}) with the section's defaults filled in;
+    arms nulled by an overlay are left out."""
+    out = {}
+    for name, spec in configured(section.get("arms")).items():
+        out[name] = {"preset": spec["preset"],
+                     "max_steps": spec.get("max_steps") or section["max_steps"],
+                     "set": list(section.get("set", [])) + list(spec.get("set", []))}
+    return out
+
+
+def run_name(arm: str, seed: int) -> str:
+    return f"{arm}-s{int(seed)}"
+
+
+def parse_run_name(name: str) -> tuple[str, int]:
+    """(arm, seed) of a run folder name; ValueError naming it otherwise."""
+    arm, sep, seed = name.rpartition("-s")
+    if not sep or not arm or not seed.isdigit():
+        raise ValueError(f"claim run folder {name!r} is not <arm>-s<seed>")
+    return arm, int(seed)
+
+
+ALONE_PREFIX = "alone_"
+
+
+def alone_arms(section: dict) -> dict[str, dict]:
+    """`alone_<reward>` -> spec: the learnability check, one reward per run (`claim.alone`)."""
+    alone = section.get("alone") or {}
+    return {f"{ALONE_PREFIX}{r}": {"preset": alone.get("preset", "tiny_weighted_sum"),
+                                   "max_steps": section["max_steps"],
+                                   "set": list(section.get("set", [])) + [f"rewards=[{{name: {r}}}]"]}
+            for r in alone.get("rewards", [])}
+
+
+def runs(section: dict) -> dict[str, dict]:
+    """run name -> spec with its seed override: every arm x `seeds`, every alone arm x
+    `alone.seeds`."""
+    out = {}
+    groups = [(arms(section), section["seeds"]),
+              (alone_arms(section), (section.get("alone") or {}).get("seeds", []))]
+    for group, seeds in groups:
+        for arm, spec in group.items():
+            for seed in seeds:
+                out[run_name(arm, seed)] = {**spec,
+                                            "set": spec["set"] + [f"train.seed={int(seed)}"]}
+    return out

@@ -1,0 +1,99 @@
+"""marble.report.claim_stats and claim_experiment against hand calculations (issue 26 item 3)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from marble.report import claim_stats as cs
+from marble.report.claim_experiment import claim_verdict, measure_run, reward_change
+from marble.workflow.claim import arms, parse_run_name, run_name, runs
+
+
+def test_t_interval_by_hand():
+    """[1, 2, 3]: mean 2, sd 1, t(0.975, 2) = 4.3027: 2 +- 4.3027 / sqrt 3 = 2 +- 2.4841."""
+    iv = cs.t_interval([1.0, 2.0, 3.0, math.nan])
+    assert (iv.mean, iv.sd, iv.n) == (2.0, 1.0, 3)
+    assert iv.low == pytest.approx(2 - 2.48414, abs=1e-4)
+    assert iv.high == pytest.approx(2 + 2.48414, abs=1e-4)
+    assert math.isnan(cs.t_interval([5.0]).low)
+
+
+def test_decide_ends_true_false_or_a_bound():
+    assert cs.decide(cs.Interval(1, 0.1, 2, 3, 1)) is True
+    assert cs.decide(cs.Interval(-1, -2, -0.1, 3, 1)) is False
+    assert cs.decide(cs.Interval(0.1, -0.2, 0.5, 3, 1)) == "no difference larger than 0.5"
+    assert cs.bound_of("no difference larger than 0.5") == 0.5
+    assert cs.all_of([True, "no difference larger than 0.2", "no difference larger than 0.5"]) \
+        == "no difference larger than 0.5"
+    assert cs.all_of([True, False]) is False and cs.all_of([True, True]) is True
+
+
+def test_minimal_detectable_difference_and_seeds_by_hand():
+    """n = 5, sd = 1: (t(0.975, 4) + t(0.8, 4)) / sqrt 5 = (2.7764 + 0.9410) / 2.2361 = 1.6625."""
+    assert cs.minimal_detectable_difference(1.0, 5) == pytest.approx(1.6625, abs=1e-3)
+    assert cs.minimal_detectable_difference(1.0, 1) == math.inf
+    n = cs.seeds_needed(1.0, 1.6625)
+    assert n == 5 and cs.minimal_detectable_difference(1.0, 4) > 1.6625
+    assert cs.paired({1: 3.0, 2: 5.0, 3: 1.0}, {1: 1.0, 2: 4.0}).mean == 1.5  # seeds 1, 2 only
+
+
+def _frame(rewards: dict[str, list], anti: list, full: list, cos: list) -> pd.DataFrame:
+    data = {f"reward/{k}": v for k, v in rewards.items()}
+    return pd.DataFrame({"step": range(1, len(anti) + 1), **data, "anti_aligned": anti,
+                         "full_solve": full, "cos_min": cos})
+
+
+def test_reward_change_is_last_window_minus_first_nan_aware():
+    m = _frame({"a": [1, math.nan, 3, 4, 5, 6, 7, 8]}, [0] * 8, [0] * 8, [0.1] * 8)
+    # head = mean(1, 3) = 2 (NaN skipped), tail = mean(4..8) = 6
+    assert reward_change(m, "a") == pytest.approx(4.0)
+    assert math.isnan(reward_change(m, "missing"))
+
+
+def test_verdict_on_synthetic_runs():
+    """MARBLE raises the specialist `s` by 1 more than the weighted sum on every seed; full
+    solves have cos_min >= 0; the weighted sum opposes a reward on half its steps."""
+    measures = []
+    for seed in (1, 2, 3):
+        up = [0.0, 0.0, 0.0, 1.0 + 0.1 * seed, 1.0, 1.0, 1.0, 1.0]
+        ws = _frame({"g": up, "s": [0, 0, 0] + [0.05 * seed] * 5}, [1, 0] * 4, [0] * 8, [-0.2] * 8)
+        mb = _frame({"g": up, "s": [0, 0, 0] + [1 + 0.05 * seed] * 5}, [0] * 8,
+                    [1, 0, 0, 0, 1, 0, 0, 0], [0.3] * 8)
+        measures += [measure_run("weighted_sum", seed, ws, ["g", "s"]),
+                     measure_run("marble_n5", seed, mb, ["g", "s"])]
+    alone = [measure_run("alone_s", seed, _frame({"s": [0, 0, 0, 1, 1, 1, 1, 1 + seed]}, [0] * 8,
+                                                 [0] * 8, [0.1] * 8), ["s"]) for seed in (1, 2)]
+    v = claim_verdict(measures + alone, ["g", "s"], {"s": 0.3}, "marble_n5", "weighted_sum")
+    q = v["questions"]
+    assert q["b_specialists_rise_more_under_marble"]["per_specialist"]["s"]["answer"] is True
+    assert q["b_specialists_rise_more_under_marble"]["per_specialist"]["s"]["difference"]["mean"] \
+        == pytest.approx(1.0)
+    assert q["c_marble_less_anti_aligned"]["answer"] is True  # 0.5 vs 0 on every seed
+    assert q["conflict_weighted_sum_anti_aligned"]["answer"] is True
+    assert q["theorem_full_solves_never_anti_aligned"] == {
+        "answer": True, "min_cosine": 0.3, "full_solve_steps": 6, "tolerance": 1e-6}
+    assert q["every_reward_learnable_alone"]["per_reward"]["s"]["change"]["n"] == 2
+    assert set(v) >= {"arms", "seeds", "questions", "sentences", "arm_results", "specialists"}
+    assert v["arms"] == ["weighted_sum", "marble_n5"] and len(v["sentences"]) == len(q)
+    with pytest.raises(ValueError, match="arm 'marble_n1' has no runs"):
+        claim_verdict(measures, ["g", "s"], {}, "marble_n1", "weighted_sum")
+
+
+def test_claim_runs_are_every_arm_times_every_seed():
+    section = {"seeds": [1, 2], "max_steps": 4, "set": ["train.lr=0.1"],
+               "arms": {"ws": {"preset": "tiny_weighted_sum", "set": []}, "gone": None,
+                        "m": {"preset": "tiny", "set": ["balancer.amortize_every=2"], "max_steps": 2}},
+               "alone": {"preset": "tiny_weighted_sum", "seeds": [7], "rewards": ["toy_brightness"]}}
+    assert list(arms(section)) == ["ws", "m"]
+    r = runs(section)
+    assert list(r) == ["ws-s1", "ws-s2", "m-s1", "m-s2", "alone_toy_brightness-s7"]
+    assert r["m-s2"] == {"preset": "tiny", "max_steps": 2,
+                         "set": ["train.lr=0.1", "balancer.amortize_every=2", "train.seed=2"]}
+    assert r["alone_toy_brightness-s7"]["set"][-2:] == ["rewards=[{name: toy_brightness}]",
+                                                       "train.seed=7"]
+    assert parse_run_name(run_name("marble_n5_ema0", 12)) == ("marble_n5_ema0", 12)
+    with pytest.raises(ValueError, match="not <arm>-s<seed>"):
+        parse_run_name("weighted_sum")

@@ -1,0 +1,102 @@
+# `snakemake -c2 claim` (docs/claim.md): MARBLE's claim at CPU scale. config.yaml's
+# `claim:` section lists the arms (one line each) and the seeds; every arm x seed trains
+# on the tiny model with the same data plan per seed, then `marble report claim` writes
+# results/claim/verdict.json, claim.md and the figures. Separate from `all`: the demo
+# stays the quick first look.
+
+from marble.workflow import claim as wf_claim
+
+CLAIM = config["claim"]
+CLAIM_DIR = wf_claim.CLAIM_DIR
+CLAIM_RUNS = wf_claim.runs(CLAIM)
+CLAIM_ARMS = wf_claim.arms(CLAIM)
+
+
+wildcard_constraints:
+    claimrun=r"[A-Za-z0-9][A-Za-z0-9_.]*-s[0-9]+",
+
+
+rule claim_run:
+    input:
+        model=MODEL_DIR,
+        train=f"{DATASET_DIR}/train.parquet",
+        test=f"{DATASET_DIR}/test.parquet",
+    output:
+        f"{CLAIM_DIR}/runs/{{claimrun}}/train_summary.json",
+    log:
+        "logs/claim/{claimrun}.log",
+    benchmark:
+        "benchmarks/claim/{claimrun}.tsv"
+    conda:
+        MARBLE_ENV
+    threads: 1
+    params:
+        preset=lambda wc: CLAIM_RUNS[wc.claimrun]["preset"],
+        run_dir=lambda wc, output: os.path.dirname(output[0]),
+        args=lambda wc: wf_runs.train_args(
+            CLAIM_RUNS[wc.claimrun],
+            wf_runs.run_overrides(
+                CLAIM_RUNS[wc.claimrun], MODEL_DIR, DATASET_DIR, None
+            ),
+        ),
+    shell:
+        "OMP_NUM_THREADS=1 marble train --preset {params.preset:q} --output-dir {params.run_dir:q}"
+        " {params.args} > {log:q} 2>&1"
+
+
+# Counted cost of each arm (marble bench flops rows, priced with each arm's cadence).
+rule claim_cost:
+    input:
+        model=MODEL_DIR,
+    output:
+        flops=f"{CLAIM_DIR}/flops.json",
+        cost=f"{CLAIM_DIR}/cost.json",
+    log:
+        "logs/claim/cost.log",
+    conda:
+        MARBLE_ENV
+    params:
+        arms=json.dumps(CLAIM_ARMS, sort_keys=True),
+    shell:
+        "marble bench flops --preset tiny --set model.path={input.model:q}"
+        " --rows weighted_sum,weighted_sum_diag,marble,marble_diag,mgda,mgda_diag --runs tiny"
+        " --json {output.flops:q} > {log:q} 2>&1"
+        " && python -m marble.tools.claim_cost --flops {output.flops:q} --arms {params.arms:q}"
+        " --model {input.model:q} --out {output.cost:q} >> {log:q} 2>&1"
+
+
+# A config without arms (config/paper.yaml: the claim is the tiny model's experiment)
+# writes a verdict that says so, so `dvc repro` of the paper config has its claim stage.
+rule claim:
+    input:
+        runs=expand(f"{CLAIM_DIR}/runs/{{r}}/train_summary.json", r=CLAIM_RUNS),
+        cost=[f"{CLAIM_DIR}/cost.json"] if CLAIM_ARMS else [],
+    output:
+        verdict=f"{CLAIM_DIR}/verdict.json",
+        md=f"{CLAIM_DIR}/claim.md",
+        figures=directory(f"{CLAIM_DIR}/figures"),
+    log:
+        "logs/claim/report.log",
+    conda:
+        MARBLE_ENV
+    params:
+        marble_arm=CLAIM["marble_arm"],
+        baseline=CLAIM["baseline_arm"],
+        out=lambda wc, output: os.path.dirname(output.verdict),
+        inputs=lambda wc, input: (
+            shlex.join(
+                [
+                    "--runs",
+                    os.path.dirname(os.path.dirname(input.runs[0])),
+                    "--cost",
+                    input.cost[0],
+                    "--benchmarks",
+                    "benchmarks/claim",
+                ]
+            )
+            if CLAIM_ARMS
+            else "--no-arms"
+        ),
+    shell:
+        "python -m marble.report.claim_cli {params.inputs} --marble-arm {params.marble_arm:q}"
+        " --baseline-arm {params.baseline:q} --out {params.out:q} > {log:q} 2>&1"
