@@ -15,6 +15,7 @@ include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/paper_tables.smk"
 include: "workflow/rules/claim.smk"
+include: "workflow/rules/zoo.smk"
 
 
 from marble.workflow import preflight as wf_preflight
@@ -39,6 +40,7 @@ localrules:
     cost,
     paper_tables,
     claim,
+    zoo,
 
 
 # Compute nodes are often offline: downloads run where Snakemake runs (the login node).

@@ -1,17 +1,16 @@
-# NOT INCLUDED YET (issue 27 item 5): this file reuses workflow/rules/claim.smk (rule
-# claim_run, `wf_claim`), which is on engineer "claim"'s branch, not on main at 22:55 UTC.
-# When claim lands: add `include: "workflow/rules/zoo.smk"` after claim.smk's include in the
-# Snakefile, the `zoo:` section of docs/balancers.md to config.yaml and
-# `zoo: {$ref: "#/properties/claim"}` under the schema's properties. Checked in a scratch
-# merge with claim: `snakemake -n zoo` plans 70 runs; a shrunk config (5 arms x 2 seeds x
-# 3 steps) ran end to end in 16 min on the loaded 2 cores (verdict.json, claim.md, cost.json).
-#
 # `snakemake -c2 zoo` (docs/balancers.md): the claim experiment's machinery with the balancer
 # zoo's arms (config.yaml `zoo:`, the claim section's schema): every torchjd weighting, GDPO
 # and the per-reward advantage sum beside MARBLE and the weighted sum, same paired seeds,
 # steps and statistics. Results in results/zoo; separate from `claim` and `all`.
 
-ZOO = config["zoo"]
+# The claim section's defaults beneath `zoo:` (the schema's $ref validates its keys but fills
+# no defaults); a config without `zoo:` (the paper ones) plans no zoo arms.
+ZOO = {
+    **{key: CLAIM[key] for key in ("seeds", "max_steps", "marble_arm", "baseline_arm")},
+    "set": [],
+    "arms": {},
+    **(config.get("zoo") or {}),
+}
 ZOO_DIR = "results/zoo"
 ZOO_RUNS = wf_claim.runs(ZOO)
 ZOO_ARMS = wf_claim.arms(ZOO)
