@@ -176,6 +176,21 @@ def read_jsonl(path: str | os.PathLike, error: type[Exception] = ValueError,
     return out
 
 
+def read_json_object(path: str | os.PathLike, what: str = "a JSON object") -> dict | None:
+    """A JSON file holding one object; None when the file does not exist; a ValueError naming
+    the file when it is not JSON or not an object (the callers' records: provenance, inputs)."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ValueError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected {what}")
+    return data
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     """Hex sha256 of a file, read in `chunk`-byte blocks (the one definition: downloads,
     checkpoint integrity and the dev mirror all pin files with it)."""

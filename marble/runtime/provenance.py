@@ -10,14 +10,13 @@ metadata, so nothing heavy is imported to record them.
 
 from __future__ import annotations
 
-import json
 import platform
 import subprocess
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from marble.runtime.io import write_json
+from marble.runtime.io import read_json_object, write_json
 
 PROVENANCE_FILE = "provenance.json"
 # The libraries whose version can change a result (sampling, LoRA, text encoders).
@@ -83,13 +82,4 @@ def write_provenance(folder: str | Path, config: Any) -> Path:
 def read_provenance(folder: str | Path) -> dict[str, Any] | None:
     """A folder's provenance record; None when it has none (made before marble recorded
     one); a ValueError naming the file when it is not a JSON object."""
-    path = Path(folder) / PROVENANCE_FILE
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise ValueError(f"{path}: not JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object")
-    return data
+    return read_json_object(Path(folder) / PROVENANCE_FILE)

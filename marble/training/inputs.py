@@ -27,7 +27,7 @@ from pathlib import Path
 from marble.assets.manifest import ckpt_dir
 from marble.config import RunConfig
 from marble.runtime.fingerprint import HashCache, fingerprint, project_relative
-from marble.runtime.io import write_json
+from marble.runtime.io import read_json_object, write_json
 from marble.training.run_dir import TrainError
 
 INPUTS_FILE = "inputs.json"
@@ -88,16 +88,10 @@ def _content(entry: dict) -> dict:
 
 
 def recorded_inputs(out_dir: Path) -> dict[str, dict] | None:
-    path = Path(out_dir) / INPUTS_FILE
-    if not path.is_file():
-        return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return read_json_object(Path(out_dir) / INPUTS_FILE, "a mapping of input -> fingerprint")
     except ValueError as exc:
-        raise TrainError(f"{path}: unreadable ({exc}); restore it or use another --output-dir") from None
-    if not isinstance(data, dict):
-        raise TrainError(f"{path}: expected a mapping of input -> fingerprint")
-    return data
+        raise TrainError(f"{exc}; restore it or use another --output-dir") from None
 
 
 def input_differences(saved: dict[str, dict], now: dict[str, dict]) -> list[str]:
