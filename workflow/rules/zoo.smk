@@ -100,7 +100,10 @@ rule zoo:
     params:
         marble_arm=ZOO["marble_arm"],
         baseline=ZOO["baseline_arm"],
+        # the runs sit beside cost.json (an arm-less config has no run inputs to take it from)
+        runs=lambda wc, input: os.path.join(os.path.dirname(input.cost), "runs"),
+        out=lambda wc, output: os.path.dirname(output.verdict),
     shell:
-        "python -m marble.report.claim_cli --runs {ZOO_DIR}/runs --cost {input.cost:q}"
+        "python -m marble.report.claim_cli --runs {params.runs:q} --cost {input.cost:q}"
         " --benchmarks benchmarks/zoo --marble-arm {params.marble_arm:q}"
-        " --baseline-arm {params.baseline:q} --out {ZOO_DIR} > {log:q} 2>&1"
+        " --baseline-arm {params.baseline:q} --out {params.out:q} > {log:q} 2>&1"
