@@ -40,7 +40,8 @@ def test_generic_pipeline_evaluates_from_its_saved_folder(kind, raw_dir, tmp_pat
     info = json.loads((out / "run_info.json").read_text())
     assert info["flags"]["model_type"] == "generic"
     # Where it ran and how (recorded beside the flags): the CPU here, no autocast, no TF32.
-    assert info["numerics"] == {"device": "cpu", "dtype": "float32", "tf32": False, "autocast": None}
+    assert info["numerics"] == {"device": "cpu", "dtype": "float32", "tf32": False, "autocast": None,
+                                "mode": "marble"}  # eval.numerics: the default outside the paper path
     assert info["scorers"]["toy_brightness"]["device"] is None
 
 
