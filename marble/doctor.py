@@ -301,6 +301,10 @@ def disk_row(config: dict, root: Path, downloads_pending: bool = False) -> Check
     return Check("disk", OK, detail)
 
 
+def local_rows() -> list[Check]:
+    return [Check("slurm", SKIP, "jobs run on this machine (--local-jobs): nothing is submitted")]
+
+
 def slurm_rows(config: dict) -> list[Check]:
     cluster = config.get("cluster") or {}
     if not shutil.which("sinfo"):
@@ -372,13 +376,15 @@ def _account_row(account: str | None) -> Check:
 
 
 def run_checks(config: dict, root: Path, downloads_pending: bool = False,
-               configfiles: tuple[str, ...] = ()) -> list[Check]:
+               configfiles: tuple[str, ...] = (), local_jobs: bool = False) -> list[Check]:
+    """`local_jobs`: the workflow runs its jobs on this machine (Snakemake's local executor), so
+    nothing is submitted and SLURM's partitions and capacity are not its concern."""
     rows: list[Check] = []
     for group in (lambda: torch_rows(config), lambda: reward_rows(config),
                   lambda: asset_rows(config, root, downloads_pending, configfiles), lambda: hub_rows(config),
                   lambda: gated_rows(config, root),
                   lambda: [disk_row(config, root, downloads_pending)],
-                  lambda: slurm_rows(config)):
+                  lambda: local_rows() if local_jobs else slurm_rows(config)):
         rows.extend(group())
     return rows
 
@@ -402,9 +408,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--root", type=Path, default=Path.cwd(), help="the workflow folder")
     p.add_argument("--downloads-pending", action="store_true",
                    help="missing model/reward files are still to be downloaded (a warning)")
+    p.add_argument("--local-jobs", action="store_true",
+                   help="the workflow runs its jobs here (no SLURM submission): SLURM is not checked")
     args = p.parse_args(argv)
     config = load_workflow_config(args.configfile, args.root)
-    rows = run_checks(config, args.root, args.downloads_pending, tuple(args.configfile))
+    rows = run_checks(config, args.root, args.downloads_pending, tuple(args.configfile), args.local_jobs)
     print(render(rows))
     return 1 if any(r.status == FAIL for r in rows) else 0
 
