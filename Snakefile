@@ -91,11 +91,8 @@ checkpoint preflight:
         "workflow/envs/marble.yaml"  # relative to this file (MARBLE_ENV is to common.smk)
     params:
         configfiles=wf_runs.doctor_args(workflow.config_settings.configfiles),
-        # evaluated when the job is scheduled, once the executor is known: a local run (-c2)
-        # submits nothing, so a SLURM daemon on this machine is not asked about job shapes
-        local=lambda wc: "--local-jobs" if workflow.local_exec else "",
     shell:
-        "marble doctor --downloads-pending {params.local} {params.configfiles} > {output:q} 2> {log:q}"
+        "marble doctor --downloads-pending {params.configfiles} > {output:q} 2> {log:q}"
         " || {{ cat {output:q} {log:q}; exit 1; }}; cat {output:q}"
 
 

@@ -301,8 +301,11 @@ def disk_row(config: dict, root: Path, downloads_pending: bool = False) -> Check
     return Check("disk", OK, detail)
 
 
+LOCAL_JOBS_ENV = "MARBLE_LOCAL_JOBS"
+
+
 def local_rows() -> list[Check]:
-    return [Check("slurm", SKIP, "jobs run on this machine (--local-jobs): nothing is submitted")]
+    return [Check("slurm", SKIP, f"jobs run on this machine (--local-jobs / {LOCAL_JOBS_ENV}=1): nothing is submitted")]
 
 
 def slurm_rows(config: dict) -> list[Check]:
@@ -409,10 +412,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--downloads-pending", action="store_true",
                    help="missing model/reward files are still to be downloaded (a warning)")
     p.add_argument("--local-jobs", action="store_true",
-                   help="the workflow runs its jobs here (no SLURM submission): SLURM is not checked")
+                   help="the workflow runs its jobs here (no SLURM submission): SLURM is not checked; "
+                        f"also {LOCAL_JOBS_ENV}=1 (the preflight rule's doctor reads it)")
     args = p.parse_args(argv)
     config = load_workflow_config(args.configfile, args.root)
-    rows = run_checks(config, args.root, args.downloads_pending, tuple(args.configfile), args.local_jobs)
+    # The preflight rule cannot know the executor when its command is formed (a params function
+    # would change between the dry run and the run and rerun it): a local-only harness says so.
+    local_jobs = args.local_jobs or os.environ.get(LOCAL_JOBS_ENV) == "1"
+    rows = run_checks(config, args.root, args.downloads_pending, tuple(args.configfile), local_jobs)
     print(render(rows))
     return 1 if any(r.status == FAIL for r in rows) else 0
 

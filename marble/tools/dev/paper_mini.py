@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     options.write_text(yaml.safe_dump(replica_reward_options(mirror), sort_keys=True))
     env = dict(os.environ, MARBLE_MANIFEST=str(mirror / "manifest.yaml"), HF_HUB_DISABLE_TELEMETRY="1",
                MARBLE_REWARD_OPTIONS=str(options.resolve()))
+    # Jobs run here (-c2): a SLURM daemon left by other tests must not judge GPU job shapes.
+    env["MARBLE_LOCAL_JOBS"] = "1"
     env.setdefault("HF_TOKEN", "hf_mirror")  # the mirror's gated repo wants a bearer token, any
     # The fake UnifiedReward judge is started by the workflow itself beside each evaluation
     # that needs it (eval.unifiedreward in .test/paper-mini.yaml), not here.
