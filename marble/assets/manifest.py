@@ -86,8 +86,10 @@ def _hub_entries(path: Path, group: str, i: int, spec: dict) -> list[Entry]:
     return out
 
 
-def load_manifest(path: str | Path = MANIFEST) -> list[Entry]:
-    path = Path(path)
+def load_manifest(path: str | Path | None = None) -> list[Entry]:
+    """The entries of `path`, else of $MARBLE_MANIFEST, else of the packaged manifest: the one
+    `marble download` uses, so the doctor's verification and disk estimate count the same files."""
+    path = Path(path or os.environ.get("MARBLE_MANIFEST") or MANIFEST)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
