@@ -11,14 +11,15 @@ keeps the text of string keys (`model.revision=0123456` stays "0123456").
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal
 
 import yaml
 
+from marble.config_parse import ConfigError, build, merge, read_yaml
+from marble.config_parse import declared_type as _declared_type
+from marble.config_parse import parse_override as _parse_override
 from marble.config_ranges import range_problem
 from marble.config_stages import StageError, schedule_problem, stage_overlay, stage_problem
 
@@ -28,10 +29,6 @@ SD3_LORA_TARGETS = [
     "attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out",
     "attn.to_k", "attn.to_out.0", "attn.to_q", "attn.to_v",
 ]
-
-
-class ConfigError(ValueError):
-    """A configuration problem; the message names the key and its origin."""
 
 
 @dataclass
@@ -181,90 +178,8 @@ class RunConfig:
         return [r.name for r in self.rewards]
 
 
-# ---------------------------------------------------------------- strict loading
-
-
-def _type_ok(value: Any, tp: Any) -> bool:
-    origin = get_origin(tp)
-    if tp is Any:
-        return True
-    if origin is Literal:
-        return value in get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        return any(_type_ok(value, a) for a in get_args(tp))
-    if tp is type(None):
-        return value is None
-    if origin is list:
-        (inner,) = get_args(tp) or (Any,)
-        return isinstance(value, list) and all(_type_ok(v, inner) for v in value)
-    if origin is dict:
-        return isinstance(value, dict)
-    if tp is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, tp)
-
-
-def _build(cls: type, data: Any, where: str, origin: str) -> Any:
-    if not isinstance(data, dict):
-        raise ConfigError(f"{origin}: `{where or 'config'}` must be a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    kwargs = {}
-    for key, value in data.items():
-        path = f"{where}.{key}" if where else key
-        if key not in names:
-            raise ConfigError(
-                f"{origin}: unknown config key `{path}` (known keys here: {sorted(names)})"
-            )
-        tp = hints[key]
-        if dataclasses.is_dataclass(tp):
-            kwargs[key] = _build(tp, value, path, origin)
-        elif get_origin(tp) is list and dataclasses.is_dataclass(get_args(tp)[0]):
-            if not isinstance(value, list):
-                raise ConfigError(f"{origin}: `{path}` must be a list, got {value!r}")
-            item_cls = get_args(tp)[0]
-            kwargs[key] = [_build(item_cls, v, f"{path}[{i}]", origin) for i, v in enumerate(value)]
-        else:
-            if not _type_ok(value, tp):
-                if is_string_key(tp) and isinstance(value, (int, float)):
-                    # YAML reads 0123456 as the octal 42798: the text is gone, only quoting keeps it.
-                    raise ConfigError(f"{origin}: `{path}` must be a string, but YAML read a number "
-                                      f"({value!r}); quote the value, e.g. {path.rsplit('.', 1)[-1]}: \"...\"")
-                raise ConfigError(f"{origin}: `{path}` = {value!r} is not a valid {_tp_name(tp)}")
-            kwargs[key] = float(value) if tp is float else value
-    return cls(**kwargs)
-
-
-def _tp_name(tp: Any) -> str:
-    if get_origin(tp) is Literal:
-        return "one of " + ", ".join(repr(a) for a in get_args(tp))
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "options":
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def available_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
-
-
-def _read_yaml(path: Path) -> dict:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: top level must be a mapping")
-    return data
 
 
 def preset_dict(name: str, _seen: tuple = ()) -> dict:
@@ -274,58 +189,21 @@ def preset_dict(name: str, _seen: tuple = ()) -> dict:
         raise ConfigError(f"unknown preset `{name}` (available: {', '.join(available_presets())})")
     if name in _seen:
         raise ConfigError(f"preset `{name}`: circular `base:` chain {' -> '.join(_seen)}")
-    data = _read_yaml(path)
+    data = read_yaml(path)
     base = data.pop("base", None)
-    merged = _merge(preset_dict(base, _seen + (name,)), data) if base else data
+    merged = merge(preset_dict(base, _seen + (name,)), data) if base else data
     merged["preset"] = name
     return merged
 
 
 def declared_type(path: list[str], cls: type | None = None) -> Any:
     """The annotation of a dotted key in RunConfig (None where the path is not a plain field)."""
-    tp: Any = cls or RunConfig
-    for part in path:
-        if not dataclasses.is_dataclass(tp):
-            return None
-        hints = typing.get_type_hints(tp)
-        if part not in hints:
-            return None
-        tp = hints[part]
-    return tp
-
-
-def is_string_key(tp: Any) -> bool:
-    """`str` or `str | None`: a value YAML must not coerce (`0123456` is a revision, not 42798)."""
-    return tp is str or (get_origin(tp) in (typing.Union, types.UnionType)
-                         and set(get_args(tp)) == {str, type(None)})
+    return _declared_type(path, cls or RunConfig)
 
 
 def parse_override(item: str) -> dict:
-    """`a.b.c=value` -> {"a": {"b": {"c": value}}}, the value parsed as YAML, except for
-    string keys, which keep the text as given."""
-    if "=" not in item:
-        raise ConfigError(f"--set {item!r}: expected key=value")
-    key, raw = item.split("=", 1)
-    tp = declared_type(key.strip().split("."))
-    if is_string_key(tp) and raw.strip() not in ("null", "~", ""):
-        value: Any = raw.strip()
-        if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":
-            value = yaml.safe_load(value)  # an explicitly quoted string: unquote it
-    else:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    if isinstance(value, str) and not is_string_key(tp):
-        # YAML 1.1 reads `1e-3` (no dot) as a string; users mean the number.
-        try:
-            value = float(value)
-        except ValueError:
-            pass
-    out: dict = {}
-    node = out
-    parts = key.strip().split(".")
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-    node[parts[-1]] = value
-    return out
+    """`a.b.c=value` -> {"a": {"b": {"c": value}}} (marble.config_parse.parse_override on RunConfig)."""
+    return _parse_override(item, RunConfig)
 
 
 def load_config(
@@ -339,16 +217,16 @@ def load_config(
         path = Path(f)
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
-        file_data = _read_yaml(path)
+        file_data = read_yaml(path)
         if "base" in file_data:
-            data = _merge(preset_dict(file_data.pop("base")), data)
-        data = _merge(data, file_data)
+            data = merge(preset_dict(file_data.pop("base")), data)
+        data = merge(data, file_data)
     for item in overrides:
-        data = _merge(data, parse_override(item))
+        data = merge(data, parse_override(item))
     origin = f"preset `{preset}`" if preset else "config"
     if files or overrides:
         origin += " + " + ", ".join([str(f) for f in files] + [f"--set {o}" for o in overrides])
-    cfg = _build(RunConfig, data, "", origin)
+    cfg = build(RunConfig, data, "", origin)
     validate(cfg, origin)
     for i in range(len(cfg.stages)):
         stage_config(cfg, i, origin)  # every stage is built and validated like a run
@@ -372,7 +250,7 @@ def stage_config(cfg: RunConfig, index: int, origin: str = "config") -> RunConfi
     if problem:
         raise ConfigError(f"{origin}: {problem}")
     origin = f"{origin}, {where} ({stage['name'] or 'unnamed'})"
-    out = _build(RunConfig, data, "", origin)
+    out = build(RunConfig, data, "", origin)
     validate(out, origin)
     return out
 
