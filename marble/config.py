@@ -59,6 +59,9 @@ class SamplingConfig:
     batch_size: int = 9  # per rank, per sampling batch
     num_batches_per_epoch: int = 8
     eval_num_steps: int = 40
+    # The held-out evaluation's sampler (marble.training.heldout): the reference evaluates
+    # with a deterministic Euler ODE (docs/algorithm.md §C), whatever the rollouts use.
+    eval_solver: Literal["dpm2", "euler"] = "euler"
 
 
 @dataclass
@@ -78,6 +81,11 @@ class TrainConfig:
     old_decay_cap: float = 0.95  # MARBLE raised the type-1 cap from 0.5 to 0.95
     max_steps: int = 1000
     save_every: int = 30
+    # Held-out evaluation of the EMA weights on data.test at step 0, every n steps and at the
+    # last step, into RUN/eval.jsonl (marble.training.heldout); 0 = none. The reference: 10.
+    eval_every: int = 0
+    eval_images_per_prompt: int = 1  # fixed latents per (seed, prompt, repeat)
+    eval_max_prompts: int | None = None  # None: the whole test split; n: n evenly spaced rows
     keep_checkpoints: int = 3  # newest complete checkpoints kept in RUN/checkpoints
     log_every: int = 1
     seed: int = 42

@@ -75,6 +75,9 @@ RANGES: dict[str, Rule] = {
     "sampling.batch_size": above(0),
     "sampling.num_batches_per_epoch": above(0),
     "sampling.eval_num_steps": above(0),
+    "train.eval_every": at_least(0),  # 0: no held-out evaluation
+    "train.eval_images_per_prompt": above(0),
+    "train.eval_max_prompts": above(0),  # None: the whole test split
     "train.batch_size": above(0),
     "train.timestep_fraction": interval("(0, 1]"),  # T_train = floor(num_steps * fraction) >= 1
     "train.nft_beta": above(0),  # divides the velocity difference (docs/algorithm.md §4)

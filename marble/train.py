@@ -151,9 +151,7 @@ def _train(args: argparse.Namespace, cfg: RunConfig, stop) -> dict:
     from marble.data.embed_cache import EmbedCacheError
     from marble.models.loading import ModelNotFoundError
     from marble.training.checkpoint import CheckpointError
-    from marble.training.trainer import (
-        run_training,  # heavy imports only once the config is sound
-    )
+    from marble.training.run import run_training  # heavy imports only once the config is sound
 
     try:
         return run_training(cfg, args.output_dir, device=args.device,

@@ -91,7 +91,7 @@ def test_resume_with_a_changed_training_key_fails_naming_it(straight, tiny_model
     # The library entry point refuses too, before it touches the folder.
     from marble.train import build_parser, resolve_config
     from marble.training.run_dir import TrainError
-    from marble.training.trainer import run_training
+    from marble.training.run import run_training
 
     cfg = resolve_config(build_parser().parse_args(
         args(tiny_model_dir, table_path, straight, 4, "balancer.alpha_ema=0.5")))

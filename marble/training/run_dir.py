@@ -21,6 +21,7 @@ from marble.config import RunConfig, dump_yaml
 RESULT_NEUTRAL_KEYS = {
     "preset", "train.max_steps", "train.save_every", "train.log_every", "train.keep_checkpoints",
     "sampling.eval_num_steps", "data.test", "data.embed_cache",
+    "train.eval_every",  # how often the held-out evaluation runs, not what training computes
     "logging.backends",  # trackers watch a run; a folder from before the key resumes too
 }
 # Keys holding file or folder paths: compared resolved on resume, so `data/x` and its

@@ -8,7 +8,6 @@ state, so N steps straight equal k steps + resume + N-k steps bitwise on the CPU
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from marble.balancers import build_balancer
-from marble.config import RunConfig, dump_yaml, grad_accumulation, to_dict, training_timesteps
+from marble.config import RunConfig, grad_accumulation, training_timesteps
 from marble.data import load_table
 from marble.data.embed_cache import EmbeddingCache
 from marble.data.sampler import StratifiedKRepeatSampler
@@ -34,23 +33,21 @@ from marble.models.policy import load_policy
 from marble.models.sampling import sigma_schedule
 from marble.rewards import build_scorers, reward_device
 from marble.runtime import distributed as dist
-from marble.runtime.io import write_json, write_text
 from marble.runtime.precision import (
     Precision,
     enable_tf32,
     make_precision,
     optimizer_update,
 )
-from marble.runtime.provenance import write_provenance
 from marble.runtime.seeds import keyed_generator
 from marble.training.checkpoint import (
     AttributeState,
     CheckpointManager,
     OptionalState,
     RNGState,
-    latest_checkpoint,
 )
 from marble.training.geometry import check_geometry
+from marble.training.heldout import HeldoutEvaluator, due
 from marble.training.metrics import MetricsLog, StepAverager
 from marble.training.microstep import (
     MicroBatch,
@@ -62,12 +59,8 @@ from marble.training.rollout import (
     RolloutEngine,
     Rollouts,
 )
-from marble.training.inputs import write_inputs
-from marble.training.outcome import failed_run_reason
-from marble.training.preflight import preflight
 from marble.training.run_dir import TrainError
 from marble.training.stages import CurrentState, StageSchedule, StageState
-from marble.training.stopping import StopRequest
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +108,9 @@ class Trainer:
         self._enter_stage(0)
         self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", enabled=self.info.is_main,
                                   backends=cfg.logging.backends)
+        self.heldout, self.eval_log, self.evaluated = self._heldout(), None, set()
+        if self.heldout is not None:
+            self.eval_log = MetricsLog(self.out_dir / "eval.jsonl", enabled=self.info.is_main)
         self.step, self.epoch = 0, 0
         self.checkpoints = CheckpointManager(
             self.out_dir, self._checkpoint_states(), write_lora=self._write_ema_lora,
@@ -177,6 +173,28 @@ class Trainer:
             where = f"stage {self.schedule.name(index)!r}: " if self.schedule.staged else ""
             raise TrainError(f"{where}{exc}") from None
 
+    def _heldout(self) -> HeldoutEvaluator | None:
+        """The held-out evaluator when train.eval_every > 0: every reward of the run (a stage
+        may train on fewer), on data.test, through the rollouts' prompt embedding."""
+        if self.cfg.train.eval_every == 0:
+            return None
+        missing = [spec for spec in self.cfg.rewards if spec.name not in self.scorers]
+        self.scorers.update(build_scorers(missing, self.reward_device))
+        return HeldoutEvaluator(self.pipe, self.cfg, load_table(self.cfg.data.test), self.scorers,
+                                lambda prompts: self.rollouts.embed(prompts), self.info,
+                                self.autocast, self.reward_device)
+
+    def evaluate_if_due(self) -> dict | None:
+        """The held-out evaluation of this step, unless off, not due or already in eval.jsonl."""
+        t = self.cfg.train
+        if self.heldout is None or not due(self.step, t.eval_every, t.max_steps) \
+                or self.step in self.evaluated:
+            return None
+        record = self.heldout.evaluate(self.step, self.ema)
+        self.eval_log.log(record)
+        self.evaluated.add(self.step)
+        return record
+
     def _embed_cache(self):
         if not self.cfg.data.embed_cache:
             return None
@@ -201,6 +219,12 @@ class Trainer:
         # No checkpoint yet: lines an earlier attempt logged are steps no one will resume
         # from (they would be logged twice).
         self.metrics.truncate_after(0 if path is None else self.step)
+        if self.eval_log is not None:
+            # Evaluations up to the checkpoint's step stay (not repeated); later ones go.
+            self.eval_log.truncate_after(-1 if path is None else self.step)
+            # Every rank must agree on which evaluations run (they are collective).
+            self.evaluated = dist.broadcast_object({r["step"] for r in self.eval_log.read()}
+                                                   if self.info.is_main else None)
         return path
 
     # ------------------------------------------------------------ one epoch
@@ -315,85 +339,5 @@ class Trainer:
 
     def close(self) -> None:
         self.rollouts.close()
-
-
-def _final_rewards(records: list[dict]) -> dict:
-    if not records:
-        return {}
-    return {k: v for k, v in records[-1].items() if k.startswith("reward/")}
-
-
-def _train_loop(trainer: Trainer, cfg: RunConfig, progress: bool,
-                stop: StopRequest) -> tuple[Path | None, bool]:
-    """Resume, then step and checkpoint to max_steps; (resumed from, stopped to requeue)."""
-    resumed = trainer.resume()
-    max_steps, every = cfg.train.max_steps, max(1, cfg.train.save_every)
-    # A stop signal that came while the model loaded: nothing new to save (the newest
-    # checkpoint is where the requeued job resumes), so stop before the first step.
-    if trainer.step < max_steps and stop.agreed():
-        return resumed, True
-    bar = tqdm(total=max_steps, initial=trainer.step, desc="train", disable=not progress)
-    requeue = False
-    while trainer.step < max_steps:
-        trainer.train_epoch()
-        bar.update(1)
-        # One tiny all-reduce per step, so every rank stops after the same step.
-        requeue = stop.agreed() and trainer.step < max_steps
-        if trainer.step % every == 0 or trainer.step == max_steps or requeue:
-            trainer.save()
-        if requeue:
-            break
-    bar.close()
-    if resumed is None and trainer.step == 0:
-        trainer.save()  # max_steps 0: still leave a loadable checkpoint
-    return resumed, requeue
-
-
-def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
-                 progress: bool = True, stop: StopRequest | None = None) -> dict:
-    """Train (or resume) to cfg.train.max_steps; write DIR/train_summary.json; return it.
-
-    SIGUSR1/SIGTERM stop the run early (marble.training.stopping): the step in flight finishes, a
-    checkpoint is written, no train_summary.json, and the summary has `requeue: True`.
-    `stop`: an already active StopRequest (`marble train` installs it before loading);
-    without one the handlers are installed here, before the model loads.
-    """
-    out_dir = Path(out_dir)
-    # Validate, then write: every input and the folder's identity (config and input
-    # content) are checked before config.yaml is replaced (marble.training.preflight).
-    inputs = preflight(cfg, out_dir)
-    info = dist.init_distributed(device)
-    start = time.perf_counter()
-    with contextlib.ExitStack() as scope:
-        if stop is None:
-            stop = scope.enter_context(StopRequest())
-        trainer = Trainer(cfg, out_dir, device=device, progress=progress)
-        if info.is_main:  # once the model, table and rewards loaded: a failed start writes nothing
-            out_dir.mkdir(parents=True, exist_ok=True)
-            write_text(out_dir / "config.yaml", dump_yaml(cfg))
-            write_inputs(out_dir, inputs)
-            write_provenance(out_dir, to_dict(cfg))  # this attempt's code and libraries
-        try:
-            resumed, requeue = _train_loop(trainer, cfg, progress and info.is_main, stop)
-        finally:
-            trainer.close()
-    last = latest_checkpoint(out_dir)
-    summary = {
-        "final_step": trainer.step, "epoch": trainer.epoch,
-        "last_checkpoint": str(last) if last else None,
-        "resumed_from": str(resumed) if resumed else None,
-        "wall_time_s": time.perf_counter() - start, "world_size": info.world_size,
-        "rank": info.rank,
-        "balancer": cfg.balancer.method, "final_rewards": _final_rewards(trainer.metrics.read()),
-        "requeue": requeue, "stop_signal": stop.signal_name,
-    }
-    # Every step skipped, or a reward NaN throughout: a failed run, no summary (all ranks raise).
-    reason = dist.broadcast_object(failed_run_reason(trainer.metrics.read(), cfg.reward_names)
-                                   if info.is_main and not requeue else None)
-    if reason:
-        raise TrainError(f"{out_dir}: {reason}; no train_summary.json written")
-    if info.is_main and not requeue:  # the workflow's output: only for a finished run
-        write_json(out_dir / "train_summary.json", summary)
-    dist.barrier()
-    dist.cleanup()
-    return summary
+        if self.heldout is not None:
+            self.heldout.close()

@@ -123,7 +123,7 @@ def _no_training(cfg, out_dir, device=None, progress=True, stop=None):  # run_tr
     ("model:damaged", "w.safetensors: not a readable safetensors file"),
 ])
 def test_a_failed_start_is_one_line_writes_nothing_and_the_fix_runs(tmp_path, capsys, monkeypatch, bad, needle):
-    monkeypatch.setattr("marble.training.trainer.run_training", _no_training)
+    monkeypatch.setattr("marble.training.run.run_training", _no_training)
     good = tiny_inputs(tmp_path)
     sets = list(good)
     if bad.startswith("rewards"):

@@ -1,0 +1,116 @@
+"""A training run end to end: validate, load, resume, step, checkpoint, evaluate, summarise.
+
+`run_training` is what `marble train` calls; marble.training.trainer.Trainer holds the state
+and runs one epoch; this module only orders the steps and writes train_summary.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from marble.config import RunConfig, dump_yaml, to_dict
+from marble.runtime import distributed as dist
+from marble.runtime.io import write_json, write_text
+from marble.runtime.provenance import write_provenance
+from marble.training.checkpoint import latest_checkpoint
+from marble.training.inputs import write_inputs
+from marble.training.outcome import failed_run_reason
+from marble.training.preflight import preflight
+from marble.training.run_dir import TrainError
+from marble.training.stopping import StopRequest
+from marble.training.trainer import Trainer
+
+
+def _final_rewards(records: list[dict]) -> dict:
+    if not records:
+        return {}
+    return {k: v for k, v in records[-1].items() if k.startswith("reward/")}
+
+
+def _final_eval(trainer: Trainer) -> dict:
+    """The last held-out evaluation's rewards (empty without evaluation)."""
+    records = trainer.eval_log.read() if trainer.eval_log is not None else []
+    return {k: v for k, v in records[-1].items() if k.startswith("eval_reward/")} if records else {}
+
+
+def _train_loop(trainer: Trainer, cfg: RunConfig, progress: bool,
+                stop: StopRequest) -> tuple[Path | None, bool]:
+    """Resume, then step and checkpoint to max_steps; (resumed from, stopped to requeue)."""
+    resumed = trainer.resume()
+    max_steps, every = cfg.train.max_steps, max(1, cfg.train.save_every)
+    # A stop signal that came while the model loaded: nothing new to save (the newest
+    # checkpoint is where the requeued job resumes), so stop before the first step.
+    if trainer.step < max_steps and stop.agreed():
+        return resumed, True
+    bar = tqdm(total=max_steps, initial=trainer.step, desc="train", disable=not progress)
+    requeue = False
+    trainer.evaluate_if_due()  # step 0: the initial model (or a due step a requeue left)
+    while trainer.step < max_steps:
+        trainer.train_epoch()
+        bar.update(1)
+        # One tiny all-reduce per step, so every rank stops after the same step.
+        requeue = stop.agreed() and trainer.step < max_steps
+        if trainer.step % every == 0 or trainer.step == max_steps or requeue:
+            trainer.save()
+        if requeue:
+            break  # a due evaluation of this step runs after the resume
+        trainer.evaluate_if_due()  # after the checkpoint: a crash here loses no step
+    bar.close()
+    if resumed is None and trainer.step == 0:
+        trainer.save()  # max_steps 0: still leave a loadable checkpoint
+    return resumed, requeue
+
+
+def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
+                 progress: bool = True, stop: StopRequest | None = None) -> dict:
+    """Train (or resume) to cfg.train.max_steps; write DIR/train_summary.json; return it.
+
+    SIGUSR1/SIGTERM stop the run early (marble.training.stopping): the step in flight finishes, a
+    checkpoint is written, no train_summary.json, and the summary has `requeue: True`.
+    `stop`: an already active StopRequest (`marble train` installs it before loading);
+    without one the handlers are installed here, before the model loads.
+    """
+    out_dir = Path(out_dir)
+    # Validate, then write: every input and the folder's identity (config and input
+    # content) are checked before config.yaml is replaced (marble.training.preflight).
+    inputs = preflight(cfg, out_dir)
+    info = dist.init_distributed(device)
+    start = time.perf_counter()
+    with contextlib.ExitStack() as scope:
+        if stop is None:
+            stop = scope.enter_context(StopRequest())
+        trainer = Trainer(cfg, out_dir, device=device, progress=progress)
+        if info.is_main:  # once the model, table and rewards loaded: a failed start writes nothing
+            out_dir.mkdir(parents=True, exist_ok=True)
+            write_text(out_dir / "config.yaml", dump_yaml(cfg))
+            write_inputs(out_dir, inputs)
+            write_provenance(out_dir, to_dict(cfg))  # this attempt's code and libraries
+        try:
+            resumed, requeue = _train_loop(trainer, cfg, progress and info.is_main, stop)
+        finally:
+            trainer.close()
+    last = latest_checkpoint(out_dir)
+    summary = {
+        "final_step": trainer.step, "epoch": trainer.epoch,
+        "last_checkpoint": str(last) if last else None,
+        "resumed_from": str(resumed) if resumed else None,
+        "wall_time_s": time.perf_counter() - start, "world_size": info.world_size,
+        "rank": info.rank,
+        "balancer": cfg.balancer.method, "final_rewards": _final_rewards(trainer.metrics.read()),
+        "final_eval": _final_eval(trainer),
+        "requeue": requeue, "stop_signal": stop.signal_name,
+    }
+    # Every step skipped, or a reward NaN throughout: a failed run, no summary (all ranks raise).
+    reason = dist.broadcast_object(failed_run_reason(trainer.metrics.read(), cfg.reward_names)
+                                   if info.is_main and not requeue else None)
+    if reason:
+        raise TrainError(f"{out_dir}: {reason}; no train_summary.json written")
+    if info.is_main and not requeue:  # the workflow's output: only for a finished run
+        write_json(out_dir / "train_summary.json", summary)
+    dist.barrier()
+    dist.cleanup()
+    return summary
