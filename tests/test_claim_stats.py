@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from marble.report import claim_stats as cs
-from marble.report.claim_experiment import claim_verdict, measure_run, reward_change
+from marble.report.claim_experiment import claim_verdict, eval_change, measure_run
 from marble.workflow.claim import arms, parse_run_name, run_name, runs
 
 
@@ -40,17 +40,23 @@ def test_minimal_detectable_difference_and_seeds_by_hand():
     assert cs.paired({1: 3.0, 2: 5.0, 3: 1.0}, {1: 1.0, 2: 4.0}).mean == 1.5  # seeds 1, 2 only
 
 
-def _frame(rewards: dict[str, list], anti: list, full: list, cos: list) -> pd.DataFrame:
-    data = {f"reward/{k}": v for k, v in rewards.items()}
-    return pd.DataFrame({"step": range(1, len(anti) + 1), **data, "anti_aligned": anti,
+def _frame(anti: list, full: list, cos: list) -> pd.DataFrame:
+    return pd.DataFrame({"step": range(1, len(anti) + 1), "anti_aligned": anti,
                          "full_solve": full, "cos_min": cos})
 
 
-def test_reward_change_is_last_window_minus_first_nan_aware():
-    m = _frame({"a": [1, math.nan, 3, 4, 5, 6, 7, 8]}, [0] * 8, [0] * 8, [0.1] * 8)
-    # head = mean(1, 3) = 2 (NaN skipped), tail = mean(4..8) = 6
-    assert reward_change(m, "a") == pytest.approx(4.0)
-    assert math.isnan(reward_change(m, "missing"))
+def _evals(first: dict[str, float], last: dict[str, float], last_step: int = 8) -> pd.DataFrame:
+    """eval.jsonl as read: step 0 and the last step, `eval_reward/<r>` columns."""
+    return pd.DataFrame([{"step": 0, **{f"eval_reward/{k}": v for k, v in first.items()}},
+                         {"step": last_step, **{f"eval_reward/{k}": v for k, v in last.items()}}])
+
+
+def test_eval_change_is_the_last_evaluation_minus_step_zero():
+    ev = pd.concat([_evals({"a": 0.25}, {"a": 0.5}, 4), _evals({"a": 9.0}, {"a": 1.0})[1:]])
+    assert eval_change(ev.reset_index(drop=True), "a") == pytest.approx(0.75)  # steps 0, 4, 8
+    assert math.isnan(eval_change(ev, "missing")) and math.isnan(eval_change(None, "a"))
+    assert math.isnan(eval_change(ev[1:], "a"))  # no step-0 evaluation: no initial model
+    assert math.isnan(eval_change(_evals({"a": math.nan}, {"a": 1.0}), "a"))  # unscorable
 
 
 def test_verdict_on_synthetic_runs():
@@ -58,14 +64,15 @@ def test_verdict_on_synthetic_runs():
     solves have cos_min >= 0; the weighted sum opposes a reward on half its steps."""
     measures = []
     for seed in (1, 2, 3):
-        up = [0.0, 0.0, 0.0, 1.0 + 0.1 * seed, 1.0, 1.0, 1.0, 1.0]
-        ws = _frame({"g": up, "s": [0, 0, 0] + [0.05 * seed] * 5}, [1, 0] * 4, [0] * 8, [-0.2] * 8)
-        mb = _frame({"g": up, "s": [0, 0, 0] + [1 + 0.05 * seed] * 5}, [0] * 8,
-                    [1, 0, 0, 0, 1, 0, 0, 0], [0.3] * 8)
-        measures += [measure_run("weighted_sum", seed, ws, ["g", "s"]),
-                     measure_run("marble_n5", seed, mb, ["g", "s"])]
-    alone = [measure_run("alone_s", seed, _frame({"s": [0, 0, 0, 1, 1, 1, 1, 1 + seed]}, [0] * 8,
-                                                 [0] * 8, [0.1] * 8), ["s"]) for seed in (1, 2)]
+        start = {"g": 0.0, "s": 0.1 * seed}  # one initial model per seed, shared by the arms
+        ws = _frame([1, 0] * 4, [0] * 8, [-0.2] * 8)
+        mb = _frame([0] * 8, [1, 0, 0, 0, 1, 0, 0, 0], [0.3] * 8)
+        measures += [measure_run("weighted_sum", seed, ws, ["g", "s"],
+                                 _evals(start, {"g": 1.0 + 0.1 * seed, "s": start["s"] + 0.05 * seed})),
+                     measure_run("marble_n5", seed, mb, ["g", "s"],
+                                 _evals(start, {"g": 1.0 + 0.1 * seed, "s": start["s"] + 1 + 0.05 * seed}))]
+    alone = [measure_run("alone_s", seed, _frame([0] * 8, [0] * 8, [0.1] * 8), ["s"],
+                         _evals({"s": 0.0}, {"s": 1.0 + seed})) for seed in (1, 2)]
     v = claim_verdict(measures + alone, ["g", "s"], {"s": 0.3}, "marble_n5", "weighted_sum")
     q = v["questions"]
     assert q["b_specialists_rise_more_under_marble"]["per_specialist"]["s"]["answer"] is True
@@ -76,7 +83,8 @@ def test_verdict_on_synthetic_runs():
     assert q["theorem_full_solves_never_anti_aligned"] == {
         "answer": True, "min_cosine": 0.3, "full_solve_steps": 6, "tolerance": 1e-6}
     assert q["every_reward_learnable_alone"]["per_reward"]["s"]["change"]["n"] == 2
-    assert set(v) >= {"arms", "seeds", "questions", "sentences", "arm_results", "specialists"}
+    assert set(v) >= {"arms", "seeds", "questions", "sentences", "arm_results", "specialists",
+                      "change_measure"}
     assert v["arms"] == ["weighted_sum", "marble_n5"] and len(v["sentences"]) == len(q)
     with pytest.raises(ValueError, match="arm 'marble_n1' has no runs"):
         claim_verdict(measures, ["g", "s"], {}, "marble_n1", "weighted_sum")
@@ -90,8 +98,11 @@ def test_claim_runs_are_every_arm_times_every_seed():
     assert list(arms(section)) == ["ws", "m"]
     r = runs(section)
     assert list(r) == ["ws-s1", "ws-s2", "m-s1", "m-s2", "alone_toy_brightness-s7"]
+    # evaluated at step 0 and at the last step: the claim's change is the difference
     assert r["m-s2"] == {"preset": "tiny", "max_steps": 2,
-                         "set": ["train.lr=0.1", "balancer.amortize_every=2", "train.seed=2"]}
+                         "set": ["train.eval_every=2", "train.lr=0.1", "balancer.amortize_every=2",
+                                 "train.seed=2"]}
+    assert r["ws-s1"]["set"][0] == "train.eval_every=4"
     assert r["alone_toy_brightness-s7"]["set"][-2:] == ["rewards=[{name: toy_brightness}]",
                                                        "train.seed=7"]
     assert parse_run_name(run_name("marble_n5_ema0", 12)) == ("marble_n5_ema0", 12)

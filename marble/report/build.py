@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from marble.runtime.io import atomic_path
 from marble.report import claim, figures, lead, published, tables
+from marble.report.experiments import experiment_section
 from marble.report.loading import (RunData, eval_samples, load_bench, load_eval_summary,
                                          load_runs, read_json_file)
 from marble.report.provenance import provenance_table
@@ -34,6 +35,8 @@ class ReportInputs:
     window: int | None = None  # epochs averaged at each end for the verdict (None: auto)
     min_gain: float = 0.0  # a reward "improves" when its change exceeds this
     smooth: int = 5
+    # CPU-scale experiment folders (results/claim, results/zoo): their sections lead the report
+    experiments: tuple[Path, ...] = ()
 
 
 class Builder:
@@ -306,6 +309,8 @@ def build_report(inp: ReportInputs) -> Verdict:
     specialists = all_specialists(runs)
     with atomic_path(inp.out) as tmp:
         b = Builder(tmp)
+        # The answer first: the experiments' verdicts (marble.report.experiments).
+        b.sections += [experiment_section(folder, tmp) for folder in inp.experiments]
         if not runs:
             b.section("Runs").blocks.append(Text(
                 f"Missing: no run folder with a metrics.jsonl under `{inp.runs_dir}`. Train with "

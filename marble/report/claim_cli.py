@@ -59,8 +59,12 @@ def collect(runs_dir: Path, benchmarks: Path | None):
     rewards = main[0].reward_names
     pooled = pd.concat([r.metrics for r in main], ignore_index=True)
     specialists = specialist_rewards(pooled, rewards)
-    measures = [measure_run(a, s, r.metrics, r.reward_names if a.startswith(ALONE_PREFIX) else rewards)
-                for a, s, r in loaded]
+    for _, _, run in loaded:
+        if run.evals is None:  # the workflow's claim runs evaluate at step 0 and at the end
+            raise ReportInputError(f"{run.path}: no eval.jsonl: a claim run needs the held-out "
+                                   "evaluation (train.eval_every; marble.workflow.claim sets it)")
+    measures = [measure_run(a, s, r.metrics, r.reward_names if a.startswith(ALONE_PREFIX) else rewards,
+                            r.evals) for a, s, r in loaded]
     settings, cpu = {}, {}
     for arm, seed, run in loaded:
         bal = run.config.get("balancer") or {}
@@ -72,7 +76,8 @@ def collect(runs_dir: Path, benchmarks: Path | None):
 
 def build(args) -> dict:
     measures, rewards, specialists, settings, cpu = collect(args.runs, args.benchmarks)
-    verdict = claim_verdict(measures, rewards, specialists, args.marble_arm, args.baseline_arm)
+    verdict = claim_verdict(measures, rewards, specialists, args.marble_arm, args.baseline_arm,
+                            args.effect_fraction)
     costs = read_json_file(args.cost) if args.cost else {}
     verdict["arm_settings"] = {a: settings[a] for a in verdict["arms"]}
     verdict["cost"] = {a: {"counted_flops": (costs.get(a) or {}).get("flops"),
@@ -103,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--benchmarks", type=Path, default=None, help="Snakemake benchmark tsvs")
     p.add_argument("--marble-arm", default="marble_n5")
     p.add_argument("--baseline-arm", default="weighted_sum")
+    p.add_argument("--effect-fraction", type=float, default=0.5,
+                   help="smallest effect of interest: this fraction of a specialist's change "
+                        "trained alone (b) and of the paper's 80%% - 0%% anti-aligned gap (c)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if args.no_arms:

@@ -1,14 +1,15 @@
 """The `claim` experiment's verdict from its runs' metrics (docs/claim.md, issue 26).
 
-Per run (arm x seed): each reward's change from the initial model, = the mean of its last
-`TAIL` logged values minus the mean of its first `HEAD` (the first is the initial model's
-rollouts: LoRA B starts at zero, so under every arm of a seed the first steps share model,
-prompts and noise; three, NaN-aware, because a specialist is absent from some steps' plans);
-the fraction of diagnostic steps whose applied direction opposes some reward
-(`anti_aligned`), split into full-solve and amortized steps, and the same for a fresh
-solve on the same gradients (`anti_aligned_solve`), the applied alpha in the solve's form
-(`anti_aligned_alpha_unit`) and on raw gradients (`anti_aligned_alpha_raw`). Over seeds:
-intervals and paired differences (marble.report.claim_stats). Pure functions on frames.
+Per run (arm x seed): each reward's change, = its held-out mean at the run's last
+evaluation minus at step 0 (RUN/eval.jsonl, marble.training.heldout: the EMA weights on the
+test split with latents fixed by seed, prompt and repeat; at step 0 every arm of a seed is
+the same model on the same prompts and latents, so a change is the training's alone, not a
+new draw of prompts or noise); the fraction of diagnostic steps whose applied direction
+opposes some reward (`anti_aligned`), split into full-solve and amortized steps, and the
+same for a fresh solve on the same gradients (`anti_aligned_solve`), the applied alpha in
+the solve's form (`anti_aligned_alpha_unit`) and on raw gradients (`anti_aligned_alpha_raw`).
+Over seeds: intervals and paired differences (marble.report.claim_stats). Pure functions on
+frames.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from marble.report import claim_stats as cs
 from marble.report.claim import PUBLISHED_ANTI_ALIGNED, json_number
 from marble.workflow.claim import ALONE_PREFIX
 
-HEAD, TAIL = 3, 5
+CHANGE_MEASURE = ("held-out mean of the reward over the test prompts it applies to (EMA weights, "
+                  "latents fixed by seed, prompt and repeat): last evaluation minus step 0")
 THEOREM_TOL = 1e-6  # a full solve's worst cosine may sit this far below 0 (rounding)
 # anti-aligned flags and angles recorded per diagnostic step (marble.balancers.solve)
 FLAGS = {"applied": "anti_aligned", "fresh_solve": "anti_aligned_solve",
@@ -42,18 +44,14 @@ class RunMeasure:
     full_solve_steps: int
 
 
-def reward_change(metrics: pd.DataFrame, reward: str, head: int = HEAD, tail: int = TAIL) -> float:
-    """mean(last `tail` finite-or-NaN values) - mean(first `head`), NaN-aware; NaN if either
-    window has no finite value."""
-    col = f"reward/{reward}"
-    if col not in metrics:
+def eval_change(evals: pd.DataFrame | None, reward: str) -> float:
+    """The reward's held-out mean at the last evaluation minus at step 0 (NaN when the run
+    has no step-0 and later evaluation, or the reward was unscorable in either)."""
+    col = f"eval_reward/{reward}"
+    if evals is None or col not in evals or len(evals) < 2 or evals["step"].iloc[0] != 0:
         return math.nan
-    values = metrics[col].to_numpy(dtype=float)
-    first, last = values[:head], values[-tail:]
-    first, last = first[np.isfinite(first)], last[np.isfinite(last)]
-    if not (len(first) and len(last)):
-        return math.nan
-    return float(last.mean() - first.mean())
+    first, last = float(evals[col].iloc[0]), float(evals[col].iloc[-1])
+    return last - first if math.isfinite(first) and math.isfinite(last) else math.nan
 
 
 def _fraction(frame: pd.DataFrame, col: str) -> float:
@@ -64,7 +62,8 @@ def _fraction(frame: pd.DataFrame, col: str) -> float:
     return float((v > 0.5).mean()) if len(v) else math.nan
 
 
-def measure_run(arm: str, seed: int, metrics: pd.DataFrame, rewards: list[str]) -> RunMeasure:
+def measure_run(arm: str, seed: int, metrics: pd.DataFrame, rewards: list[str],
+                evals: pd.DataFrame | None) -> RunMeasure:
     diag = metrics[metrics["anti_aligned"].notna()] if "anti_aligned" in metrics else metrics.iloc[:0]
     solve = diag["full_solve"].fillna(0) > 0 if "full_solve" in diag else pd.Series(False, diag.index)
     anti = {key: _fraction(diag, col) for key, col in FLAGS.items()}
@@ -74,7 +73,7 @@ def measure_run(arm: str, seed: int, metrics: pd.DataFrame, rewards: list[str]) 
               for a in ANGLES}
     cos = diag.loc[solve, "cos_min"].to_numpy(float) if "cos_min" in diag else np.array([])
     cos = cos[np.isfinite(cos)]
-    return RunMeasure(arm, seed, {r: reward_change(metrics, r) for r in rewards}, anti, angles,
+    return RunMeasure(arm, seed, {r: eval_change(evals, r) for r in rewards}, anti, angles,
                       float(cos.min()) if len(cos) else math.nan, int(solve.sum()))
 
 
@@ -111,24 +110,36 @@ def question_a(measures, rewards, marble_arm) -> dict:
             "minimal_detectable_difference": mdd}
 
 
-def question_b(measures, specialists, marble_arm, baseline_arm) -> dict:
+def power_fields(iv: cs.Interval, effect: float) -> dict:
+    """The minimal detectable difference of these seeds, the smallest effect of interest
+    (fixed before the run, docs/claim.md), whether the seeds detect it (MDD <= effect) and
+    how many would, and how many would detect the observed difference."""
+    mdd = cs.minimal_detectable_difference(iv.sd, iv.n)
+    return {"minimal_detectable_difference": json_number(mdd),
+            "effect_of_interest": json_number(effect),
+            "powered": bool(math.isfinite(effect) and mdd <= abs(effect)),
+            "seeds_for_effect_of_interest": cs.seeds_needed(iv.sd, effect),
+            "seeds_for_observed_effect": cs.seeds_needed(iv.sd, iv.mean)}
+
+
+def question_b(measures, specialists, marble_arm, baseline_arm, effects: dict[str, float]) -> dict:
+    """Per specialist, MARBLE's change minus the weighted sum's, paired by seed; `effects`:
+    reward -> the smallest difference of interest."""
     per = {}
     for s in specialists:
         iv = cs.paired(_by_seed(measures, marble_arm, lambda m: m.changes[s]),
                        _by_seed(measures, baseline_arm, lambda m: m.changes[s]))
         per[s] = {"difference": iv.as_json(), "answer": cs.decide(iv),
-                  "minimal_detectable_difference": _mdd(iv),
-                  "seeds_for_observed_effect": cs.seeds_needed(iv.sd, iv.mean)}
+                  **power_fields(iv, effects.get(s, math.nan))}
     return {"answer": cs.all_of([p["answer"] for p in per.values()]), "per_specialist": per}
 
 
-def question_c(measures, marble_arm, baseline_arm) -> dict:
+def question_c(measures, marble_arm, baseline_arm, effect: float = math.nan) -> dict:
     """The weighted sum's anti-aligned fraction minus MARBLE's, paired by seed (> 0: MARBLE
     opposes a reward less often)."""
     iv = cs.paired(_by_seed(measures, baseline_arm, lambda m: m.anti["applied"]),
                    _by_seed(measures, marble_arm, lambda m: m.anti["applied"]))
-    return {"answer": cs.decide(iv), "difference": iv.as_json(),
-            "minimal_detectable_difference": _mdd(iv)}
+    return {"answer": cs.decide(iv), "difference": iv.as_json(), **power_fields(iv, effect)}
 
 
 def question_conflict(measures, baseline_arm) -> dict:
@@ -170,9 +181,22 @@ QUESTIONS = {
 }
 
 
+def effects_of_interest(alone: list[RunMeasure], fraction: float) -> dict[str, float]:
+    """reward -> `fraction` x its mean change when trained alone (the `alone_<reward>` arms):
+    a balancer's edge smaller than that share of what the reward can gain is not worth one."""
+    out = {}
+    for arm in dict.fromkeys(m.arm for m in alone):
+        reward = arm[len(ALONE_PREFIX):]
+        mean = cs.t_interval([m.changes.get(reward, math.nan) for m in alone if m.arm == arm]).mean
+        out[reward] = fraction * abs(mean) if math.isfinite(mean) else math.nan
+    return out
+
+
 def claim_verdict(measures: list[RunMeasure], rewards: list[str], specialists: dict[str, float],
-                  marble_arm: str, baseline_arm: str) -> dict:
-    """The verdict JSON (keys documented in docs/claim.md)."""
+                  marble_arm: str, baseline_arm: str, effect_fraction: float = 0.5) -> dict:
+    """The verdict JSON (keys documented in docs/claim.md). `effect_fraction`: the smallest
+    effect of interest as a fraction of a specialist's change trained alone (question b) and
+    of the paper's anti-aligned difference, 80% - 0% (question c)."""
     arms = list(dict.fromkeys(m.arm for m in measures))
     for need in (marble_arm, baseline_arm):
         if need not in arms:
@@ -184,16 +208,19 @@ def claim_verdict(measures: list[RunMeasure], rewards: list[str], specialists: d
     questions = {
         "every_reward_learnable_alone": question_learnable(alone),
         "a_every_reward_rises_under_marble": question_a(measures, rewards, marble_arm),
-        "b_specialists_rise_more_under_marble": question_b(measures, specialists, marble_arm,
-                                                           baseline_arm),
-        "c_marble_less_anti_aligned": question_c(measures, marble_arm, baseline_arm),
+        "b_specialists_rise_more_under_marble": question_b(
+            measures, specialists, marble_arm, baseline_arm, effects_of_interest(alone, effect_fraction)),
+        "c_marble_less_anti_aligned": question_c(
+            measures, marble_arm, baseline_arm,
+            effect_fraction * (PUBLISHED_ANTI_ALIGNED["weighted_sum"] - PUBLISHED_ANTI_ALIGNED["marble"])),
         "conflict_weighted_sum_anti_aligned": question_conflict(measures, baseline_arm),
         "theorem_full_solves_never_anti_aligned": question_theorem(measures),
     }
     return {
         "arms": arms, "seeds": sorted({m.seed for m in measures}),
         "marble_arm": marble_arm, "baseline_arm": baseline_arm,
-        "rewards": rewards, "specialists": specialists, "head_window": HEAD, "tail_window": TAIL,
+        "rewards": rewards, "specialists": specialists, "change_measure": CHANGE_MEASURE,
+        "effect_fraction": effect_fraction,
         "level": cs.LEVEL, "power": cs.POWER,
         "published_anti_aligned": dict(PUBLISHED_ANTI_ALIGNED),
         "arm_results": {arm: {part: {k: iv.as_json() for k, iv in vals.items()}

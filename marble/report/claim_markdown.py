@@ -1,8 +1,16 @@
-"""The report section "The claim at CPU scale" from a claim verdict (marble.report.claim_experiment)."""
+"""The report section "The claim at CPU scale" from a claim verdict (marble.report.claim_experiment).
+
+The tables are frames (`change_frame`, `anti_frame`, `cost_frame`): claim.md renders them as
+Markdown, and `marble report` shows the same frames in its section (marble.report.experiments).
+"""
 
 from __future__ import annotations
 
 import math
+
+import pandas as pd
+
+from marble.report.render import markdown_table
 
 PAPER = "published (MARBLE project page): weighted sum 80%, MARBLE 0%"
 
@@ -23,66 +31,74 @@ def _num(x, fmt: str) -> str:
     return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt)
 
 
-def _change_table(v: dict) -> list[str]:
+def change_frame(v: dict) -> pd.DataFrame:
+    """arm x reward: the change's mean [95% interval] over seeds (specialists marked)."""
     rewards = v["rewards"]
-    head = "| arm | " + " | ".join(
-        f"{r}{' (specialist, %.0f%%)' % (100 * v['specialists'][r]) if r in v['specialists'] else ''}"
-        for r in rewards) + " |"
-    lines = [head, "|---" * (len(rewards) + 1) + "|"]
-    for arm in v["arms"]:
-        ch = v["arm_results"][arm]["change"]
-        lines.append(f"| {arm} | " + " | ".join(_iv(ch.get(r)) for r in rewards) + " |")
-    return lines
+    cols = [f"{r}{' (specialist, %.0f%%)' % (100 * v['specialists'][r]) if r in v['specialists'] else ''}"
+            for r in rewards]
+    rows = [[_iv(v["arm_results"][arm]["change"].get(r)) for r in rewards] for arm in v["arms"]]
+    return pd.DataFrame(rows, index=pd.Index(v["arms"], name="arm"), columns=cols)
 
 
-def _anti_table(v: dict) -> list[str]:
-    lines = ["| arm | N | alpha EMA | applied | full-solve steps | amortized steps | fresh solve, "
-             "same gradients | applied alpha, solve's form | applied alpha, raw gradients | "
-             "angle applied vs solve (deg) | published |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    published = v["published_anti_aligned"]
+def anti_frame(v: dict) -> pd.DataFrame:
+    """arm: anti-aligned fractions (applied, by step kind, and the diagnostics' counterfactuals)."""
+    published, rows = v["published_anti_aligned"], []
     for arm in v["arms"]:
         a = v["arm_results"][arm]["anti_aligned"]
         s = v["arm_settings"].get(arm, {})
         method = s.get("method") or ""
-        n = s.get("amortize_every") if method == "marble" else "-"
-        ema = s.get("alpha_ema") if method == "marble" else "-"
         pub = published.get(method)
-        lines.append(
-            f"| {arm} | {n} | {ema} | {_iv(a['applied'], True)} | {_iv(a['full_solve'], True)} | "
-            f"{_iv(a['amortized'], True)} | {_iv(a['fresh_solve'], True)} | "
-            f"{_iv(a['alpha_unit'], True)} | {_iv(a['alpha_raw'], True)} | "
-            f"{_iv(v['arm_results'][arm]['angles']['angle_applied_solve'])} | "
-            f"{'-' if pub is None else f'{100 * pub:.0f}%'} |")
-    return lines
+        rows.append([s.get("amortize_every") if method == "marble" else "-",
+                     s.get("alpha_ema") if method == "marble" else "-",
+                     _iv(a["applied"], True), _iv(a["full_solve"], True), _iv(a["amortized"], True),
+                     _iv(a["fresh_solve"], True), _iv(a["alpha_unit"], True), _iv(a["alpha_raw"], True),
+                     _iv(v["arm_results"][arm]["angles"]["angle_applied_solve"]),
+                     "-" if pub is None else f"{100 * pub:.0f}%"])
+    cols = ["N", "alpha EMA", "applied", "full-solve steps", "amortized steps",
+            "fresh solve, same gradients", "applied alpha, solve's form",
+            "applied alpha, raw gradients", "angle applied vs solve (deg)", "published"]
+    return pd.DataFrame(rows, index=pd.Index(v["arms"], name="arm"), columns=cols)
 
 
-def _cost_table(v: dict) -> list[str]:
-    lines = ["| arm | counted FLOPs (marble bench flops) | vs a weighted-sum run | full-solve "
-             "micro-steps | CPU seconds per run |", "|---|---|---|---|---|"]
+def cost_frame(v: dict) -> pd.DataFrame:
+    """arm: counted FLOPs, their ratio to a weighted-sum run, full solves, CPU seconds."""
+    rows = []
     for arm in v["arms"]:
         c = v["cost"].get(arm, {})
         ratio = c.get("flops_ratio")
-        lines.append(f"| {arm} | {_num(c.get('counted_flops'), '.3e')} | "
-                     f"{'x' if ratio is not None else ''}{_num(ratio, '.2f')} | "
-                     f"{_num(c.get('full_solve_micro_steps'), 'd')} | "
-                     f"{_iv(c.get('cpu_s'), digits=4).lstrip('+')} |")
-    return lines
+        rows.append([_num(c.get("counted_flops"), ".3e"),
+                     f"{'x' if ratio is not None else ''}{_num(ratio, '.2f')}",
+                     _num(c.get("full_solve_micro_steps"), "d"), _iv(c.get("cpu_s"), digits=4).lstrip("+")])
+    cols = ["counted FLOPs (marble bench flops)", "vs a weighted-sum run", "full-solve micro-steps",
+            "CPU seconds per run"]
+    return pd.DataFrame(rows, index=pd.Index(v["arms"], name="arm"), columns=cols)
 
 
-def _power_lines(v: dict) -> list[str]:
+def _powered(p: dict) -> str:
+    """'; effect of interest E: detected (MDD <= E) / not detected with these seeds (k would)'."""
+    effect = p.get("effect_of_interest")
+    if effect is None:
+        return ""
+    if p.get("powered"):
+        return f"; effect of interest {effect:.3g} (fixed before the run): these seeds detect it"
+    need = p.get("seeds_for_effect_of_interest")
+    return (f"; effect of interest {effect:.3g} (fixed before the run): not detected with these "
+            f"seeds ({need or 'more than 1000'} would)")
+
+
+def power_lines(v: dict) -> list[str]:
     q = v["questions"]
     out = []
     for s, p in q["b_specialists_rise_more_under_marble"]["per_specialist"].items():
         out.append(f"- (b) {s}: paired difference {_iv(p['difference'])}; minimal detectable "
                    f"difference at 80% power with {p['difference']['n']} seeds: "
-                   f"{_num(p['minimal_detectable_difference'], '.3g')}; seeds to detect the "
+                   f"{_num(p['minimal_detectable_difference'], '.3g')}{_powered(p)}; seeds to detect the "
                    f"observed difference: {p['seeds_for_observed_effect'] or 'more than 1000'}.")
     for r, m in q["a_every_reward_rises_under_marble"]["minimal_detectable_difference"].items():
         out.append(f"- (a) {r}: minimal detectable change {_num(m, '.3g')}.")
     c = q["c_marble_less_anti_aligned"]
     out.append(f"- (c) anti-aligned fraction, weighted sum minus MARBLE: {_iv(c['difference'], True, clip=False)}; "
-               f"minimal detectable difference {_num(c['minimal_detectable_difference'], '.2f')}.")
+               f"minimal detectable difference {_num(c['minimal_detectable_difference'], '.2f')}{_powered(c)}.")
     t = q["theorem_full_solves_never_anti_aligned"]
     out.append(f"- Full solves: worst cosine {_num(t['min_cosine'], '.3g')} over "
                f"{t['full_solve_steps']} full-solve steps (tolerance {t['tolerance']:g}).")
@@ -99,17 +115,17 @@ def claim_markdown(v: dict, figures: dict[str, str]) -> str:
              f"`{v['baseline_arm']}`. 95% intervals over seeds (Student t); (b) and (c) paired "
              "by seed (same prompt plan, rollout noise and initial model).", ""]
     lines += [f"- {s}" for s in v["sentences"]] + ["", "### Change of each reward from the initial model",
-              "", f"Mean of the last {v['tail_window']} steps minus the first {v['head_window']}.", ""]
-    lines += _change_table(v) + [""]
+              "", f"Change: {v['change_measure']}.", ""]
+    lines += [markdown_table(change_frame(v)), ""]
     if "change" in figures:
         lines += [f"![change per reward]({figures['change']})", ""]
     lines += ["### Anti-aligned steps against the solve interval N", "",
               f"Share of diagnostic steps whose direction opposes some reward ({PAPER}).", ""]
-    lines += _anti_table(v) + [""]
+    lines += [markdown_table(anti_frame(v)), ""]
     if "anti" in figures:
         lines += [f"![anti-aligned fraction against N]({figures['anti']})", ""]
-    lines += ["### Cost", ""] + _cost_table(v) + [""]
+    lines += ["### Cost", "", markdown_table(cost_frame(v)), ""]
     if "cost" in figures:
         lines += [f"![cost]({figures['cost']})", ""]
-    lines += ["### Power", ""] + _power_lines(v) + [""]
+    lines += ["### Power", ""] + power_lines(v) + [""]
     return "\n".join(lines)

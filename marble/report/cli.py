@@ -20,6 +20,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--flops", type=Path, help="`marble bench flops` JSON (counted FLOPs)")
     p.add_argument("--eval-dir", type=Path, help="results/eval (sample images)")
     p.add_argument("--table1", type=Path, help="results/eval/table1.csv (every Table 1 row)")
+    p.add_argument("--experiment", type=Path, action="append", default=[],
+                   help="a CPU-scale experiment folder (results/claim, results/zoo): its section "
+                        "leads the report; repeatable")
     p.add_argument("--images-per-dataset", type=int, default=4)
     p.add_argument("--window", type=int, default=None,
                    help="epochs averaged at each end for the verdict (default: a quarter, 1..5)")
@@ -35,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         runs_dir=args.runs, out=args.out, eval_summary=args.eval_summary, bench=args.bench,
         flops=args.flops, eval_dir=args.eval_dir, table1=args.table1,
         images_per_dataset=args.images_per_dataset, window=args.window,
-        min_gain=args.min_gain, smooth=args.smooth,
+        min_gain=args.min_gain, smooth=args.smooth, experiments=tuple(args.experiment),
     ))
     print(f"wrote {args.out / 'report.md'} and {args.out / 'report.html'}")
     print(f"verdict: {result.text}")

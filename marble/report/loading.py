@@ -32,6 +32,7 @@ class RunData:
     config: dict[str, Any]
     metrics: pd.DataFrame  # one row per optimizer step, sorted by `step`
     summary: dict[str, Any] = field(default_factory=dict)
+    evals: pd.DataFrame | None = None  # eval.jsonl: one row per held-out evaluation (None: none)
 
     @property
     def balancer(self) -> str:
@@ -60,7 +61,8 @@ class RunData:
 
 
 def read_metrics(path: Path) -> pd.DataFrame:
-    """metrics.jsonl -> DataFrame; null -> NaN; a step logged twice (resume) keeps the last."""
+    """metrics.jsonl (or eval.jsonl) -> DataFrame; null -> NaN; a step logged twice (resume)
+    keeps the last."""
     records = []
     for lineno, record in read_jsonl(path, ReportInputError):
         if not isinstance(record, dict) or "step" not in record:
@@ -90,7 +92,8 @@ def load_run(path: Path) -> RunData:
     summary: dict[str, Any] = {}
     if (path / "train_summary.json").is_file():
         summary = _read_json(path / "train_summary.json")
-    return RunData(path.name, path, config, read_metrics(metrics_path), summary)
+    evals = read_metrics(path / "eval.jsonl") if (path / "eval.jsonl").is_file() else None
+    return RunData(path.name, path, config, read_metrics(metrics_path), summary, evals)
 
 
 def load_runs(runs_dir: Path) -> list[RunData]:

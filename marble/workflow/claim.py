@@ -4,7 +4,9 @@ Arms are data: `claim.arms.<name>: {preset, set}`; every arm trains once per see
 `claim.seeds`, for `claim.max_steps` steps (an arm's own `max_steps` wins), with the
 section's `set:` first, then the arm's, then `train.seed=<seed>`. Run folders are
 `results/claim/runs/<arm>-s<seed>`; `-` never occurs in an arm name (the schema), so the
-folder name parses back. Torch-free: the Snakemake DAG build uses it.
+folder name parses back. Every run evaluates the held-out split at step 0 and at its last
+step (`train.eval_every` = its steps, marble.training.heldout): the claim's change of a
+reward is the difference of the two. Torch-free: the Snakemake DAG build uses it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from marble.workflow.runs import configured
 
 CLAIM_DIR = "results/claim"
+ZOO_DIR = "results/zoo"  # the zoo: the claim's machinery with every balancer (zoo.smk)
 
 
 def arms(section: dict) -> dict[str, dict]:
@@ -19,10 +22,15 @@ def arms(section: dict) -> dict[str, dict]:
     arms nulled by an overlay are left out."""
     out = {}
     for name, spec in configured(section.get("arms")).items():
-        out[name] = {"preset": spec["preset"],
-                     "max_steps": spec.get("max_steps") or section["max_steps"],
-                     "set": list(section.get("set", [])) + list(spec.get("set", []))}
+        steps = spec.get("max_steps") or section["max_steps"]
+        out[name] = {"preset": spec["preset"], "max_steps": steps,
+                     "set": _evaluated(steps) + list(section.get("set", [])) + list(spec.get("set", []))}
     return out
+
+
+def _evaluated(steps: int) -> list[str]:
+    """The held-out evaluations the claim measures by: at step 0 and at the last step."""
+    return [f"train.eval_every={int(steps)}"]
 
 
 def run_name(arm: str, seed: int) -> str:
@@ -45,7 +53,8 @@ def alone_arms(section: dict) -> dict[str, dict]:
     alone = section.get("alone") or {}
     return {f"{ALONE_PREFIX}{r}": {"preset": alone.get("preset", "tiny_weighted_sum"),
                                    "max_steps": section["max_steps"],
-                                   "set": list(section.get("set", [])) + [f"rewards=[{{name: {r}}}]"]}
+                                   "set": _evaluated(section["max_steps"]) + list(section.get("set", []))
+                                   + [f"rewards=[{{name: {r}}}]"]}
             for r in alone.get("rewards", [])}
 
 

@@ -82,6 +82,7 @@ rule claim:
     params:
         marble_arm=CLAIM["marble_arm"],
         baseline=CLAIM["baseline_arm"],
+        effect=CLAIM["effect_of_interest"],
         out=lambda wc, output: os.path.dirname(output.verdict),
         inputs=lambda wc, input: (
             shlex.join(
@@ -99,4 +100,5 @@ rule claim:
         ),
     shell:
         "python -m marble.report.claim_cli {params.inputs} --marble-arm {params.marble_arm:q}"
-        " --baseline-arm {params.baseline:q} --out {params.out:q} > {log:q} 2>&1"
+        " --baseline-arm {params.baseline:q} --effect-fraction {params.effect:q}"
+        " --out {params.out:q} > {log:q} 2>&1"

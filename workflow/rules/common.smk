@@ -8,6 +8,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
 from marble.workflow import checkpoints as wf_ckpts
+from marble.workflow import claim as wf_claim
 from marble.workflow import configs as wf_configs
 from marble.workflow import evaluation as wf_eval
 from marble.workflow import plan as wf_plan

@@ -6,12 +6,21 @@
 # The claim section's defaults beneath `zoo:` (the schema's $ref validates its keys but fills
 # no defaults); a config without `zoo:` (the paper ones) plans no zoo arms.
 ZOO = {
-    **{key: CLAIM[key] for key in ("seeds", "max_steps", "marble_arm", "baseline_arm")},
+    **{
+        key: CLAIM[key]
+        for key in (
+            "seeds",
+            "max_steps",
+            "marble_arm",
+            "baseline_arm",
+            "effect_of_interest",
+        )
+    },
     "set": [],
     "arms": {},
     **(config.get("zoo") or {}),
 }
-ZOO_DIR = "results/zoo"
+ZOO_DIR = wf_claim.ZOO_DIR
 ZOO_RUNS = wf_claim.runs(ZOO)
 ZOO_ARMS = wf_claim.arms(ZOO)
 # the bench rows that price every zoo arm (marble.tools.bench_cadence.kind_row)
@@ -100,10 +109,12 @@ rule zoo:
     params:
         marble_arm=ZOO["marble_arm"],
         baseline=ZOO["baseline_arm"],
+        effect=ZOO["effect_of_interest"],
         # the runs sit beside cost.json (an arm-less config has no run inputs to take it from)
         runs=lambda wc, input: os.path.join(os.path.dirname(input.cost), "runs"),
         out=lambda wc, output: os.path.dirname(output.verdict),
     shell:
         "python -m marble.report.claim_cli --runs {params.runs:q} --cost {input.cost:q}"
         " --benchmarks benchmarks/zoo --marble-arm {params.marble_arm:q}"
-        " --baseline-arm {params.baseline:q} --out {params.out:q} > {log:q} 2>&1"
+        " --baseline-arm {params.baseline:q} --effect-fraction {params.effect:q}"
+        " --out {params.out:q} > {log:q} 2>&1"
