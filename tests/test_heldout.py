@@ -137,3 +137,15 @@ def test_a_resume_repeats_no_evaluation_and_drops_those_past_the_checkpoint(runs
     got = _eval_lines(run)
     assert [r["step"] for r in got] == [0, 2, 3]
     assert [_score(r) for r in got] == [_score(r) for r in _eval_lines(runs["eval"])]
+
+
+def test_a_missing_test_table_is_refused_before_training_when_evaluation_is_on(tables, tmp_path):
+    from marble.config import load_config
+    from marble.training.preflight import check_table
+    from marble.training.run_dir import TrainError
+
+    sets = [f"data.train={tables[0]}", f"data.test={tmp_path / 'none.parquet'}"]
+    check_table(load_config("tiny", overrides=sets))  # no evaluation: the test table is not read
+    with pytest.raises(TrainError) as err:
+        check_table(load_config("tiny", overrides=[*sets, "train.eval_every=5"]))
+    assert "`data.test`" in str(err.value) and "train.eval_every=0" in str(err.value)

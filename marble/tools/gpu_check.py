@@ -179,7 +179,9 @@ def prompt_table(work: Path) -> Path:
 
 def train_args(run: Path, table: Path, tiny: bool, steps: int) -> list[str]:
     rewards = "[" + ", ".join("{name: %s}" % n for n in TOY_REWARDS) + "]"
-    sets = [f"data.train={table}", "data.embed_cache=null", f"rewards={rewards}",
+    # The held-out evaluation of rho_07 (every 10 steps, step 0 and the last) on 2 prompts.
+    sets = [f"data.train={table}", f"data.test={table}", "train.eval_max_prompts=2",
+            "data.embed_cache=null", f"rewards={rewards}",
             "sampling.images_per_prompt=4", "sampling.batch_size=12",
             "sampling.num_batches_per_epoch=1", "train.batch_size=6", "train.save_every=1",
             "train.keep_checkpoints=5",

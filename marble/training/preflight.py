@@ -35,21 +35,28 @@ def check_rewards(cfg: RunConfig) -> None:
 
 
 def check_table(cfg: RunConfig) -> None:
+    """data.train, and data.test when the held-out evaluation reads it (train.eval_every > 0)."""
+    _check_one_table("data.train", cfg.data.train, "assemble it with `marble data assemble`")
+    if cfg.train.eval_every > 0:
+        _check_one_table("data.test", cfg.data.test,
+                         f"train.eval_every = {cfg.train.eval_every} evaluates on it; assemble it, "
+                         "or set train.eval_every=0 to train without a held-out evaluation")
+
+
+def _check_one_table(key: str, path: str, hint: str) -> None:
     from marble.data.records import DataError, load_table
 
-    path = cfg.data.train
     try:
         table = load_table(path)
     except FileNotFoundError:
-        raise TrainError(f"training table not found: `data.train` = {path!r} "
-                         "(assemble it with `marble data assemble`)") from None
+        raise TrainError(f"table not found: `{key}` = {path!r} ({hint})") from None
     except DataError as exc:
-        raise TrainError(f"`data.train`: {exc}") from None
+        raise TrainError(f"`{key}`: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - pyarrow raises its own types for a damaged file
-        raise TrainError(f"`data.train` = {path!r} is not a readable parquet table "
+        raise TrainError(f"`{key}` = {path!r} is not a readable parquet table "
                          f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
     if len(table) == 0:
-        raise TrainError(f"`data.train` = {path!r} holds no prompts (an empty table)")
+        raise TrainError(f"`{key}` = {path!r} holds no prompts (an empty table)")
 
 
 def unreadable_weights(folder: Path) -> str | None:
