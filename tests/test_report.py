@@ -32,12 +32,19 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def write_run(root: Path, name: str, method: str, curves: dict, rho: float = 0.7,
-              diag: dict | None = None, alphas: bool = False) -> None:
+              diag: dict | None = None, alphas: bool = False, seed: int = 42,
+              evals: dict | None = None) -> None:
+    """A run folder as `marble train` writes it; `evals`: reward -> (step 0, step 8) held-out
+    means for an eval.jsonl (steps 0, 4, 8; step 4 halfway)."""
     run = root / name
     run.mkdir(parents=True)
     config = {"preset": name, "balancer": {"method": method, "alpha_ema": rho, "amortize_every": 5},
-              "train": {"lr": 0.003}, "rewards": [{"name": r} for r in REWARDS]}
+              "train": {"lr": 0.003, "seed": seed}, "rewards": [{"name": r} for r in REWARDS]}
     (run / "config.yaml").write_text(yaml.safe_dump(config))
+    if evals:
+        (run / "eval.jsonl").write_text("".join(
+            json.dumps({"step": step, **{f"eval_reward/{r}": a + share * (b - a) for r, (a, b) in evals.items()}})
+            + "\n" for step, share in ((0, 0.0), (4, 0.5), (8, 1.0))))
     lines = []
     for i, step in enumerate(range(1, 9)):
         rec = {"step": step, "epoch": step - 1, "balancer": method, "loss/policy": 0.5,
@@ -61,6 +68,9 @@ WS_DIAG = {"cos_min": [-0.2, 0.1, -0.1, 0.3], "cos_var": [0.1, 0.2, 0.1, 0.2], "
 MARBLE_DIAG = {"cos_min": [0.3, 0.4, 0.35, 0.45], "cos_var": [0.01, 0.02, 0.01, 0.0], "anti_aligned": [0, 0, 0, 0],
                "cos_ws_min": [-0.3, 0.2, -0.1, -0.05], "cos_ws_var": [0.2, 0.1, 0.3, 0.2],
                "anti_aligned_ws": [1, 0, 1, 1]}
+# held-out means at step 0 and 8 (eval.jsonl) of the two runs that evaluated
+WS_EVAL = {"bright": (0.2, 0.3), "sat": (0.2, 0.25), "color": (0.5, 0.3)}
+MARBLE_EVAL = {"bright": (0.2, 0.35), "sat": (0.2, 0.3), "color": (0.5, 0.9)}
 LATEST = {"weighted_sum": (0.5, 0.4, 0.2), "marble": (0.6, 0.5, 0.6), "rho_05": (0.55, 0.45, 0.4)}
 
 
@@ -96,8 +106,10 @@ BENCH = {"balancers": {"weighted_sum": {"step_s": 2.0, "peak_mb": 1000.0},
 def full_report(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("results")
     runs = root / "runs"
-    write_run(runs, "weighted_sum", "weighted_sum", {"bright": UP, "sat": UP, "color": DOWN}, diag=WS_DIAG)
-    write_run(runs, "marble", "marble", {"bright": UP, "sat": UP, "color": UP}, diag=MARBLE_DIAG, alphas=True)
+    write_run(runs, "weighted_sum", "weighted_sum", {"bright": UP, "sat": UP, "color": DOWN}, diag=WS_DIAG,
+              evals=WS_EVAL)
+    write_run(runs, "marble", "marble", {"bright": UP, "sat": UP, "color": UP}, diag=MARBLE_DIAG, alphas=True,
+              evals=MARBLE_EVAL)
     write_run(runs, "rho_05", "marble", {"bright": UP, "sat": UP, "color": UP}, rho=0.5)
     write_run(runs, "rho_09", "marble", {"bright": UP, "sat": DOWN, "color": UP}, rho=0.9)
     write_run(runs, "equal_alpha", "equal_alpha", {"bright": UP, "sat": UP, "color": UP})
@@ -175,39 +187,61 @@ def test_rho_ablation_groups_runs_differing_only_in_alpha_ema(full_report):
 
 
 def test_verdict_and_training_changes(full_report):
+    """The verdict is the claim's statistics over seeds: every run here has seed 42, so each
+    balancer is one sample (MARBLE's three runs averaged) and no question has an interval;
+    the weighted sum evaluated (held-out change), two of MARBLE's runs did not (training)."""
     verdict = json.loads((full_report / "verdict.json").read_text())
-    assert verdict["outcomes"] == {"marble": "marble_keeps_all_ws_dilutes", "rho_05": "marble_keeps_all_ws_dilutes",
-                                   "rho_09": "marble_not_all"}
     assert verdict["specialists"] == {"color": pytest.approx(1 / 3)}
     changes = pd.read_csv(full_report / "tables" / "training_reward_change.csv")
     row = changes[(changes.run == "weighted_sum") & (changes.reward == "color")].iloc[0]
     assert row["change"] == pytest.approx(np.mean(DOWN[-2:]) - np.mean(DOWN[:2]))
     assert not row["improved"]
+    by_bal = verdict["reward_change_by_balancer"]
+    assert by_bal["weighted_sum"]["measure"] == "held-out"
+    assert by_bal["weighted_sum"]["change"]["color"]["mean"] == pytest.approx(0.3 - 0.5)
+    assert by_bal["marble"]["measure"] == "training" and by_bal["marble"]["seeds"] == [42]
+    # marble, rho_05 (color UP) and rho_09 (color UP) share seed 42: one sample, their mean
+    assert by_bal["marble"]["change"]["color"] == {"mean": pytest.approx(0.3), "low": None,
+                                                   "high": None, "n": 1, "sd": None}
+    assert verdict["heldout_change"]["marble"]["color"] == pytest.approx(0.4)
+    assert set(verdict["heldout_change"]) == {"marble", "weighted_sum"}
     md = (full_report / "report.md").read_text()
-    assert verdict["text"] in md
+    for sentence in verdict["sentences"]:
+        assert sentence in md
+    b = verdict["sentences"][1]
+    assert b.startswith("(b) Every specialist rises more under MARBLE than under the weighted sum "
+                        "(paired by seed): no difference larger than inf.")
+    assert "training-reward change (last logged epochs minus the first; no eval.jsonl in rho_05, rho_09)" in b
+    assert "paired over the seeds both balancers ran (42)" in b and "observed difference: n/a" in b
+    table = pd.read_csv(full_report / "tables" / "reward_change_by_balancer.csv")
+    assert set(table["measure"]) == {"held-out", "training"}
 
 
 def test_verdict_json_shape(full_report):
-    """The claim's keys CI checks: the answer, anti-aligned fractions, [mean, stderr] per reward."""
+    """The claim's keys CI checks: the answers, anti-aligned fractions, [mean, stderr] per reward."""
     verdict = json.loads((full_report / "verdict.json").read_text())
-    assert verdict["specialists_rise_more_under_marble"] in (True, False, "inconclusive")
-    assert verdict["every_reward_rises_under_marble"] in (True, False, "inconclusive")
+    for key in ("specialists_rise_more_under_marble", "every_reward_rises_under_marble",
+                "marble_less_anti_aligned"):
+        assert verdict[key] in (True, False) or verdict[key].startswith("no difference larger than ")
+    assert "inconclusive" not in json.dumps(verdict)
     assert verdict["anti_aligned"]["weighted_sum"] == pytest.approx(0.5)
     assert verdict["anti_aligned"]["marble"] == pytest.approx(0.0)
+    assert verdict["anti_aligned"]["equal_alpha"] is None  # logged no diagnostics
     assert verdict["anti_aligned_weighted_sum_direction"]["marble"] == pytest.approx(0.75)
+    assert verdict["anti_aligned_by_balancer"]["weighted_sum"]["mean"] == pytest.approx(0.5)
     assert verdict["anti_aligned_published"] == {"weighted_sum": 0.8, "marble": 0.0}
     assert verdict["anti_aligned_by_step_kind"] == {}  # the synthetic runs log no full_solve
     runs = {"weighted_sum", "marble", "rho_05", "rho_09", "equal_alpha"}
-    assert set(verdict["reward_change"]) == runs
+    assert set(verdict["reward_change"]) == runs == set(verdict["anti_aligned"])
     for per_reward in verdict["reward_change"].values():
         assert set(per_reward) == set(REWARDS)
         for pair in per_reward.values():
             assert len(pair) == 2 and all(x is None or isinstance(x, float) for x in pair)
     mean, se = verdict["reward_change"]["weighted_sum"]["color"]
     assert mean == pytest.approx(np.mean(DOWN[-2:]) - np.mean(DOWN[:2]))
-    # Three MARBLE runs pooled: their color changes are all +0.3 -> mean 0.3.
-    assert verdict["reward_change_by_balancer"]["marble"]["color"][0] == pytest.approx(0.3)
-    assert verdict["reward_change_by_balancer"]["marble"]["color"][2] == 3
+    assert set(verdict["questions"]) == {"a_every_reward_rises_under_marble",
+                                         "b_specialists_rise_more_under_marble", "c_marble_less_anti_aligned"}
+    assert verdict["level"] == 0.95 and verdict["power"] == 0.8
 
 
 def test_table1_beside_the_published_numbers(full_report):
@@ -272,7 +306,7 @@ def test_missing_inputs_give_sections_saying_how_to_make_them(tmp_path):
     assert "Missing: no eval folder" in md
     assert "Missing: no run logged `cos_min`" in md
     assert "No run logged `alpha/<name>`" in md
-    assert "No verdict: it needs a MARBLE run" in md
+    assert "(a) Every reward rises under MARBLE: no difference larger than inf. No MARBLE run." in md
     assert "Not applicable: no two MARBLE runs" in md
     # nothing of ours beside the paper's numbers: they are tables that say so, never bars alone
     assert sorted(p.name for p in (out / "figures").iterdir()) == ["training_rewards.png"]
@@ -329,7 +363,8 @@ def test_python_m_entry_point(full_report, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "marble.report", "--runs", str(runs), "--out", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "verdict: Yes: MARBLE (`marble`) kept every reward improving" in proc.stdout
+    assert ("verdict: (a) Every reward rises under MARBLE: no difference larger than inf. (b) Every "
+            "specialist rises more") in proc.stdout
     assert (out / "report.html").is_file()
 
 

@@ -1,5 +1,6 @@
-"""The claim's logic on synthetic metrics with known answers: a specialist that rises
-beyond noise, within noise, or falls; pooled seeds; verdict.json's shape."""
+"""`marble report`'s claim questions with known answers (marble.report.demo_claim): the
+claim experiment's statistics over seeds on synthetic run folders with eval.jsonl; the
+training-reward fallback, named; runs sharing a seed are one sample; the step-kind split."""
 
 from __future__ import annotations
 
@@ -9,101 +10,127 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from test_report import DOWN, MARBLE_DIAG, UP, WS_DIAG, write_run
 
-from marble.report.claim import (
-    INCONCLUSIVE,
-    Change,
-    balancer_changes,
-    claim_lines,
-    difference,
-    every_reward_rises,
-    pooled_change,
-    sign_beyond,
-    specialists_rise_more,
-)
-from marble.report.verdict import RunTrend, reward_changes
+from marble.report.build import run_trends
+from marble.report.claim_experiment import RunMeasure
+from marble.report.cli import main
+from marble.report.demo_claim import (HELD_OUT, TRAINING, Runs, by_balancer, demo_verdict, per_seed,
+                                      step_kind_text, step_kinds)
+from marble.report.loading import load_runs
+
+SEEDS = (1, 2, 3)
+SPECIALISTS = {"color": 1 / 3}
 
 
-def test_pooled_change_hand_calculation():
-    # Between runs: mean 2, std 1.4142 -> se 1.0; within: sqrt((0.1^2+0.1^2)/2/2) = 0.0707.
-    c = pooled_change([1.0, 3.0], [0.1, 0.1])
-    assert c.mean == pytest.approx(2.0) and c.se == pytest.approx(1.0) and c.runs == 2
-    # Two seeds that agree by chance: the within-run noise is the floor.
-    c = pooled_change([1.0, 1.0], [0.4, 0.2])
-    assert c.se == pytest.approx(math.sqrt((0.16 + 0.04) / 2 / 2))
-    # NaN runs are left out, not read as zero; nothing finite -> NaN.
-    assert pooled_change([1.0, math.nan], [0.5, 0.1]) == Change(1.0, 0.5, 1)
-    assert math.isnan(pooled_change([math.nan], [math.nan]).mean)
+def write_seeds(runs, color_gain: dict[int, float], ws_eval: bool = True) -> None:
+    """Per seed a weighted-sum and a MARBLE run of one initial model (same step-0 held-out
+    means); MARBLE's held-out `color` rises by `color_gain[seed]` more than the weighted
+    sum's, whose training curves say the opposite (MARBLE's color falls in training)."""
+    for seed in SEEDS:
+        start = {"bright": 0.1 * seed, "sat": 0.2, "color": 0.3 + 0.01 * seed}
+        ws = {r: (v, v + 0.1 + 0.01 * seed) for r, v in start.items()}
+        mb = {**ws, "color": (start["color"], ws["color"][1] + color_gain[seed])}
+        write_run(runs, f"ws_s{seed}", "weighted_sum", {"bright": UP, "sat": UP, "color": UP},
+                  diag=WS_DIAG, seed=seed, evals=ws if ws_eval or seed != 2 else None)
+        write_run(runs, f"marble_s{seed}", "marble", {"bright": UP, "sat": UP, "color": DOWN},
+                  diag=MARBLE_DIAG, seed=seed, evals=mb)
 
 
-def test_sign_beyond_and_all_of():
-    assert sign_beyond(0.5, 0.2) is True
-    assert sign_beyond(-0.5, 0.2) is False
-    assert sign_beyond(0.3, 0.2) == INCONCLUSIVE
-    assert sign_beyond(0.3, math.nan) == INCONCLUSIVE  # no error bar: not a claim
-    assert every_reward_rises({"a": Change(1, 0.1, 2), "b": Change(1, 0.1, 2)}) is True
-    assert every_reward_rises({"a": Change(1, 0.1, 2), "b": Change(0.1, 0.1, 2)}) == INCONCLUSIVE
-    assert every_reward_rises({"a": Change(1, 0.1, 2), "b": Change(-1, 0.1, 2)}) is False
-    assert difference(Change(1.0, 0.3, 2), Change(0.5, 0.4, 3)) == Change(0.5, 0.5, 2)
+def verdict_of(runs) -> dict:
+    loaded = load_runs(runs)
+    return demo_verdict(loaded, run_trends(loaded, 2, 0.0), SPECIALISTS)
 
 
-def _metrics(curve: np.ndarray) -> pd.DataFrame:
-    return pd.DataFrame({"step": np.arange(len(curve)), "reward/spec": curve,
-                         "reward/gen": np.linspace(0.0, 1.0, len(curve))})
+def test_specialist_rising_more_on_every_seed_is_true(tmp_path):
+    """Through `marble report`: paired differences 0.18, 0.20, 0.22 (mean 0.2, sd 0.02,
+    t(0.975, 2) = 4.3027: 0.2 +- 0.0497) -> True; the training curves alone say the reverse."""
+    runs = tmp_path / "runs"
+    write_seeds(runs, {1: 0.18, 2: 0.20, 3: 0.22})
+    assert main(["--runs", str(runs), "--out", str(tmp_path / "report"), "--window", "2"]) == 0
+    v = json.loads((tmp_path / "report" / "verdict.json").read_text())
+    assert v["specialists_rise_more_under_marble"] is True
+    assert v["specialist_rises_more_under_marble"] == {"color": True}
+    diff = v["questions"]["b_specialists_rise_more_under_marble"]["per_specialist"]["color"]["difference"]
+    assert diff["mean"] == pytest.approx(0.2) and diff["n"] == 3 and diff["sd"] == pytest.approx(0.02)
+    assert diff["low"] == pytest.approx(0.2 - 4.302653 * 0.02 / math.sqrt(3), abs=1e-6)
+    q_b = v["questions"]["b_specialists_rise_more_under_marble"]
+    assert q_b["measure"] == HELD_OUT and q_b["paired_seeds"] == [1, 2, 3]
+    # (a): every held-out change is > 0 on every seed (bright +0.11..+0.13 etc.)
+    assert v["every_reward_rises_under_marble"] is True
+    assert v["questions"]["a_every_reward_rises_under_marble"]["seeds"] == [1, 2, 3]
+    # (c): the weighted sum opposes a reward on half its steps, MARBLE on none, every seed
+    assert v["marble_less_anti_aligned"] is True
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert ("(b) Every specialist rises more under MARBLE than under the weighted sum (paired by seed): "
+            "true. MARBLE minus weighted sum, the held-out change (eval.jsonl: last evaluation minus "
+            "step 0), paired over the seeds both balancers ran (1, 2, 3): color +0.2 [+0.15, +0.25] (true, "
+            "minimal detectable difference ") in md
+    assert "held-out" in (tmp_path / "report" / "tables" / "reward_change_by_balancer.csv").read_text()
 
 
-def _trend(run, balancer, slope, seed):
-    """A run whose specialist rises by `slope` over 20 epochs, plus epoch noise (sd 0.01)."""
-    rng = np.random.default_rng(seed)
-    curve = np.linspace(0.0, slope, 20) + rng.normal(0.0, 0.01, 20)
-    return RunTrend(run, balancer, reward_changes(_metrics(curve), ["spec", "gen"], window=5))
+def test_within_noise_is_no_difference_larger_than_the_interval_bound(tmp_path):
+    """Differences +0.01, -0.02, +0.04: mean 0.01, sd 0.03, half width 4.302653 x 0.03 /
+    sqrt 3 = 0.074524, interval [-0.0645, +0.0845]: "no difference larger than 0.0845"."""
+    write_seeds(tmp_path, {1: 0.01, 2: -0.02, 3: 0.04})
+    v = verdict_of(tmp_path)
+    assert v["specialists_rise_more_under_marble"] == "no difference larger than 0.0845"
+    p = v["questions"]["b_specialists_rise_more_under_marble"]["per_specialist"]["color"]
+    assert p["difference"]["high"] == pytest.approx(0.01 + 0.0745242, abs=1e-6)
+    # (t(0.975, 2) + t(0.8, 2)) x 0.03 / sqrt 3 = (4.302653 + 1.060660) x 0.017321 = 0.092895
+    assert p["minimal_detectable_difference"] == pytest.approx(0.092895, abs=1e-5)
+    assert "minimal detectable difference 0.0929" in v["sentences"][1]
 
 
-@pytest.mark.parametrize("marble_slope, ws_slope, expected", [
-    (0.5, 0.0, True),            # specialist up under MARBLE beyond noise, flat under WS
-    (0.005, 0.0, INCONCLUSIVE),  # a difference within noise
-    (-0.5, 0.0, False),          # specialist down under MARBLE: WS rises more
-])
-def test_specialists_rise_more_known_answers(marble_slope, ws_slope, expected):
-    trends = [_trend(f"marble_s{s}", "marble", marble_slope, s) for s in (1, 2)]
-    trends += [_trend(f"ws_s{s}", "weighted_sum", ws_slope, 10 + s) for s in (1, 2)]
-    by = balancer_changes(trends)
-    assert by["marble"]["spec"].runs == 2
-    assert by["marble"]["spec"].mean == pytest.approx(marble_slope * 15 / 19, abs=0.02)
-    assert specialists_rise_more(by["marble"], by["weighted_sum"], ["spec"]) == expected
-    answers, lines = claim_lines(by, ["spec"], {"weighted_sum": 0.75, "marble": 0.1})
-    assert answers["specialists_rise_more_under_marble"] == expected
-    assert answers["specialist_rises_more_under_marble"] == {"spec": expected}
-    assert answers["every_reward_rises_under_marble"] == (
-        True if expected is True else (False if expected is False else INCONCLUSIVE))
-    assert "weighted_sum 75%" in lines[2] and "weighted sum 80%, MARBLE 0%" in lines[2]
+def test_a_run_without_eval_jsonl_puts_its_question_on_training_rewards_and_says_so(tmp_path):
+    """ws_s2 has no eval.jsonl: (b) measures every run by its training reward (never a mix),
+    where MARBLE's color fell (DOWN) and the weighted sum's rose (UP) on every seed: False;
+    (a) uses MARBLE's runs alone, all evaluated: held-out."""
+    write_seeds(tmp_path, {1: 0.18, 2: 0.20, 3: 0.22}, ws_eval=False)
+    v = verdict_of(tmp_path)
+    q = v["questions"]
+    assert q["b_specialists_rise_more_under_marble"]["measure"] == TRAINING
+    assert v["specialists_rise_more_under_marble"] is False  # -0.6 on every seed, sd 0
+    assert "training-reward change (last logged epochs minus the first; no eval.jsonl in ws_s2)" \
+        in v["sentences"][1]
+    assert q["a_every_reward_rises_under_marble"]["measure"] == HELD_OUT
+    assert v["reward_change_by_balancer"]["weighted_sum"]["measure"] == TRAINING
+    assert v["reward_change_by_balancer"]["marble"]["measure"] == HELD_OUT
+    assert "ws_s2" not in v["heldout_change"] and "ws_s1" in v["heldout_change"]
 
 
-def test_one_specialist_beyond_noise_and_one_within_is_inconclusive_overall():
-    marble = {"ocr": Change(0.5, 0.1, 2), "gen": Change(0.02, 0.1, 2)}
-    ws = {"ocr": Change(-0.1, 0.1, 2), "gen": Change(0.0, 0.1, 2)}
-    assert specialists_rise_more(marble, ws, ["ocr", "gen"]) == INCONCLUSIVE
-    answers, lines = claim_lines({"marble": marble, "weighted_sum": ws}, ["ocr", "gen"], {})
-    assert answers["specialist_rises_more_under_marble"] == {"ocr": True, "gen": INCONCLUSIVE}
-    assert "ocr: MARBLE +0.5 ± 0.1 vs weighted sum -0.1 ± 0.1, difference +0.6 ± 0.14 (yes)" in lines[1]
+def test_runs_of_one_balancer_and_seed_are_one_sample(tmp_path):
+    write_run(tmp_path, "marble", "marble", {"bright": UP, "sat": UP, "color": UP}, seed=7,
+              evals={"bright": (0.0, 0.2), "sat": (0.0, 0.2), "color": (0.0, 0.2)})
+    write_run(tmp_path, "rho_05", "marble", {"bright": UP, "sat": UP, "color": UP}, seed=7, rho=0.5,
+              evals={"bright": (0.0, 0.4), "sat": (0.0, 0.2), "color": (0.0, math.nan)})
+    write_run(tmp_path, "other", "marble", {"bright": UP, "sat": UP, "color": UP}, seed=8,
+              evals={"bright": (0.0, 0.1), "sat": (0.0, 0.2), "color": (0.0, 0.2)})
+    write_run(tmp_path, "legacy", "marble", {"bright": UP, "sat": UP, "color": UP})
+    (tmp_path / "legacy" / "config.yaml").write_text("balancer: {method: marble}\n")  # no train.seed
+    v = verdict_of(tmp_path)
+    change = v["reward_change_by_balancer"]["marble"]
+    assert change["seeds"] == [7, 8]
+    assert change["change"]["bright"]["n"] == 2
+    assert change["change"]["bright"]["mean"] == pytest.approx(((0.2 + 0.4) / 2 + 0.1) / 2)
+    assert change["change"]["color"]["mean"] == pytest.approx(0.2)  # NaN left out, not a zero
+    assert v["runs_without_seed"] == ["legacy"]
+    assert "Left out of the questions (no `train.seed` in config.yaml): legacy." in v["sentences"]
+    assert v["every_reward_rises_under_marble"].startswith("no difference larger than ")
 
 
-def test_claim_without_runs_or_specialists_is_inconclusive():
-    answers, _ = claim_lines({}, ["spec"], {})
-    assert answers == {"every_reward_rises_under_marble": INCONCLUSIVE,
-                       "specialists_rise_more_under_marble": INCONCLUSIVE}
-    by = {"marble": {"gen": Change(1, 0.1, 2)}, "weighted_sum": {"gen": Change(1, 0.1, 2)}}
-    assert claim_lines(by, [], {})[0]["specialists_rise_more_under_marble"] == INCONCLUSIVE
+def test_per_seed_averages_and_keeps_the_worst_full_solve_cosine():
+    a = RunMeasure("m", 1, {"r": 1.0}, {"applied": 0.0}, {"x": 10.0}, 0.2, 3)
+    b = RunMeasure("m", 1, {"r": math.nan}, {"applied": 0.5}, {"x": 20.0}, -0.1, 2)
+    c = RunMeasure("m", 2, {"r": 4.0}, {"applied": 1.0}, {"x": 0.0}, math.nan, 0)
+    merged = per_seed([a, b, c])
+    assert merged[0] == RunMeasure("m", 1, {"r": 1.0}, {"applied": 0.25}, {"x": 15.0}, -0.1, 5)
+    assert merged[1] is c
 
 
-def test_change_pair_is_json_safe():
-    assert json.dumps(Change(math.nan, 0.1, 0).pair()) == "[null, 0.1]"
-
-
-def test_anti_aligned_split_into_full_solve_and_amortized_steps():
-    """A MARBLE run's anti-aligned steps, by whether the diagnostic micro-batch solved:
+def test_anti_aligned_split_into_full_solve_and_amortized_steps(tmp_path):
+    """A MARBLE run's anti-aligned steps by whether the diagnostic micro-batch solved:
     full_solve > 0 (a fresh alpha) vs 0 (the cached EMA alpha); no split without solves."""
-    from marble.report.claim import _step_kind_text
     from marble.report.tables import _by_step_kind
 
     marble = pd.DataFrame({"cos_min": [0.3, -0.2, -0.1, 0.2, 0.1, np.nan],
@@ -114,11 +141,33 @@ def test_anti_aligned_split_into_full_solve_and_amortized_steps():
                      "applied_anti_aligned_frac_amortized": pytest.approx(2 / 3)}
     ws = pd.DataFrame({"cos_min": [-0.3, 0.2], "anti_aligned": [1, 0], "full_solve": [0.0, 0.0]})
     assert _by_step_kind(ws)["solve_steps"] == 0
-    assert math.isnan(_by_step_kind(ws)["applied_anti_aligned_frac_solve"])
-    assert math.isnan(_by_step_kind(marble.drop(columns="full_solve"))["applied_anti_aligned_frac_amortized"])
-    text = _step_kind_text({"marble": {"full_solve": 0.0, "amortized": 2 / 3, "solve_steps": 2}})
-    assert "marble: full-solve steps 0% (2 steps), amortized steps 67%" in text
-    assert _step_kind_text({"mgda": {"full_solve": None, "amortized": None, "solve_steps": 0}}) == ""
-    _, lines = claim_lines({}, [], {"marble": 0.5}, anti_by_step_kind={
-        "marble": {"full_solve": 0.0, "amortized": 2 / 3, "solve_steps": 2}})
-    assert "amortized steps 67%" in lines[-1]
+    # the verdict's split: the same fractions, as intervals over seeds
+    for seed, solved in ((1, [1.0, 0, 0, 0.125]), (2, [1.0, 0, 0, 0])):
+        write_run(tmp_path, f"m{seed}", "marble", {"bright": UP, "sat": UP, "color": UP}, seed=seed,
+                  diag={"cos_min": [0.3, -0.2, -0.1, 0.2], "anti_aligned": [0, 1, 1, 0], "full_solve": solved})
+    loaded = load_runs(tmp_path)
+    kinds = step_kinds(by_balancer(Runs(loaded, run_trends(loaded, 2, 0.0))))
+    assert kinds["marble"]["solve_steps"] == 3
+    assert kinds["marble"]["full_solve"]["mean"] == 0.0
+    assert kinds["marble"]["amortized"]["mean"] == pytest.approx((2 / 2 + 2 / 3) / 2)
+    text = step_kind_text(kinds)
+    assert "marble: full-solve steps 0% [0%, 0%] (3 steps), amortized steps 83% [" in text
+    assert step_kind_text({}) == ""
+
+
+def test_the_training_curves_show_the_heldout_evaluation(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from marble.report.figures import _heldout_curve
+
+    write_run(tmp_path, "m", "marble", {"bright": UP, "sat": UP, "color": UP}, seed=1,
+              evals={"bright": (0.1, 0.3), "sat": (0.0, 0.2), "color": (0.0, 0.2)})
+    write_run(tmp_path, "w", "weighted_sum", {"bright": UP, "sat": UP, "color": UP}, seed=1)
+    evaluated, plain = load_runs(tmp_path)
+    fig, ax = plt.subplots()
+    _heldout_curve(ax, evaluated, "bright", "k")
+    _heldout_curve(ax, plain, "bright", "k")
+    (line,) = ax.lines
+    assert line.get_label() == "m held-out"
+    assert list(line.get_xdata()) == [0, 4, 8] and list(line.get_ydata()) == pytest.approx([0.1, 0.2, 0.3])
+    plt.close(fig)

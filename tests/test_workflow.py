@@ -135,7 +135,8 @@ def test_tiny_pipeline_end_to_end(tiny_pipeline):
     assert pretrained["settings"]["flow_steps"] == cfg["pretrain"]["flow_steps"]
     # The claim, with its uncertainty, in the shape CI checks.
     verdict = json.loads((work / "results/report/verdict.json").read_text())
-    assert verdict["specialists_rise_more_under_marble"] in (True, False, "inconclusive")
+    answer = verdict["specialists_rise_more_under_marble"]
+    assert answer is True or answer is False or answer.startswith("no difference larger than "), answer
     assert set(verdict["anti_aligned"]) == set(cfg["runs"])
     assert set(verdict["reward_change"]) == set(cfg["runs"])
     for per_reward in verdict["reward_change"].values():

@@ -10,14 +10,16 @@ import pandas as pd
 from tqdm import tqdm
 
 from marble.runtime.io import atomic_path
-from marble.report import claim, figures, lead, published, tables
+from marble.report import figures, lead, published, tables
+from marble.report.claim_markdown import interval_text
+from marble.report.demo_claim import demo_verdict
 from marble.report.experiments import experiment_section
 from marble.report.loading import (RunData, eval_samples, load_bench, load_eval_summary,
                                          load_runs, read_json_file)
 from marble.report.provenance import provenance_table
 from marble.report.render import Figure, Section, Table, Text, to_html, to_markdown
 from marble.report.table1 import report_frame
-from marble.report.verdict import RunTrend, Verdict, reward_changes, specialist_rewards, verdict
+from marble.report.verdict import RunTrend, reward_changes, run_line, specialist_rewards
 
 TITLE = "MARBLE report"
 
@@ -84,87 +86,50 @@ def all_specialists(runs: list[RunData]) -> dict[str, float]:
     return found
 
 
-def _anti_aligned_by_step_kind(by_bal: pd.DataFrame) -> dict[str, dict]:
-    """{balancer: full-solve / amortized anti-aligned fractions} for balancers that solve."""
-    if "solve_steps" not in by_bal:
-        return {}
-    num = claim.json_number
-    return {bal: {"full_solve": num(row["applied_anti_aligned_frac_solve"]),
-                  "amortized": num(row["applied_anti_aligned_frac_amortized"]),
-                  "solve_steps": int(row["solve_steps"])}
-            for bal, row in by_bal.iterrows() if row["solve_steps"] > 0}
-
-
-def _anti_aligned(by_run: pd.DataFrame, by_bal: pd.DataFrame) -> tuple[dict, dict, dict, dict]:
-    """Anti-aligned fraction of logged steps: per run (applied direction, weighted-sum
-    direction on the same batches) and pooled per balancer (applied direction)."""
-    col = "applied_anti_aligned_frac"
-    applied = by_run[col].to_dict() if col in by_run else {}
-    ws_dir = by_run["ws_dir_anti_aligned_frac"].to_dict() if "ws_dir_anti_aligned_frac" in by_run else {}
-    pooled = by_bal[col].to_dict() if col in by_bal else {}
-    ws_col = "ws_dir_anti_aligned_frac"
-    pooled_ws = by_bal[ws_col].to_dict() if ws_col in by_bal else {}
-    return applied, ws_dir, pooled, pooled_ws
-
-
-def _claim_json(trends, specialists, runs) -> tuple[dict, list[str], pd.DataFrame]:
-    """verdict.json's claim keys, the claim sentences and the per-balancer change table."""
-    by_balancer = claim.balancer_changes(trends)
-    by_bal = tables.harmony_by_balancer(runs)
-    applied, ws_dir, pooled, pooled_ws = _anti_aligned(tables.harmony_by_run(runs), by_bal)
-    kinds = _anti_aligned_by_step_kind(by_bal)
-    answers, lines = claim.claim_lines(by_balancer, list(specialists), pooled,
-                                       anti_ws_direction=pooled_ws, anti_by_step_kind=kinds)
-    num = claim.json_number  # NaN -> null: verdict.json stays strict JSON
-    data = {
-        **answers,
-        "anti_aligned": {r: num(v) for r, v in applied.items()},
-        "anti_aligned_weighted_sum_direction": {r: num(v) for r, v in ws_dir.items()},
-        "anti_aligned_by_balancer": {k: num(v) for k, v in pooled.items()},
-        "anti_aligned_published": dict(claim.PUBLISHED_ANTI_ALIGNED),
-        "anti_aligned_by_step_kind": kinds,
-        "reward_change": {t.run: {c.reward: [num(c.delta), num(c.stderr)]
-                                  for c in t.changes.values()} for t in trends},
-        "reward_change_by_balancer": {bal: {r: c.pair() + [c.runs] for r, c in ch.items()}
-                                      for bal, ch in by_balancer.items()},
-        "error_bars": f"standard errors; 'beyond the error bars' = more than {claim.Z:g} of them",
-    }
-    rows = [{"balancer": bal, "reward": r, "specialist": r in specialists, "change": c.mean,
-             "stderr": c.se, "runs": c.runs} for bal, ch in by_balancer.items() for r, c in ch.items()]
-    return data, lines, pd.DataFrame(rows)
-
-
-def _verdict_section(b: Builder, runs, trends, specialists) -> tuple[Verdict, dict, pd.DataFrame]:
-    """The verdict in a few lines with its numbers; the per-run detail goes to a collapsed
-    section at the end (see _verdict_details)."""
-    result = verdict(trends, specialists)
-    claim_data, claim_text, change_table = _claim_json(trends, specialists, runs)
+def _verdict_section(b: Builder, runs, trends, specialists) -> dict:
+    """The claim's questions in a few lines (marble.report.demo_claim: the claim experiment's
+    statistics); the per-balancer and per-run detail goes to a collapsed section at the end."""
+    data = demo_verdict(runs, trends, specialists)
     s = b.section("Verdict")
-    s.blocks.append(Text(result.text))
-    for line in claim_text:
+    for line in data["sentences"]:
         s.blocks.append(Text(line))
-    return result, claim_data, change_table
+    return data
 
 
-def _verdict_details(b: Builder, trends, specialists, inp: ReportInputs, result,
-                     change_table: pd.DataFrame) -> None:
-    s = b.section("Details: the verdict per run", collapsed=True)
-    if not change_table.empty:
-        b.table(s, "reward_change_by_balancer", "Training reward change per balancer, runs "
-                "(seeds) pooled: mean and standard error (the larger of the between-run spread "
-                "and the runs' own epoch-to-epoch error)", change_table)
+def balancer_change_frame(data: dict, specialists: dict[str, float]) -> pd.DataFrame:
+    """balancer x reward: the change's measure and mean [95% interval] over seeds."""
+    return pd.DataFrame([{"balancer": bal, "reward": r, "specialist": r in specialists,
+                          "measure": v["measure"], "seeds": len(v["seeds"]), "change": iv["mean"],
+                          "low": iv["low"], "high": iv["high"], "interval": interval_text(iv)}
+                         for bal, v in data["reward_change_by_balancer"].items()
+                         for r, iv in v["change"].items()])
+
+
+def _verdict_details(b: Builder, trends, specialists, inp: ReportInputs, data: dict) -> None:
+    s = b.section("Details: the verdict per balancer and per run", collapsed=True)
+    table = balancer_change_frame(data, specialists)
+    if not table.empty:
+        b.table(s, "reward_change_by_balancer", "Each reward's change per balancer: mean and 95% "
+                "Student-t interval over seeds (runs of one balancer and seed averaged into one "
+                "sample); `measure`: held-out (eval.jsonl) when every run of the balancer has one, "
+                "else the training reward", table)
     spec = ", ".join(f"`{k}` ({v:.0%} of rollouts)" for k, v in specialists.items()) or "none"
     s.blocks.append(Text(
-        f"Specialist rewards (applicable to a strict subset of rollouts): {spec}. A reward's "
-        f"change is the mean of its last logged epochs minus the mean of its first "
+        f"Specialist rewards (applicable to a strict subset of rollouts): {spec}. Held-out change: "
+        f"{data['change_measures']['held-out']}. Training change: the mean of a run's last logged "
+        f"epochs minus the mean of its first "
         f"({'auto: a quarter of the epochs, 1 to 5' if inp.window is None else inp.window} epochs); "
-        f"it counts as improving when the change exceeds {inp.min_gain:g}."
+        f"per run below, it counts as improving when it exceeds {inp.min_gain:g}."
     ))
-    for line in result.run_lines:
-        s.blocks.append(Text(line))
+    for t in trends:
+        s.blocks.append(Text(run_line(t, specialists)))
     if trends:
         b.table(s, "training_reward_change", "Training reward change per run",
                 tables.training_change_table(trends))
+    if data["heldout_change"]:
+        b.table(s, "heldout_change", "Held-out change per run (eval.jsonl: last evaluation "
+                "minus step 0, EMA weights, latents fixed per seed and prompt)",
+                pd.DataFrame(data["heldout_change"]).T.rename_axis("run"))
 
 
 def _eval_section(b: Builder, inp: ReportInputs) -> pd.DataFrame | None:
@@ -300,9 +265,9 @@ def _samples_section(b: Builder, runs: list[RunData], inp: ReportInputs) -> None
                  f"Missing: no eval images for `{run.name}` under `{inp.eval_dir / run.name}`.")
 
 
-def build_report(inp: ReportInputs) -> Verdict:
+def build_report(inp: ReportInputs) -> dict:
     """Write report.md, report.html, figures/, tables/ and verdict.json under `inp.out`,
-    all at once (built in a temporary sibling, then renamed)."""
+    all at once (built in a temporary sibling, then renamed); returns the verdict's data."""
     _check_out(inp.out)
     runs = load_runs(inp.runs_dir)
     trends = run_trends(runs, inp.window, inp.min_gain)
@@ -327,10 +292,10 @@ def build_report(inp: ReportInputs) -> Verdict:
         _training_sections(b, runs, inp)
         by_run = tables.harmony_by_run(runs)
         _harmony_figures(b, runs, by_run)
-        result, claim_data, change_table = _verdict_section(b, runs, trends, specialists)
+        data = _verdict_section(b, runs, trends, specialists)
         evals = _eval_section(b, inp)
         _paper_section(b, runs, evals)
-        _verdict_details(b, trends, specialists, inp, result, change_table)
+        _verdict_details(b, trends, specialists, inp, data)
         _harmony_tables(b, runs, by_run)
         _cost_section(b, inp)
         _rho_section(b, runs, trends, evals)
@@ -339,10 +304,9 @@ def build_report(inp: ReportInputs) -> Verdict:
         (tmp / "report.md").write_text(to_markdown(TITLE, b.sections), encoding="utf-8")
         (tmp / "report.html").write_text(to_html(TITLE, b.sections, tmp), encoding="utf-8")
         (tmp / "verdict.json").write_text(json.dumps(
-            {**claim_data, "outcomes": result.outcomes, "text": result.text,
-             "specialists": specialists, "runs": result.run_lines},
+            {**data, "specialists": specialists, "runs": [run_line(t, specialists) for t in trends]},
             indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    return result
+    return data
 
 
 # What build_report writes: a folder holding only these is an earlier report.

@@ -21,15 +21,18 @@ import numpy as np
 import pandas as pd
 
 from marble.report import claim_stats as cs
-from marble.report.claim import PUBLISHED_ANTI_ALIGNED, json_number
+from marble.report.claim_stats import json_number
+from marble.report.published import PUBLISHED_ANTI_ALIGNED
 from marble.workflow.claim import ALONE_PREFIX
 
 CHANGE_MEASURE = ("held-out mean of the reward over the test prompts it applies to (EMA weights, "
                   "latents fixed by seed, prompt and repeat): last evaluation minus step 0")
 THEOREM_TOL = 1e-6  # a full solve's worst cosine may sit this far below 0 (rounding)
-# anti-aligned flags and angles recorded per diagnostic step (marble.balancers.solve)
+# anti-aligned flags and angles recorded per diagnostic step (marble.balancers.solve);
+# ws_direction: the weighted-sum direction on the same batches (the counterfactual baseline)
 FLAGS = {"applied": "anti_aligned", "fresh_solve": "anti_aligned_solve",
-         "alpha_unit": "anti_aligned_alpha_unit", "alpha_raw": "anti_aligned_alpha_raw"}
+         "alpha_unit": "anti_aligned_alpha_unit", "alpha_raw": "anti_aligned_alpha_raw",
+         "ws_direction": "anti_aligned_ws"}
 ANGLES = ("angle_applied_solve", "angle_applied_alpha_raw", "angle_kl")
 
 

@@ -15,7 +15,8 @@ from marble.report.render import markdown_table
 PAPER = "published (MARBLE project page): weighted sum 80%, MARBLE 0%"
 
 
-def _iv(d: dict | None, pct: bool = False, digits: int = 3, clip: bool = True) -> str:
+def interval_text(d: dict | None, pct: bool = False, digits: int = 3, clip: bool = True) -> str:
+    """An interval's JSON ({mean, low, high}) as "mean [low, high]" (percent with `pct`)."""
     if not d or d.get("mean") is None:
         return "n/a"
     # a fraction's t-interval can leave [0, 1]; shown clipped (verdict.json keeps it as computed)
@@ -36,7 +37,7 @@ def change_frame(v: dict) -> pd.DataFrame:
     rewards = v["rewards"]
     cols = [f"{r}{' (specialist, %.0f%%)' % (100 * v['specialists'][r]) if r in v['specialists'] else ''}"
             for r in rewards]
-    rows = [[_iv(v["arm_results"][arm]["change"].get(r)) for r in rewards] for arm in v["arms"]]
+    rows = [[interval_text(v["arm_results"][arm]["change"].get(r)) for r in rewards] for arm in v["arms"]]
     return pd.DataFrame(rows, index=pd.Index(v["arms"], name="arm"), columns=cols)
 
 
@@ -50,9 +51,9 @@ def anti_frame(v: dict) -> pd.DataFrame:
         pub = published.get(method)
         rows.append([s.get("amortize_every") if method == "marble" else "-",
                      s.get("alpha_ema") if method == "marble" else "-",
-                     _iv(a["applied"], True), _iv(a["full_solve"], True), _iv(a["amortized"], True),
-                     _iv(a["fresh_solve"], True), _iv(a["alpha_unit"], True), _iv(a["alpha_raw"], True),
-                     _iv(v["arm_results"][arm]["angles"]["angle_applied_solve"]),
+                     *(interval_text(a[k], True) for k in ("applied", "full_solve", "amortized",
+                                                           "fresh_solve", "alpha_unit", "alpha_raw")),
+                     interval_text(v["arm_results"][arm]["angles"]["angle_applied_solve"]),
                      "-" if pub is None else f"{100 * pub:.0f}%"])
     cols = ["N", "alpha EMA", "applied", "full-solve steps", "amortized steps",
             "fresh solve, same gradients", "applied alpha, solve's form",
@@ -68,7 +69,7 @@ def cost_frame(v: dict) -> pd.DataFrame:
         ratio = c.get("flops_ratio")
         rows.append([_num(c.get("counted_flops"), ".3e"),
                      f"{'x' if ratio is not None else ''}{_num(ratio, '.2f')}",
-                     _num(c.get("full_solve_micro_steps"), "d"), _iv(c.get("cpu_s"), digits=4).lstrip("+")])
+                     _num(c.get("full_solve_micro_steps"), "d"), interval_text(c.get("cpu_s"), digits=4).lstrip("+")])
     cols = ["counted FLOPs (marble bench flops)", "vs a weighted-sum run", "full-solve micro-steps",
             "CPU seconds per run"]
     return pd.DataFrame(rows, index=pd.Index(v["arms"], name="arm"), columns=cols)
@@ -90,20 +91,21 @@ def power_lines(v: dict) -> list[str]:
     q = v["questions"]
     out = []
     for s, p in q["b_specialists_rise_more_under_marble"]["per_specialist"].items():
-        out.append(f"- (b) {s}: paired difference {_iv(p['difference'])}; minimal detectable "
+        out.append(f"- (b) {s}: paired difference {interval_text(p['difference'])}; minimal detectable "
                    f"difference at 80% power with {p['difference']['n']} seeds: "
                    f"{_num(p['minimal_detectable_difference'], '.3g')}{_powered(p)}; seeds to detect the "
                    f"observed difference: {p['seeds_for_observed_effect'] or 'more than 1000'}.")
     for r, m in q["a_every_reward_rises_under_marble"]["minimal_detectable_difference"].items():
         out.append(f"- (a) {r}: minimal detectable change {_num(m, '.3g')}.")
     c = q["c_marble_less_anti_aligned"]
-    out.append(f"- (c) anti-aligned fraction, weighted sum minus MARBLE: {_iv(c['difference'], True, clip=False)}; "
+    diff = interval_text(c["difference"], True, clip=False)
+    out.append(f"- (c) anti-aligned fraction, weighted sum minus MARBLE: {diff}; "
                f"minimal detectable difference {_num(c['minimal_detectable_difference'], '.2f')}{_powered(c)}.")
     t = q["theorem_full_solves_never_anti_aligned"]
     out.append(f"- Full solves: worst cosine {_num(t['min_cosine'], '.3g')} over "
                f"{t['full_solve_steps']} full-solve steps (tolerance {t['tolerance']:g}).")
     for r, p in q["every_reward_learnable_alone"]["per_reward"].items():
-        out.append(f"- trained alone, {r}: change {_iv(p['change'])}.")
+        out.append(f"- trained alone, {r}: change {interval_text(p['change'])}.")
     return out
 
 

@@ -16,10 +16,13 @@ from dataclasses import dataclass
 
 from scipy import stats
 
-from marble.report.claim import json_number as _num
-
 LEVEL = 0.95  # two-sided interval level (alpha = 0.05)
 POWER = 0.80
+
+
+def json_number(x: float):
+    """NaN and infinities -> None: verdict files stay strict JSON."""
+    return float(x) if math.isfinite(x) else None
 
 
 @dataclass(frozen=True)
@@ -31,8 +34,8 @@ class Interval:
     sd: float  # sample standard deviation (ddof 1) of the values
 
     def as_json(self) -> dict:
-        return {"mean": _num(self.mean), "low": _num(self.low), "high": _num(self.high),
-                "n": self.n, "sd": _num(self.sd)}
+        return {"mean": json_number(self.mean), "low": json_number(self.low),
+                "high": json_number(self.high), "n": self.n, "sd": json_number(self.sd)}
 
 
 def t_interval(values, level: float = LEVEL) -> Interval:

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         min_gain=args.min_gain, smooth=args.smooth, experiments=tuple(args.experiment),
     ))
     print(f"wrote {args.out / 'report.md'} and {args.out / 'report.html'}")
-    print(f"verdict: {result.text}")
+    print(f"verdict: {result['text']}")
     return 0
 
 

@@ -90,13 +90,28 @@ def training_curves(runs: list[RunData], path: Path, window: int = 5) -> Path | 
             ax.plot(m["step"], smooth(m[col], window), color=colors[run.name], linestyle=style,
                     linewidth=2, label=f"{run.name} ({run.balancer})")
             _mark_stages(ax, run, colors[run.name])
+            _heldout_curve(ax, run, reward, colors[run.name])
         ax.set_title(f"reward/{reward}")
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("mean raw reward")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(f"Training rewards (faint: raw; bold: {window}-step moving average)")
+    held = any(r.evals is not None for r in runs)
+    fig.suptitle(f"Training rewards (faint: raw; bold: {window}-step moving average"
+                 + ("; markers: held-out evaluation, eval.jsonl)" if held else ")"))
     return _save(fig, path)
+
+
+def _heldout_curve(ax, run: RunData, reward: str, color) -> None:
+    """The run's held-out means of the reward (eval.jsonl), markers joined by a thin line:
+    the EMA weights on the test prompts with fixed latents, the verdict's change measure."""
+    col = f"eval_reward/{reward}"
+    if run.evals is None or col not in run.evals:
+        return
+    points = run.evals[["step", col]].dropna()
+    if len(points):
+        ax.plot(points["step"], points[col], color=color, marker="o", markersize=4, linewidth=0.8,
+                label=f"{run.name} held-out")
 
 
 def alpha_trajectories(runs: list[RunData], path: Path) -> Path | None:

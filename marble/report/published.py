@@ -59,6 +59,8 @@ HARMONY = {
     "weighted_sum": {"anti_aligned_frac": 0.80, "cos_min_mean": -0.13, "cos_var_mean": 0.161},
     "marble": {"anti_aligned_frac": 0.00, "cos_min_mean": 0.37, "cos_var_mean": 0.006},
 }
+# The claim's question (c) compares against these: weighted sum 80%, MARBLE 0%.
+PUBLISHED_ANTI_ALIGNED = {bal: v["anti_aligned_frac"] for bal, v in HARMONY.items()}
 
 
 def table1() -> pd.DataFrame:
