@@ -108,3 +108,21 @@ def test_claim_runs_are_every_arm_times_every_seed():
     assert parse_run_name(run_name("marble_n5_ema0", 12)) == ("marble_n5_ema0", 12)
     with pytest.raises(ValueError, match="not <arm>-s<seed>"):
         parse_run_name("weighted_sum")
+
+
+def test_two_seeds_that_agree_by_chance_keep_the_fractions_sampling_error():
+    """Weighted sum 60% and MARBLE 50% of 30 diagnostic steps on both seeds: the paired sd is
+    0, but each fraction has its own sampling error (Jeffreys: (18.5/31, 15.5/31) ->
+    se 0.08956, 0.09129; paired floor hypot = 0.12788), so the answer is a bound, not `true`
+    on a zero-width interval: 0.1 +- t(0.975, 1) 0.12788 / sqrt 2 = 0.1 +- 1.1490."""
+    from marble.report.claim_experiment import RunMeasure, question_c
+
+    def run(arm, seed, f):
+        return RunMeasure(arm, seed, {}, {"applied": f}, {}, math.nan, 0, 30)
+
+    measures = [run("ws", s, 0.6) for s in (1, 2)] + [run("m", s, 0.5) for s in (1, 2)]
+    q = question_c(measures, "m", "ws", effect=0.4)
+    assert q["difference"]["sd"] == pytest.approx(0.12788, abs=1e-4)
+    assert q["difference"]["high"] == pytest.approx(0.1 + 1.1490, abs=1e-3)
+    assert q["answer"] == "no difference larger than 1.25" and q["powered"] is False
+    assert cs.fraction_se(0.0, 30) > 0 and math.isnan(cs.fraction_se(0.5, 0))

@@ -59,8 +59,11 @@ def test_specialist_rising_more_on_every_seed_is_true(tmp_path):
     # (a): every held-out change is > 0 on every seed (bright +0.11..+0.13 etc.)
     assert v["every_reward_rises_under_marble"] is True
     assert v["questions"]["a_every_reward_rises_under_marble"]["seeds"] == [1, 2, 3]
-    # (c): the weighted sum opposes a reward on half its steps, MARBLE on none, every seed
-    assert v["marble_less_anti_aligned"] is True
+    # (c): the weighted sum opposes a reward on half its 4 diagnostic steps, MARBLE on none,
+    # every seed: the paired sd is 0, but 4 steps are a coarse fraction. Sampling-error floor
+    # (Jeffreys): se(2/4) = sqrt(.5 x .5 / 4) = 0.25, se(0/4) = sqrt(.1 x .9 / 4) = 0.15,
+    # hypot 0.29155; 0.5 +- 4.302653 x 0.29155 / sqrt 3 = 0.5 +- 0.72426 -> a bound, not true.
+    assert v["marble_less_anti_aligned"] == "no difference larger than 1.22"
     md = (tmp_path / "report" / "report.md").read_text()
     assert ("(b) Every specialist rises more under MARBLE than under the weighted sum (paired by seed): "
             "true. MARBLE minus weighted sum, the held-out change (eval.jsonl: last evaluation minus "

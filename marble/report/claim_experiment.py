@@ -45,6 +45,7 @@ class RunMeasure:
     angles: dict[str, float]  # ANGLES -> mean degrees over diagnostic steps
     full_solve_min_cos: float  # worst cos_min over full-solve steps (NaN: none)
     full_solve_steps: int
+    diag_steps: int = 0  # diagnostic steps the fractions count (their sampling error)
 
 
 def eval_change(evals: pd.DataFrame | None, reward: str) -> float:
@@ -77,7 +78,11 @@ def measure_run(arm: str, seed: int, metrics: pd.DataFrame, rewards: list[str],
     cos = diag.loc[solve, "cos_min"].to_numpy(float) if "cos_min" in diag else np.array([])
     cos = cos[np.isfinite(cos)]
     return RunMeasure(arm, seed, {r: eval_change(evals, r) for r in rewards}, anti, angles,
-                      float(cos.min()) if len(cos) else math.nan, int(solve.sum()))
+                      float(cos.min()) if len(cos) else math.nan, int(solve.sum()), len(diag))
+
+
+def _applied_se(m: RunMeasure) -> float:
+    return cs.fraction_se(m.anti.get("applied", math.nan), m.diag_steps)
 
 
 def _mdd(iv: cs.Interval):
@@ -139,15 +144,21 @@ def question_b(measures, specialists, marble_arm, baseline_arm, effects: dict[st
 
 def question_c(measures, marble_arm, baseline_arm, effect: float = math.nan) -> dict:
     """The weighted sum's anti-aligned fraction minus MARBLE's, paired by seed (> 0: MARBLE
-    opposes a reward less often)."""
-    iv = cs.paired(_by_seed(measures, baseline_arm, lambda m: m.anti["applied"]),
-                   _by_seed(measures, marble_arm, lambda m: m.anti["applied"]))
+    opposes a reward less often); each run's fraction carries its sampling error as a floor."""
+    base = _by_seed(measures, baseline_arm, lambda m: m.anti["applied"])
+    marble = _by_seed(measures, marble_arm, lambda m: m.anti["applied"])
+    se = {arm: _by_seed(measures, arm, _applied_se) for arm in (baseline_arm, marble_arm)}
+    floor = cs.pooled_se([math.hypot(se[baseline_arm][s], se[marble_arm][s])
+                          for s in sorted(set(base) & set(marble))])
+    iv = cs.paired(base, marble, sd_floor=floor)
     return {"answer": cs.decide(iv), "difference": iv.as_json(), **power_fields(iv, effect)}
 
 
 def question_conflict(measures, baseline_arm) -> dict:
     """Do the rewards conflict: is the weighted sum's anti-aligned fraction above 0?"""
-    iv = cs.t_interval(_by_seed(measures, baseline_arm, lambda m: m.anti["applied"]).values())
+    mine = [m for m in measures if m.arm == baseline_arm]
+    iv = cs.t_interval([m.anti["applied"] for m in mine],
+                       sd_floor=cs.pooled_se([_applied_se(m) for m in mine]))
     return {"answer": cs.decide(iv), "fraction": iv.as_json()}
 
 

@@ -38,8 +38,12 @@ class Interval:
                 "high": json_number(self.high), "n": self.n, "sd": json_number(self.sd)}
 
 
-def t_interval(values, level: float = LEVEL) -> Interval:
-    """Mean and the Student-t interval of the finite values (NaN bounds below two values)."""
+def t_interval(values, level: float = LEVEL, sd_floor: float = 0.0) -> Interval:
+    """Mean and the Student-t interval of the finite values (NaN bounds below two values).
+
+    `sd_floor`: the spread one value has by itself (a fraction's sampling error): a sample
+    sd below it is taken as the floor, so two seeds that agree by chance (anti-aligned
+    fractions move in steps of 1/30) cannot give an interval of zero width."""
     xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     n = len(xs)
     if n == 0:
@@ -48,6 +52,8 @@ def t_interval(values, level: float = LEVEL) -> Interval:
     if n < 2:
         return Interval(mean, math.nan, math.nan, 1, math.nan)
     sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    if math.isfinite(sd_floor):
+        sd = max(sd, sd_floor)
     half = stats.t.ppf(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
     return Interval(mean, mean - half, mean + half, n, sd)
 
@@ -109,9 +115,25 @@ def seeds_needed(sd: float, effect: float, level: float = LEVEL, power: float = 
     return None
 
 
-def paired(a: dict[int, float], b: dict[int, float]) -> Interval:
+def paired(a: dict[int, float], b: dict[int, float], sd_floor: float = 0.0) -> Interval:
     """Interval of a - b over the seeds both have (seed -> value)."""
-    return t_interval([a[s] - b[s] for s in sorted(set(a) & set(b))])
+    return t_interval([a[s] - b[s] for s in sorted(set(a) & set(b))], sd_floor=sd_floor)
+
+
+def fraction_se(fraction: float, steps: int) -> float:
+    """Sampling error of a fraction of `steps` Bernoulli steps, Jeffreys-smoothed so a run at
+    0% or 100% still has one: p = (k + 1/2) / (n + 1), sqrt(p (1 - p) / n); NaN without steps."""
+    if steps <= 0 or not math.isfinite(fraction):
+        return math.nan
+    p = (fraction * steps + 0.5) / (steps + 1)
+    return math.sqrt(p * (1 - p) / steps)
+
+
+def pooled_se(values: list[float]) -> float:
+    """sqrt(mean of squares) of the finite values (0 when none): the per-sample floor of a
+    mean or a paired difference of fractions."""
+    xs = [v * v for v in values if math.isfinite(v)]
+    return math.sqrt(sum(xs) / len(xs)) if xs else 0.0
 
 
 def sentence(question: str, answer) -> str:

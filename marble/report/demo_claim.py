@@ -73,7 +73,8 @@ def per_seed(measures: list[RunMeasure]) -> list[RunMeasure]:
                for part in ("changes", "anti", "angles")}
         cos = [m.full_solve_min_cos for m in g if math.isfinite(m.full_solve_min_cos)]
         out.append(RunMeasure(arm, seed, avg["changes"], avg["anti"], avg["angles"],
-                              min(cos) if cos else math.nan, sum(m.full_solve_steps for m in g)))
+                              min(cos) if cos else math.nan, sum(m.full_solve_steps for m in g),
+                              sum(m.diag_steps for m in g)))
     return out
 
 
