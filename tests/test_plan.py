@@ -13,6 +13,7 @@ from test_workflow_lib import ROOT, snakemake
 from marble.balancers.weightings import WEIGHTINGS
 from marble.config import load_config
 from marble.workflow import configs
+from marble.workflow import cost as wf_cost
 from marble.workflow import flops as wf_flops
 from marble.workflow import plan as wf_plan
 from marble.workflow import plan_format, plan_log, plan_price
@@ -75,7 +76,7 @@ def test_gpu_hours_per_training_step_are_the_counted_flops_at_the_stated_utilisa
 def test_a_gpu_bench_replaces_the_assumed_utilisation(tmp_path):
     key = wf_flops.micro_key(load_config("bench_sd35m"))
     ws = TABLE["micro_step"][key]["rows"]["weighted_sum"]
-    bench = {"device": "cuda:0", "gpu": "NVIDIA H200", "preset": "bench_sd35m",
+    bench = {"device": "cuda:0", "gpu": "NVIDIA H200", "preset": "bench_sd35m", "mixed_precision": "bf16",
              "balancers": {"weighted_sum": {"step_s": ws / 300e12}}}  # 300 TFLOP/s measured
     job, = _rho(root=tmp_path, bench=bench)["jobs"]
     assert job.throughput.flops_per_s == pytest.approx(300e12)
@@ -84,6 +85,18 @@ def test_a_gpu_bench_replaces_the_assumed_utilisation(tmp_path):
     assert job.gpu_h == pytest.approx(assumed.gpu_h * 0.40 * 989 / 300, rel=1e-3)
     cpu_bench = {**bench, "device": "cpu"}  # another kind of device: not this job's figure
     assert _rho(root=tmp_path, bench=cpu_bench)["jobs"][0].throughput.source.startswith("assumed")
+
+
+def test_a_cpu_bench_measures_the_cpu_and_an_unusable_one_is_named():
+    """The tiny workflow's own bench (mixed_precision "no", which YAML would read as false)."""
+    ws = TABLE["micro_step"][wf_flops.micro_key(load_config("tiny"))]["rows"]["weighted_sum"]
+    bench = {"device": "cpu", "gpu": None, "preset": "tiny", "mixed_precision": "no",
+             "balancers": {"weighted_sum": {"step_s": 0.5}}}
+    measured = wf_cost.cpu_throughput(bench, TABLE)
+    assert measured.flops_per_s == pytest.approx(ws / 0.5) and measured.source.startswith("measured")
+    unknown = wf_cost.cpu_throughput({**bench, "preset": "no_such_preset"}, TABLE)
+    assert unknown.flops_per_s == pytest.approx(ws / wf_cost.TINY_MICRO_STEP_S)
+    assert "not used" in unknown.source and "no_such_preset" in unknown.source
 
 
 def test_a_resumed_run_costs_its_remaining_steps(tmp_path):
@@ -149,7 +162,8 @@ def test_a_shape_the_table_has_not_counted_is_named_not_priced_as_zero(tmp_path)
     out = plan_price.price([("train_run", {"run": "big"})], config, tmp_path)
     assert out["jobs"] == [] and out["unpriced"][0][:2] == ("train_run", "big")
     assert "not counted" in out["unpriced"][0][2] and "--write" in out["unpriced"][0][2]
-    assert "not priced: train_run big" in plan_format.format_plan(out)
+    assert re.search(r"not priced: 1 job\(s\), .*not counted.*: train_run big$", plan_format.format_plan(out),
+                     re.MULTILINE)
 
 
 def test_the_dry_run_handler_prices_the_jobs_snakemake_lists(capsys):

@@ -47,18 +47,21 @@ class Throughput:
     source: str  # the sentence stating where the figure comes from
 
 
-def _bench_flops_per_s(bench: dict | None, table: dict, gpu: bool) -> tuple[float, str] | None:
-    """Counted FLOPs of the bench's weighted-sum micro-step / its measured median seconds,
-    when the bench ran on this kind of device at a shape the table counted."""
+def _bench_flops_per_s(bench: dict | None, table: dict, gpu: bool) -> tuple[float | None, str] | None:
+    """(counted FLOPs of the bench's weighted-sum micro-step / its measured median seconds, how),
+    or (None, why not) for a bench of this kind of device that cannot be used; None when the
+    bench ran on the other kind of device (or there is none)."""
     if not bench or str(bench.get("device", "")).startswith("cuda") != gpu:
         return None
     seconds = ((bench.get("balancers") or {}).get("weighted_sum") or {}).get("step_s")
-    try:
-        row = lookup(table, "micro_step", wf_flops.micro_key(load_config(bench["preset"])))
-    except (KeyError, ValueError, SystemExit):  # an unknown preset or shape: not usable
-        return None
     if not isinstance(seconds, (int, float)) or seconds <= 0:
-        return None
+        return None, "the bench JSON has no weighted_sum step_s"
+    mp = bench.get("mixed_precision")  # as the bench ran it (a --set may change the preset's)
+    try:  # quoted: YAML would read a bare `no` as false
+        cfg = load_config(str(bench.get("preset")), overrides=[f'model.mixed_precision="{mp}"'] if mp else [])
+        row = lookup(table, "micro_step", wf_flops.micro_key(cfg))
+    except (ValueError, wf_flops.Missing) as exc:  # an unknown preset, or a shape not counted
+        return None, f"the bench's shape is not usable ({exc})"
     where = bench.get("gpu") or bench.get("device")
     return row["rows"]["weighted_sum"] / seconds, (
         f"`marble bench step --preset {bench['preset']}` on {where}: "
@@ -72,29 +75,28 @@ def gpu_throughput(bench: dict | None, table: dict, gpu_type: str | None = None)
     peak = GPU_PEAKS.get(name, GPU_PEAKS[DEFAULT_GPU])
     label = f"{name.upper()}'s {peak / 1e12:.0f} TFLOP/s peak" if name in GPU_PEAKS else \
         f"an H200's {peak / 1e12:.0f} TFLOP/s peak ({gpu_type}: no datasheet figure here)"
-    measured = _bench_flops_per_s(bench, table, gpu=True)
-    if measured:
-        rate, how = measured
+    rate, how = _bench_flops_per_s(bench, table, gpu=True) or (None, "")
+    if rate:
         return Throughput(rate, True, f"measured, {how}: {rate / 1e12:.0f} TFLOP/s per GPU, "
                           f"{rate / peak:.0%} of {label}")
     return Throughput(peak * ASSUMED_MFU, True,
                       f"assumed: {ASSUMED_MFU:.0%} utilisation (MFU) of {label} = "
                       f"{peak * ASSUMED_MFU / 1e12:.0f} TFLOP/s per GPU (an assumption: a GPU "
                       "bench, `marble bench step --preset bench_sd35m` -> results/bench/step.json, "
-                      "replaces it)")
+                      "replaces it" + (f"; the GPU bench found is not used: {how}" if how else "") + ")")
 
 
 def cpu_throughput(bench: dict | None, table: dict) -> Throughput:
     """The CPU bench's figure, else the tiny micro-step measured in docs/environment.md."""
-    measured = _bench_flops_per_s(bench, table, gpu=False)
+    measured, how = _bench_flops_per_s(bench, table, gpu=False) or (None, "")
     if measured:
-        rate, how = measured
-        return Throughput(rate, False, f"measured, {how}: {rate / 1e9:.3g} GFLOP/s per job")
+        return Throughput(measured, False, f"measured, {how}: {measured / 1e9:.3g} GFLOP/s per job")
     tiny = lookup(table, "micro_step", wf_flops.micro_key(load_config("tiny")))
     rate = tiny["rows"]["weighted_sum"] / TINY_MICRO_STEP_S
     return Throughput(rate, False, f"docs/environment.md's tiny micro-step, {TINY_MICRO_STEP_S} s "
                       f"for {tiny['rows']['weighted_sum'] / 1e9:.3g} GFLOP counted: "
-                      f"{rate / 1e9:.3g} GFLOP/s per job")
+                      f"{rate / 1e9:.3g} GFLOP/s per job"
+                      + (f" (the CPU bench found is not used: {how})" if how else ""))
 
 
 @dataclass(frozen=True)

@@ -59,10 +59,11 @@ def _training_lines(train: list[wf_cost.JobCost], tables: dict) -> list[str]:
             shown += [r.name for r in rows]
             lines.append(f"  {table}: {len(rows)} runs x {_where(rows[0])} x "
                          f"{_cost(max(r.wall_h for r in rows), rows)} ({', '.join(r.name for r in rows)})")
-    once = list(dict.fromkeys(shown))
+    once = [by_name[n] for n in dict.fromkeys(shown)]
     if once:
-        lines.append(f"  paper tables, each run once: {len(once)} runs, "
-                     f"{sum(by_name[n].gpu_h for n in once):.0f} GPU-h")
+        lines.append(f"  paper tables, each run once: {len(once)} runs, " + (
+            f"{sum(r.gpu_h for r in once):.0f} GPU-h" if once[0].gpus else
+            f"{duration(sum(r.wall_h for r in once))} one after another on the CPU"))
     ckpt = [j for j in train if j.detail["checkpoints"]]
     if ckpt:
         j = max(ckpt, key=lambda j: j.extra_s)
@@ -111,8 +112,12 @@ def format_plan(result: dict) -> str:
     if any(not j.gpus for j in jobs):
         lines.append(f"  CPU throughput: {result['cpu'].source}")
     lines += _training_lines(train, result["tables"]) + _eval_lines(evals)
+    unpriced: dict[str, list[str]] = defaultdict(list)  # one line per reason, not per job
     for rule, name, why in result["unpriced"]:
-        lines.append(f"  not priced: {rule} {name}: {why}")
+        unpriced[why].append(f"{rule} {name}")
+    for why, jobs_of in unpriced.items():
+        names = ", ".join(dict.fromkeys(jobs_of))
+        lines.append(f"  not priced: {len(jobs_of)} job(s), {why}: {names}")
     if result["other"]:
         lines.append("  other jobs (not priced: downloads, tables, bench, report): " + ", ".join(
             f"{rule} x{n}" for rule, n in sorted(result["other"].items())))
