@@ -20,7 +20,7 @@ COMMANDS = {
     "rewards": ("marble.rewards.cli", "list rewards, score images"),
     "report": ("marble.report.cli", "tables and figures from runs and evaluations"),
     "tables": ("marble.report.tables_cli", "the paper's tables (rho, harmony, cost), ours beside"),
-    "plan": ("marble.workflow.plan_cli", "the runs a config trains per paper table, and their GPU cost"),
+    "plan": ("marble.workflow.plan_cli", "what a target would run (its dry run) and its GPU-hours from counted FLOPs"),
     "hub": ("marble.workflow.hub_cli", "lock: resolve PIN-A-COMMIT hub references into the config's lock file"),
     "doctor": ("marble.doctor", "check that a workflow config can run here (rewards, weights, GPU, disk, SLURM)"),
 }

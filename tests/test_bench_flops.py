@@ -11,6 +11,7 @@ depth 1 (`--layers 1`); the full-size table is the documented `marble bench flop
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -20,12 +21,27 @@ from marble.config import load_config
 PRICED = ("weighted_sum", "marble", "marble_diag", "mgda", "mgda_diag")  # rho_07's kinds
 
 
+ZOO = ("zoo_upgrad", "zoo_upgrad_full")  # a weighting off the simplex, amortized and full
+HAS_ZOO = importlib.util.find_spec("torchjd") is not None
+
+
 @pytest.fixture(scope="module")
 def mid():
     from marble.tools.bench_flops import bench_flops
 
     return bench_flops(load_config("bench_sd35m", overrides=["model.mixed_precision=fp16"]),
-                       rows=PRICED, runs=("rho_07", "full_mgda"), num_layers=1)
+                       rows=PRICED + (ZOO if HAS_ZOO else ()), runs=("rho_07", "full_mgda"),
+                       num_layers=1)
+
+
+@pytest.mark.skipif(not HAS_ZOO, reason="the zoo extra (torchjd) is not installed")
+def test_zoo_rows_count_on_a_preset_that_fills_masked_rewards(mid):
+    """bench_sd35m keeps the reference's r = 1/2 fill (exact_masking false), which a weighting
+    off the simplex refuses (it raised ConfigError here): the zoo's rows count with exact
+    masking, as every zoo preset trains, at the same FLOPs."""
+    rows = mid["rows"]
+    assert rows["zoo_upgrad"]["flops"] == rows["weighted_sum"]["flops"]
+    assert rows["zoo_upgrad_full"]["flops"] > 1.5 * rows["weighted_sum"]["flops"]
 
 
 def test_amortized_marble_costs_the_weighted_sum(mid):
@@ -56,7 +72,7 @@ def test_full_solve_passes_and_rho_07_whole_run_overhead(mid):
 
 
 def test_cadence_by_hand():
-    from marble.tools.bench_cadence import micro_step_kinds, run_overhead
+    from marble.balancers.cadence import micro_step_kinds, run_overhead
 
     cfg = load_config("rho_07", overrides=["train.max_steps=21"])
     kinds = micro_step_kinds(cfg)
@@ -103,7 +119,7 @@ def test_zoo_runs_are_priced_from_their_own_rows():
     """A tiny_zoo run has MARBLE's tiny cadence, each kind of micro-step priced from the
     weighting's rows (diagnostic ones from MARBLE's); gdpo runs the weighted sum's."""
     pytest.importorskip("torchjd")
-    from marble.tools.bench_cadence import run_overhead
+    from marble.balancers.cadence import run_overhead
 
     flops = {"weighted_sum": 1.0, "weighted_sum_diag": 2.0, "marble": 1.0, "marble_diag": 3.0,
              "mgda": 5.0, "mgda_diag": 6.0, "zoo_pcgrad": 1.0, "zoo_pcgrad_full": 5.0,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from marble import doctor
+from marble import doctor, doctor_slurm
 from marble.workflow import configs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,12 +100,12 @@ def test_slurm_settings_are_checked_against_sinfo_and_sacctmgr(tmp_path, monkeyp
     (root / "site.yaml").write_text(yaml.safe_dump({"cluster": {
         "partition": "cpu", "gpu_partition": "gpu", "gpu_type": "a100", "account": "nope"}}))
     config = doctor.load_workflow_config(["config.yaml", "site.yaml"], root)
-    rows = {r.name: r for r in doctor.slurm_rows(config)}
+    rows = {r.name: r for r in doctor_slurm.slurm_rows(config)}
     assert rows["slurm partition"].status == "ok" and rows["slurm gpu_partition"].status == "ok"
     assert rows["slurm gres"].status == "FAIL" and "gpu:a100" in rows["slurm gres"].detail
     assert rows["slurm account"].status == "FAIL" and "proj42" in rows["slurm account"].detail
     config["cluster"].update(gpu_type="h100", account=None, gpu_partition="nogpu")
-    rows = {r.name: r for r in doctor.slurm_rows(config)}
+    rows = {r.name: r for r in doctor_slurm.slurm_rows(config)}
     assert rows["slurm gpu_partition"].status == "FAIL"
     assert rows["slurm account"].status == "FAIL" and "proj42, team7" in rows["slurm account"].fix
 
@@ -174,7 +174,7 @@ def test_a_job_shape_the_partition_cannot_hold_is_named_with_slurms_reason(tmp_p
           'echo "sbatch: error: Batch job submission failed: Requested node configuration is '
           'not available" >&2; exit 1;; esac; echo "sbatch: Job 3 to start at now" >&2')
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
-    rows = {r.name: r for r in doctor.slurm_rows(_paper_site(tmp_path))}
+    rows = {r.name: r for r in doctor_slurm.slurm_rows(_paper_site(tmp_path))}
     train = rows["slurm fits train_run"]
     assert train.status == "FAIL" and "node configuration is not available" in train.detail
     assert "2 nodes x gpu:h100:8" in train.detail and "2880 min" in train.detail
@@ -188,7 +188,7 @@ def test_no_controller_is_a_warning_not_account_ok(tmp_path, monkeypatch):
     _stub(tmp_path, "sinfo", "exit 1")
     _stub(tmp_path, "scontrol", 'echo "Slurmctld(primary) at ctl is DOWN"; exit 1')
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
-    rows = doctor.slurm_rows(_paper_site(tmp_path))
+    rows = doctor_slurm.slurm_rows(_paper_site(tmp_path))
     assert [(r.name, r.status) for r in rows] == [("slurm controller", "warn")]
     assert "DOWN" in rows[0].detail
 
@@ -198,7 +198,7 @@ def test_unset_user_asks_sacctmgr_for_the_process_owner(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
     monkeypatch.delenv("USER", raising=False)
     monkeypatch.delenv("LOGNAME", raising=False)
-    row = doctor._account_row("proj42")
+    row = doctor_slurm.account_row("proj42")
     import getpass
     assert f"user={getpass.getuser()}" in (tmp_path / "bin/sacctmgr.args").read_text()
     assert row.status == "warn"  # sacctmgr failed: unknown, never "ok"

@@ -187,19 +187,22 @@ def tiny_text_encoders(clip_tok, t5_tok, widths=TINY_TEXT_WIDTHS):
     return clip(widths[0]), clip(widths[1]), T5EncoderModel(t5_cfg)
 
 
+TINY_VAE_CONFIG = dict(
+    in_channels=3, out_channels=3, latent_channels=16,
+    down_block_types=("DownEncoderBlock2D",) * 4,  # 3 downsamples: x8 like SD3
+    up_block_types=("UpDecoderBlock2D",) * 4,
+    # One norm group: with one group per channel the decoder's final GroupNorm pins
+    # every channel's mean, so image brightness could not respond to the latents at
+    # all (std 0.0007 over random latents); one group leaves it a range to learn in.
+    block_out_channels=(8, 8, 16, 16), layers_per_block=1, norm_num_groups=1,
+    scaling_factor=SD3_VAE_SCALING, shift_factor=SD3_VAE_SHIFT,
+    use_quant_conv=False, use_post_quant_conv=False)
+
+
 def _tiny_vae():
     from diffusers import AutoencoderKL
 
-    return AutoencoderKL(
-        in_channels=3, out_channels=3, latent_channels=16,
-        down_block_types=("DownEncoderBlock2D",) * 4,  # 3 downsamples: x8 like SD3
-        up_block_types=("UpDecoderBlock2D",) * 4,
-        # One norm group: with one group per channel the decoder's final GroupNorm pins
-        # every channel's mean, so image brightness could not respond to the latents at
-        # all (std 0.0007 over random latents); one group leaves it a range to learn in.
-        block_out_channels=(8, 8, 16, 16), layers_per_block=1, norm_num_groups=1,
-        scaling_factor=SD3_VAE_SCALING, shift_factor=SD3_VAE_SHIFT,
-        use_quant_conv=False, use_post_quant_conv=False)
+    return AutoencoderKL(**TINY_VAE_CONFIG)
 
 
 def build_tiny_pipeline(seed: int = 0, text_widths=TINY_TEXT_WIDTHS):

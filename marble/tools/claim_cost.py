@@ -4,7 +4,7 @@
         --model MODEL_DIR --out COST.json
 
 `marble bench flops --runs` prices presets; an arm is a preset plus overrides (N, the alpha
-EMA), so each arm's config is loaded here and `marble.tools.bench_cadence.run_overhead`
+EMA), so each arm's config is loaded here and `marble.balancers.cadence.run_overhead`
 counts its kinds of micro-step (solves, diagnostics) over its max_steps.
 """
 
@@ -16,7 +16,7 @@ import sys
 
 from marble.config import ConfigError, load_config
 from marble.runtime.io import write_json
-from marble.tools.bench_cadence import run_overhead
+from marble.balancers.cadence import run_overhead
 
 
 def arm_costs(arms: dict, row_flops: dict, model_dir: str) -> dict:

@@ -1,192 +1,202 @@
-"""What a plan costs before it runs: GPU-hours and wall time per paper table and in total.
+"""What a job costs before it runs: FLOPs from the counted table, time from a throughput.
 
-A run's wall time = max_steps x seconds per optimizer step x its balancer's slowdown; its
-GPU-hours = wall time x nodes x GPUs per node. The seconds per step come from, in order:
-1. `measured`: a run folder's own `time/step_s` (median), when the run trained before;
-2. `bench`: `marble bench step` at this preset's scale (same preset family and device kind):
-   the weighted sum's micro-step time x micro-steps per optimizer step, plus the rollout
-   (its share from the FLOP model below, the bench times no rollout);
-3. a documented default: on GPUs the FLOP model (H200 peak x an assumed utilisation), on the
-   CPU the measured tiny micro-step of docs (environment.md).
-Evaluation jobs are not counted (their length depends on eval.limit and the datasets).
+A job's GPU-hours = its FLOPs / one GPU's throughput (FLOP/s); its wall time = that / its GPUs.
+FLOPs (marble.workflow.flops: the table `marble bench flops`'s counting wrote, plus the
+estimates it names):
+- training, per process and optimizer step: sampling each rollout image, decoding it and
+  scoring it with the run's rewards; then every micro-step of the run's cadence
+  (marble.balancers.cadence: an amortized step costs exactly the weighted sum's row, a full
+  solve or a diagnostic step its own), over the steps after the newest checkpoint;
+- evaluation, per job: per sample the denoiser forwards (steps x CFG passes), the VAE
+  decode, the text encoders, every scorer and, where the dataset scores it, the
+  UnifiedReward judge, over the samples not yet in evaluation_results.jsonl;
+- checkpoint writes: their bytes at an assumed write rate (seconds, not FLOPs).
+Throughput, first found: the run's own `time/step_s` (a resumed run); `marble bench step`'s
+weighted-sum micro-step on this kind of device (results/bench/step.json: its counted FLOPs /
+its measured seconds); else the stated assumption (GPU: 40% of the peak, the MFU; CPU: the
+tiny micro-step measured in docs/environment.md).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from marble.config import grad_accumulation, training_timesteps
+from marble.config import load_config
+from marble.workflow import flops as wf_flops
+from marble.workflow.flops import lookup
 
-# NVIDIA H200 datasheet: 989 TFLOP/s dense FP16/BF16 tensor-core peak (the paper's GPUs).
-H200_PEAK_FLOPS = 989e12
-# An assumption, not a measurement: 40% model-FLOP utilisation for a 2 B DiT at 1024 tokens.
+# Dense FP16/BF16 tensor-core peaks (NVIDIA datasheets); the paper's GPUs are H200s.
+GPU_PEAKS = {"h200": 989e12, "h100": 989e12, "a100": 312e12}
+DEFAULT_GPU = "h200"
+# An assumption, not a measurement: 40% model-FLOP utilisation (MFU) for a 2 B DiT.
 ASSUMED_MFU = 0.40
-# SD3.5 Medium transformer parameters (measured, docs/environment.md, 2026-11-30).
-SD35M_PARAMS = 2.243e9
 # One tiny-preset micro-step on this project's 2-core CPUs (docs/environment.md: "one
 # DiffusionNFT LoRA step (batch 8, 16x32x32 latents): ~0.14 s").
 TINY_MICRO_STEP_S = 0.14
-# Forward-equivalents per trained sample and timestep: v_old and v_ref (no grad), v_theta,
-# and its backward (about one forward: LoRA skips the frozen weights' gradients).
-TRAIN_FORWARDS = 4
-# Slowdown vs the weighted sum when no bench measured it: the paper's relative speeds
-# (MARBLE project page, 8xH200): MARBLE amortized 0.97x, a full solve every step 0.56x.
-PUBLISHED_SLOWDOWN = {"weighted_sum": 1.0, "equal_alpha": 1.0, "marble": 1 / 0.97, "mgda": 1 / 0.56}
+# A checkpoint's bytes per LoRA parameter (marble.training.checkpoint_format): the EMA export
+# and the online + old adapters (fp32, 12 B), AdamW's two moments (8 B), the EMA state (4 B).
+CHECKPOINT_BYTES_PER_PARAM = 24
+# An assumption: a shared filesystem's sustained write rate for one job.
+CHECKPOINT_WRITE_BPS = 1e9
 
 
 @dataclass(frozen=True)
-class StepTime:
-    seconds: float  # per optimizer step, weighted-sum balancer
-    source: str
+class Throughput:
+    flops_per_s: float  # of one GPU, or of one CPU job
+    gpu: bool
+    source: str  # the sentence stating where the figure comes from
 
 
-@dataclass(frozen=True)
-class RunShape:
-    """What the estimate needs of a run's resolved config (marble.config.RunConfig)."""
-    max_steps: int
-    balancer: str
-    micro_steps: int  # grad_accumulation x T_train
-    rollout_forwards: int  # transformer forwards of one step's rollouts, per GPU
-    train_forwards: int  # forward-equivalents of one step's training, per GPU
-    tokens: int  # image tokens per sample (patch 2 on the x8 latent)
-    paper_scale: bool  # SD3.5M-sized (the FLOP model applies)
-
-
-def run_shape(cfg) -> RunShape:
-    """A RunShape from a marble.config.RunConfig."""
-    s, t = cfg.sampling, cfg.train
-    images = s.batch_size * s.num_batches_per_epoch  # per GPU (batch sizes are per process)
-    cfg_passes = 2 if (s.guidance_scale or 1.0) > 1.0 else 1
-    return RunShape(
-        max_steps=t.max_steps, balancer=cfg.balancer.method,
-        micro_steps=grad_accumulation(cfg) * training_timesteps(cfg),
-        rollout_forwards=images * s.num_steps * cfg_passes,
-        train_forwards=images * training_timesteps(cfg) * TRAIN_FORWARDS,
-        tokens=(s.resolution // 16) ** 2,
-        paper_scale="stable-diffusion-3.5" in str(cfg.model.path) or "sd35m" in str(cfg.model.path))
-
-
-def rollout_share(shape: RunShape) -> float:
-    """Rollout work over training work in one step (the bench times training only)."""
-    return shape.rollout_forwards / shape.train_forwards
-
-
-def default_step_time(shape: RunShape, gpus: int) -> StepTime:
-    """The FLOP model on GPUs, the measured tiny micro-step on the CPU."""
-    if gpus and shape.paper_scale:
-        flops = 2 * SD35M_PARAMS * shape.tokens * (shape.rollout_forwards + shape.train_forwards)
-        seconds = flops / (H200_PEAK_FLOPS * ASSUMED_MFU)
-        return StepTime(seconds, f"default: FLOP model, {flops:.2g} FLOP/GPU/step at "
-                        f"{ASSUMED_MFU:.0%} of an H200's {H200_PEAK_FLOPS / 1e12:.0f} TFLOP/s "
-                        "(an assumption: measure with `marble bench step`)")
-    seconds = TINY_MICRO_STEP_S * shape.micro_steps * (1 + rollout_share(shape))
-    return StepTime(seconds, f"default: {TINY_MICRO_STEP_S} s per micro-step x "
-                    f"{shape.micro_steps} (+ rollout), docs/environment.md")
-
-
-def bench_step_time(shape: RunShape, bench: dict | None, gpus: int) -> StepTime | None:
-    """From `marble bench step` JSON, when it ran at this run's scale on this kind of device."""
-    if not bench:
+def _bench_flops_per_s(bench: dict | None, table: dict, gpu: bool) -> tuple[float | None, str] | None:
+    """(counted FLOPs of the bench's weighted-sum micro-step / its measured median seconds, how),
+    or (None, why not) for a bench of this kind of device that cannot be used; None when the
+    bench ran on the other kind of device (or there is none)."""
+    if not bench or str(bench.get("device", "")).startswith("cuda") != gpu:
         return None
-    on_gpu = str(bench.get("device", "")).startswith("cuda")
-    same_scale = str(bench.get("preset", "")).startswith("bench_sd35m") == shape.paper_scale
-    micro = ((bench.get("balancers") or {}).get("weighted_sum") or {}).get("step_s")
-    if not isinstance(micro, (int, float)) or on_gpu != bool(gpus) or not same_scale:
-        return None
-    seconds = micro * shape.micro_steps * (1 + rollout_share(shape))
-    return StepTime(seconds, f"bench: {micro:.3g} s per micro-step x {shape.micro_steps} "
-                    f"(+ rollout) on {bench.get('gpu') or bench.get('device')}")
+    seconds = ((bench.get("balancers") or {}).get("weighted_sum") or {}).get("step_s")
+    if not isinstance(seconds, (int, float)) or seconds <= 0:
+        return None, "the bench JSON has no weighted_sum step_s"
+    mp = bench.get("mixed_precision")  # as the bench ran it (a --set may change the preset's)
+    try:  # quoted: YAML would read a bare `no` as false
+        cfg = load_config(str(bench.get("preset")), overrides=[f'model.mixed_precision="{mp}"'] if mp else [])
+        row = lookup(table, "micro_step", wf_flops.micro_key(cfg))
+    except (ValueError, wf_flops.Missing) as exc:  # an unknown preset, or a shape not counted
+        return None, f"the bench's shape is not usable ({exc})"
+    where = bench.get("gpu") or bench.get("device")
+    return row["rows"]["weighted_sum"] / seconds, (
+        f"`marble bench step --preset {bench['preset']}` on {where}: "
+        f"{row['rows']['weighted_sum'] / 1e12:.4g} TFLOP counted per weighted-sum micro-step "
+        f"in {seconds:.3g} s")
 
 
-def slowdown(balancer: str, bench: dict | None) -> float:
-    """Time per step vs the weighted sum: the bench's MARBLE-run / full-solve ratio when the
-    bench is given, else the paper's relative speeds."""
-    ratios = (bench or {}).get("ratios") or {}
-    run = ((bench or {}).get("marble_run") or {}).get("retain") or {}
-    measured = {"marble": run.get("time"), "mgda": (ratios.get("mgda") or {}).get("time")}
-    value = measured.get(balancer)
-    if isinstance(value, (int, float)) and value > 0:
-        return float(value)
-    return PUBLISHED_SLOWDOWN.get(balancer, 1.0)
+def gpu_throughput(bench: dict | None, table: dict, gpu_type: str | None = None) -> Throughput:
+    """The measured GPU figure when the bench ran on a GPU, else the assumed MFU of the peak."""
+    name = (gpu_type or DEFAULT_GPU).lower()
+    peak = GPU_PEAKS.get(name, GPU_PEAKS[DEFAULT_GPU])
+    label = f"{name.upper()}'s {peak / 1e12:.0f} TFLOP/s peak" if name in GPU_PEAKS else \
+        f"an H200's {peak / 1e12:.0f} TFLOP/s peak ({gpu_type}: no datasheet figure here)"
+    rate, how = _bench_flops_per_s(bench, table, gpu=True) or (None, "")
+    if rate:
+        return Throughput(rate, True, f"measured, {how}: {rate / 1e12:.0f} TFLOP/s per GPU, "
+                          f"{rate / peak:.0%} of {label}")
+    return Throughput(peak * ASSUMED_MFU, True,
+                      f"assumed: {ASSUMED_MFU:.0%} utilisation (MFU) of {label} = "
+                      f"{peak * ASSUMED_MFU / 1e12:.0f} TFLOP/s per GPU (an assumption: a GPU "
+                      "bench, `marble bench step --preset bench_sd35m` -> results/bench/step.json, "
+                      "replaces it" + (f"; the GPU bench found is not used: {how}" if how else "") + ")")
+
+
+def cpu_throughput(bench: dict | None, table: dict) -> Throughput:
+    """The CPU bench's figure, else the tiny micro-step measured in docs/environment.md."""
+    measured, how = _bench_flops_per_s(bench, table, gpu=False) or (None, "")
+    if measured:
+        return Throughput(measured, False, f"measured, {how}: {measured / 1e9:.3g} GFLOP/s per job")
+    tiny = lookup(table, "micro_step", wf_flops.micro_key(load_config("tiny")))
+    rate = tiny["rows"]["weighted_sum"] / TINY_MICRO_STEP_S
+    return Throughput(rate, False, f"docs/environment.md's tiny micro-step, {TINY_MICRO_STEP_S} s "
+                      f"for {tiny['rows']['weighted_sum'] / 1e9:.3g} GFLOP counted: "
+                      f"{rate / 1e9:.3g} GFLOP/s per job"
+                      + (f" (the CPU bench found is not used: {how})" if how else ""))
 
 
 @dataclass(frozen=True)
-class RunCost:
-    run: str
+class JobCost:
+    """One job: FLOPs per part (all its processes together), on `gpus` GPUs (0: a CPU job)."""
+
+    rule: str
+    name: str
+    flops: dict[str, float]
     gpus: int
-    wall_h: float
-    step: StepTime
+    throughput: Throughput
+    processes: int = 1  # processes sharing the work (wall time = the share of one)
+    extra_s: float = 0.0  # wall seconds that are not FLOPs (checkpoint writes)
+    detail: dict = field(default_factory=dict)
+
+    @property
+    def total_flops(self) -> float:
+        return sum(self.flops.values())
+
+    @property
+    def compute_s(self) -> float:
+        """Seconds of one processor's work for all FLOPs (GPU-seconds on a GPU)."""
+        return self.total_flops / self.throughput.flops_per_s
+
+    @property
+    def wall_h(self) -> float:
+        return (self.compute_s / max(self.processes, 1) + self.extra_s) / 3600
 
     @property
     def gpu_h(self) -> float:
-        return self.wall_h * self.gpus
+        return self.wall_h * self.gpus if self.gpus else 0.0
 
 
-def run_cost(name: str, shape: RunShape, geometry: tuple[int, int], bench: dict | None = None,
-             measured_step_s: float | None = None) -> RunCost:
-    """The estimate for one run; geometry = (nodes, GPUs per node)."""
-    gpus = geometry[0] * geometry[1]
-    if measured_step_s:
-        step = StepTime(measured_step_s, "measured: the run's own time/step_s (median)")
-        factor = 1.0  # already this balancer's time
-    else:
-        step = bench_step_time(shape, bench, gpus) or default_step_time(shape, gpus)
-        factor = slowdown(shape.balancer, bench)
-    return RunCost(name, gpus, shape.max_steps * step.seconds * factor / 3600, step)
+def rollout_flops(cfg, table: dict) -> dict[str, float]:
+    """One process's rollout of one optimizer step: sampling, VAE decode, scoring."""
+    s = cfg.sampling
+    images = s.batch_size * s.num_batches_per_epoch  # per process (batch sizes are per process)
+    vae = wf_flops.ARCHS[wf_flops.training_arch(cfg.model.path)].vae
+    return {"rollout sampling": images * lookup(table, "rollout", wf_flops.rollout_key(cfg))["flops"],
+            "rollout decode": images * lookup(table, "vae_decode",
+                                              wf_flops.vae_key(vae, s.resolution))["flops"],
+            "rollout scoring": images * sum(wf_flops.scorer_flops(n) for n in cfg.reward_names)}
 
 
-OTHER = "other runs"  # configured runs in no paper table (`all` trains them too)
+def _stage_scoring(cfg, from_step: int) -> float | None:
+    """Scoring FLOPs per image summed over the remaining steps of a staged run (each stage
+    scores its own rewards), or None for an unstaged run."""
+    if not cfg.stages:
+        return None
+    total, start = 0.0, 0
+    for stage in cfg.stages:
+        steps = max(0, start + stage.steps - max(from_step, start))
+        total += steps * sum(wf_flops.scorer_flops(n) for n in stage.rewards or cfg.reward_names)
+        start += stage.steps
+    return total
 
 
-def _total(names: list[str], costs: dict[str, RunCost]) -> dict:
-    return {"runs": names, "gpu_h": sum(costs[n].gpu_h for n in names),
-            "wall_h_parallel": max((costs[n].wall_h for n in names), default=0.0),
-            "wall_h_serial": sum(costs[n].wall_h for n in names)}
+def training_flops(cfg, table: dict, from_step: int = 0) -> dict[str, float]:
+    """One process's FLOPs for the optimizer steps `from_step`..max_steps of run `cfg`."""
+    from marble.balancers.cadence import run_overhead
+
+    steps = max(0, cfg.train.max_steps - from_step)
+    parts = {k: steps * v for k, v in rollout_flops(cfg, table).items()}
+    staged = _stage_scoring(cfg, from_step)
+    if staged is not None:
+        s = cfg.sampling
+        parts["rollout scoring"] = staged * s.batch_size * s.num_batches_per_epoch
+    rows = lookup(table, "micro_step", wf_flops.micro_key(cfg))["rows"]
+    try:
+        parts["micro-steps"] = run_overhead(cfg, rows, from_step)["flops"]
+    except KeyError as exc:  # the cadence needs a row the table has not counted
+        raise wf_flops.Missing(str(exc.args[0])) from None
+    return parts
 
 
-def plan_cost(by_table: dict[str, list[str]], costs: dict[str, RunCost]) -> dict:
-    """Per table, the paper tables' total and everything configured (each run once,
-    however many tables it is in)."""
-    tables = {}
-    for table, names in by_table.items():
-        rows = [costs[n] for n in names]
-        tables[table] = {"runs": names, "gpus_per_run": max((c.gpus for c in rows), default=0),
-                         "wall_h": max((c.wall_h for c in rows), default=0.0),
-                         "gpu_h": sum(c.gpu_h for c in rows)}
-    def unique(keep):
-        return list(dict.fromkeys(n for t, names in by_table.items() if keep(t) for n in names))
-    return {"tables": tables, "total": _total(unique(lambda t: t != OTHER), costs),
-            "all_configured": _total(unique(lambda t: True), costs)}
+def checkpoint_seconds(cfg, table: dict, from_step: int = 0) -> tuple[float, int, float]:
+    """(seconds, checkpoints, GB each) of the checkpoint writes after `from_step`."""
+    t = cfg.train
+    lora = lookup(table, "micro_step", wf_flops.micro_key(cfg))["lora_params"]
+    count = len({s for s in range(from_step + 1, t.max_steps + 1) if s % t.save_every == 0}
+                | ({t.max_steps} if t.max_steps > from_step else set()))
+    size = lora * CHECKPOINT_BYTES_PER_PARAM
+    return count * size / CHECKPOINT_WRITE_BPS, count, size / 1e9
 
 
-def duration(hours: float) -> str:
-    """1.5 h, 12 min or 40 s: a tiny run's minutes stay readable beside a paper run's hours."""
-    if hours >= 1:
-        return f"{hours:.1f} h"
-    return f"{hours * 60:.1f} min" if hours * 60 >= 1 else f"{hours * 3600:.0f} s"
-
-
-def format_plan(plan: dict, costs: dict[str, RunCost], bench_note: str = "") -> str:
-    """The lines a dry run prints: "rho_ablation: 5 runs x 16 GPUs x 28.9 h = 2312 GPU-h"."""
-    lines = ["Plan (training only; evaluation jobs not counted):"]
-    for table, t in plan["tables"].items():
-        if not t["runs"]:
-            lines.append(f"  {table}: no training run" + (f" ({bench_note})" if table == "cost"
-                                                          and bench_note else ""))
-            continue
-        where = f"{t['gpus_per_run']} GPUs" if t["gpus_per_run"] else "CPU (no GPU)"
-        lines.append(f"  {table}: {len(t['runs'])} runs x {where} x {duration(t['wall_h'])} "
-                     f"= {t['gpu_h']:.0f} GPU-h ({', '.join(t['runs'])})")
-    for label, key in (("paper tables, each run once", "total"),
-                       ("every configured run (`all`)", "all_configured")):
-        total = plan[key]
-        if key == "all_configured" and total["runs"] == plan["total"]["runs"]:
-            continue
-        lines.append(f"  {label}: {len(total['runs'])} runs, {total['gpu_h']:.0f} GPU-h; "
-                     f"wall {duration(total['wall_h_parallel'])} side by side, "
-                     f"{duration(total['wall_h_serial'])} one after another")
-    for source in dict.fromkeys(c.step.source for c in costs.values()):
-        per = [c for c in costs.values() if c.step.source == source]
-        lines.append(f"  step time {per[0].step.seconds:.3g} s ({source}): "
-                     + ", ".join(c.run for c in per))
-    return "\n".join(lines)
+def eval_flops(row: dict, dataset: str, samples: int, mode: str, rewards: list[str],
+               table: dict) -> dict[str, float]:
+    """One evaluation job's FLOPs (`row`: marble.workflow.evaluation.row_protocol)."""
+    arch = wf_flops.eval_arch(row, mode)
+    spec, res = wf_flops.ARCHS[arch], row.get("resolution")
+    if not res:
+        raise wf_flops.Missing(f"eval row at the model's default resolution ({arch})")
+    passes = 2 if spec.cfg_doubles and (row.get("guidance_scale") or 1.0) > 1.0 else 1
+    forward = lookup(table, "forward", wf_flops.forward_key(arch, res, spec.eval_text_tokens))
+    parts = {
+        "generation": samples * row["num_inference_steps"] * passes * forward["flops"],
+        "VAE decode": samples * lookup(table, "vae_decode", wf_flops.vae_key(spec.vae, res))["flops"],
+        "text encoders": samples * sum(lookup(table, "encoder", e)["flops"] for e in spec.encoders),
+        "scoring": samples * sum(wf_flops.scorer_flops(r) for r in rewards if r != wf_flops.JUDGE),
+    }
+    if wf_flops.JUDGE in rewards:
+        parts["judge"] = samples * wf_flops.JUDGE_FLOPS
+    return parts

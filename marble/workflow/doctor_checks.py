@@ -8,6 +8,7 @@ import shlex
 import subprocess
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -19,6 +20,20 @@ from marble.evaluation.datasets import DEFAULT_REWARDS
 from marble.runtime.io import sha256_file
 from marble.workflow.evaluation import HUB_MODEL_DIR, hub_models
 from marble.workflow.runs import configured
+
+# A row of the doctor's table and its statuses (marble.doctor and marble.doctor_slurm build them).
+OK, FAIL, WARN, SKIP = "ok", "FAIL", "warn", "skip"
+
+
+@dataclass
+class Check:
+    """One row of the table."""
+
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
 
 # The import names each scorer needs beyond torch (its own module imports lazily), and the
 # environment (docs/cluster.md, workflow/envs/) that provides them.

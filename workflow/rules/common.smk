@@ -286,13 +286,14 @@ def table1_files():
     return list(rules.table1.output or rules.table1.input)
 
 
-# A dry run (`snakemake -n ...`) prints what the plan costs before anything is submitted.
+# A dry run (`snakemake -n ...`) prints what its jobs cost before anything is submitted: the
+# jobs Snakemake lists (this target's, unfinished), priced when it closes its log.
 if wf_plan.is_dry_run(sys.argv[1:]):
-    from marble.workflow.plan_cli import plan_text
+    from snakemake.logging import logger as _smk_logger
 
-    _bench = Path("results/bench/step.json")
-    _measured = json.loads(_bench.read_text()) if _bench.is_file() else None
-    print(plan_text(config, _measured, Path("results/runs")), file=sys.stderr)
+    from marble.workflow import plan_log
+
+    plan_log.attach(_smk_logger, config, Path.cwd())
     # An unpinned hub reference (PIN-A-COMMIT, @main) fails its fetch and the preflight.
     from marble.workflow.doctor_checks import unpinned_hub_references
 

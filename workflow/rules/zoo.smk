@@ -23,7 +23,7 @@ ZOO = {
 ZOO_DIR = wf_claim.ZOO_DIR
 ZOO_RUNS = wf_claim.runs(ZOO)
 ZOO_ARMS = wf_claim.arms(ZOO)
-# the bench rows that price every zoo arm (marble.tools.bench_cadence.kind_row)
+# the bench rows that price every zoo arm (marble.balancers.cadence.kind_row)
 ZOO_ROWS = ",".join(
     [
         "weighted_sum",

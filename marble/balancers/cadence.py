@@ -3,7 +3,8 @@
 A run of `max_steps` optimizer steps has M = grad_accumulation x T_train micro-steps per
 step. The real strategy objects decide, as in training, whether each one is a full solve
 and whether it runs diagnostics; `micro_step_kinds` counts the kinds, which `marble bench
-flops` prices with the counted FLOPs of one micro-step of each kind.
+flops` and the workflow's GPU-hour plan (marble.workflow.cost) price with the counted FLOPs
+of one micro-step of each kind.
 """
 
 from __future__ import annotations
@@ -13,17 +14,31 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from marble.balancers import build_balancer
+from marble.balancers.advantage_level import ADVANTAGE_LEVEL
+from marble.config import grad_accumulation, training_timesteps
+
 __all__ = ["micro_step_kinds", "kind_row", "run_overhead"]
 
 
-def micro_step_kinds(cfg) -> Counter:
-    """Counter of (full_solve, diagnostics) over every micro-step of the run `cfg`."""
-    from marble.balancers import build_balancer
-    from marble.config import grad_accumulation, training_timesteps
+# Runs with the same balancer settings, rewards and length have the same cadence (seeds of one
+# arm, a plan's runs): each is walked once per process (~0.4 s for a 1000-step paper run).
+_KINDS: dict[tuple, Counter] = {}
 
+
+def micro_step_kinds(cfg, from_step: int = 0) -> Counter:
+    """Counter of (full_solve, diagnostics) over every micro-step of the run `cfg`; with
+    `from_step`, of the steps from there on (a resumed run: the schedule still starts at 0)."""
+    per_step = grad_accumulation(cfg) * training_timesteps(cfg)
+    key = (repr(cfg.balancer), tuple(cfg.reward_names), cfg.train.max_steps, per_step, from_step)
+    if key not in _KINDS:
+        _KINDS[key] = _walk(cfg, per_step, from_step)
+    return Counter(_KINDS[key])
+
+
+def _walk(cfg, per_step: int, from_step: int) -> Counter:
     bal = build_balancer(cfg.balancer, cfg.reward_names)
     k = len(cfg.reward_names)
-    per_step = grad_accumulation(cfg) * training_timesteps(cfg)
     kinds: Counter = Counter()
     for global_step in range(cfg.train.max_steps):
         for micro in range(per_step):
@@ -31,7 +46,9 @@ def micro_step_kinds(cfg) -> Counter:
             full = bal.wants_full_solve(step)
             if full:  # the solve's bookkeeping: the cache and `last_full` move on
                 bal.solved(step, np.full(k, 1.0 / k), np.ones(k, bool), {})
-            kinds[(full, bal.wants_diagnostics(step))] += 1
+            kind = (full, bal.wants_diagnostics(step))
+            if global_step >= from_step:
+                kinds[kind] += 1
     return kinds
 
 
@@ -40,8 +57,6 @@ def kind_row(method: str, full_solve_mode: str, full: bool, diagnostics: bool,
     """The `marble bench flops` row that prices a micro-step of this kind. A zoo balancer's
     plain micro-steps have rows of their own; its diagnostic ones run the same passes as
     MARBLE's (gramian) or the weighted sum's (gdpo, reward_sum)."""
-    from marble.balancers.advantage_level import ADVANTAGE_LEVEL
-
     if method == "gramian" and not diagnostics and not (full and full_solve_mode != "retain"):
         return f"zoo_{weighting}_full" if full else f"zoo_{weighting}"
     if method in ADVANTAGE_LEVEL:
@@ -53,10 +68,10 @@ def kind_row(method: str, full_solve_mode: str, full: bool, diagnostics: bool,
     return base + ("_diag" if diagnostics else "")
 
 
-def run_overhead(cfg, row_flops: dict[str, float]) -> dict:
-    """Whole-run FLOPs of `cfg`'s cadence over its max_steps, relative to a weighted-sum
-    run of the same length without diagnostics (`overhead` = ratio - 1)."""
-    kinds = micro_step_kinds(cfg)
+def run_overhead(cfg, row_flops: dict[str, float], from_step: int = 0) -> dict:
+    """Whole-run FLOPs of `cfg`'s cadence over its max_steps (from `from_step` on), relative
+    to a weighted-sum run of the same length without diagnostics (`overhead` = ratio - 1)."""
+    kinds = micro_step_kinds(cfg, from_step)
     method, mode, weighting = cfg.balancer.method, cfg.balancer.full_solve, cfg.balancer.weighting
     missing = {kind_row(method, mode, *kind, weighting) for kind in kinds} - set(row_flops)
     if missing:
@@ -65,8 +80,9 @@ def run_overhead(cfg, row_flops: dict[str, float]) -> dict:
                 for (full, diag), n in kinds.items())
     micro_steps = sum(kinds.values())
     base = micro_steps * row_flops["weighted_sum"]
+    ratio = total / base if base else 1.0  # nothing left to train: no overhead either
     return {"preset": cfg.preset, "method": method, "full_solve": mode,
             "max_steps": cfg.train.max_steps, "micro_steps": micro_steps,
             "full_solves": sum(n for (full, _), n in kinds.items() if full),
             "diagnostic_micro_steps": sum(n for (_, diag), n in kinds.items() if diag),
-            "flops": total, "ratio": total / base, "overhead": total / base - 1.0}
+            "flops": total, "ratio": ratio, "overhead": ratio - 1.0}

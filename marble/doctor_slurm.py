@@ -1,0 +1,89 @@
+"""`marble doctor`'s SLURM rows: partitions, GPU type, whether each job shape fits, account.
+
+Asked of the cluster itself (sinfo, `sbatch --test-only` with each job's own options,
+sacctmgr); with no controller answering, a warning, never "ok". Split from marble.doctor
+(which builds the whole table) so each file stays one concern under the house size limit.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+from marble.workflow import doctor_checks as checks
+from marble.workflow import slurm_capacity as capacity
+from marble.workflow.doctor_checks import FAIL, OK, SKIP, WARN, Check
+
+__all__ = ["LOCAL_JOBS_ENV", "local_rows", "slurm_rows", "capacity_rows", "account_row"]
+
+LOCAL_JOBS_ENV = "MARBLE_LOCAL_JOBS"
+
+
+def local_rows() -> list[Check]:
+    return [Check("slurm", SKIP, f"jobs run on this machine (--local-jobs / {LOCAL_JOBS_ENV}=1): nothing is submitted")]
+
+
+def slurm_rows(config: dict) -> list[Check]:
+    cluster = config.get("cluster") or {}
+    if not shutil.which("sinfo"):
+        return [Check("slurm", SKIP, "no sinfo here: cluster: not checked")]
+    ping = checks.run_probe(["scontrol", "ping"])
+    if ping is None or ping.returncode != 0 or "UP" not in ping.stdout:
+        # Not "ok": nothing about partitions, capacity or accounts is known.
+        detail = (ping.stdout or ping.stderr).strip().splitlines()[:1] if ping else ["no scontrol"]
+        return [Check("slurm controller", WARN, f"no controller answers ({' '.join(detail)}): "
+                      "partitions, job shapes and account not checked",
+                      "run the doctor where `scontrol ping` says UP (the login node)")]
+    rows = []
+    for key in ("partition", "gpu_partition"):
+        part = cluster.get(key)
+        if part:
+            found = checks.run_out(["sinfo", "-h", "-p", part, "-o", "%P %G"])
+            rows.append(Check(f"slurm {key}", OK if found else FAIL, f"{part}: {found or 'unknown'}",
+                              "" if found else f"`sinfo -s` lists the partitions; set cluster.{key}"))
+    gpu_type, gpu_part = cluster.get("gpu_type"), cluster.get("gpu_partition") or cluster.get("partition")
+    if gpu_type and checks.wants_gpu(config):
+        gres = checks.run_out(["sinfo", "-h", *(["-p", gpu_part] if gpu_part else []), "-o", "%G"])
+        ok = f"gpu:{gpu_type}" in gres
+        rows.append(Check("slurm gres", OK if ok else FAIL, f"gpu:{gpu_type} in {gres.split() or 'nothing'}",
+                          "" if ok else "set cluster.gpu_type to a type `sinfo -o %G` shows"))
+    rows.extend(capacity_rows(config))
+    rows.append(account_row(cluster.get("account")))
+    return rows
+
+
+def capacity_rows(config: dict) -> list[Check]:
+    """Every job shape the workflow submits, asked of SLURM with `sbatch --test-only`."""
+    rows = []
+    for name, res in capacity.job_shapes(config).items():
+        proc = checks.run_probe(capacity.test_only_args(res))
+        if proc is None:
+            rows.append(Check(f"slurm fits {name}", WARN, "sbatch --test-only did not answer"))
+            continue
+        fits, words = capacity.test_only_verdict(proc.returncode, proc.stderr + proc.stdout)
+        rows.append(Check(f"slurm fits {name}", OK if fits else FAIL,
+                          f"{capacity.describe(res)}: {words}",
+                          "" if fits else f"`sinfo -p <partition> -o '%D %c %m %G %l'` shows what a "
+                          f"partition holds; shrink the job ({capacity.SHAPE_KEYS[name]}) or use a partition "
+                          "that holds it (cluster.gpu_partition)"))
+    return rows
+
+
+def account_row(account: str | None) -> Check:
+    user = capacity.slurm_user()
+    proc = checks.run_probe(["sacctmgr", "-nP", "show", "assoc", f"user={user}", "format=account"])
+    if proc is None or proc.returncode != 0:
+        # No accounting daemon (or no sacctmgr): unknown, not "ok".
+        return Check("slurm account", WARN, f"{account or 'none set'}: sacctmgr cannot answer for "
+                     f"{user}", "ask the site which account to use (cluster.account)")
+    known = proc.stdout.split()
+    if account is None and known:
+        # The plugin would guess one from sacct, and 2.8's guess is broken (it passes the
+        # pipe of its command line as an argument): name it.
+        return Check("slurm account", FAIL, "cluster.account is null (the plugin's guess is broken)",
+                     f"set cluster.account to one of {', '.join(sorted(set(known)))}")
+    if account is None:
+        return Check("slurm account", OK, f"none needed (sacctmgr lists no account for {user})")
+    if known and account not in known:
+        return Check("slurm account", FAIL, f"{account} not among {user}'s accounts {sorted(set(known))}",
+                     "set cluster.account to one of them")
+    return Check("slurm account", OK, account + ("" if known else " (sacctmgr lists no association)"))
