@@ -73,6 +73,7 @@ _DUE = wf_preflight.prepare_gate(
     PREFLIGHT_REQUEST,
     config,
     execute=wf_preflight.executes(sys.argv[1:], wf_plan.is_dry_run(sys.argv[1:])),
+    configfiles=workflow.config_settings.configfiles or [],
 )
 if _DUE and wf_plan.is_dry_run(sys.argv[1:]):
     print(f"preflight: marble doctor runs first ({_DUE})", file=sys.stderr)
@@ -89,10 +90,10 @@ checkpoint preflight:
     priority: 1000
     conda:
         "workflow/envs/marble.yaml"  # relative to this file (MARBLE_ENV is to common.smk)
-    params:
-        configfiles=wf_runs.doctor_args(workflow.config_settings.configfiles),
+    # The doctor reads the snapshot (the resolved config and the --configfile list): no params,
+    # whose change would be a rerun trigger even in a dry run (marble.workflow.preflight).
     shell:
-        "marble doctor --downloads-pending {params.configfiles} > {output:q} 2> {log:q}"
+        "marble doctor --downloads-pending --snapshot {input.config:q} > {output:q} 2> {log:q}"
         " || {{ cat {output:q} {log:q}; exit 1; }}; cat {output:q}"
 
 

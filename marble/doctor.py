@@ -33,6 +33,7 @@ from marble.workflow import hub_lock
 from marble.workflow import slurm_capacity as capacity
 from marble.workflow.doctor_checks import FAIL, OK, SKIP, WARN, Check
 from marble.doctor_slurm import LOCAL_JOBS_ENV, local_rows, slurm_rows
+from marble.workflow.preflight import read_snapshot
 
 __all__ = ["Check", "OK", "FAIL", "WARN", "SKIP", "main", "run_checks", "render"]
 
@@ -324,6 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="marble doctor", description=__doc__.split("\n\n")[0])
     p.add_argument("--configfile", nargs="+", default=[], metavar="FILE",
                    help="workflow config file(s), merged in order (default: config.yaml)")
+    p.add_argument("--snapshot", type=Path, default=None, metavar="FILE",
+                   help="the workflow's resolved config and --configfile list (the preflight rule's "
+                        "results/preflight.config.json), instead of reading --configfile")
     p.add_argument("--root", type=Path, default=Path.cwd(), help="the workflow folder")
     p.add_argument("--downloads-pending", action="store_true",
                    help="missing model/reward files are still to be downloaded (a warning)")
@@ -331,7 +335,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="the workflow runs its jobs here (no SLURM submission): SLURM is not checked; "
                         f"also {LOCAL_JOBS_ENV}=1 (the preflight rule's doctor reads it)")
     args = p.parse_args(argv)
-    config = load_workflow_config(args.configfile, args.root)
+    if args.snapshot is not None:  # what Snakemake resolved and validated, --config included
+        try:
+            config, args.configfile = read_snapshot(args.snapshot)
+        except ValueError as exc:
+            raise SystemExit(f"marble doctor: error: {exc}") from None
+    else:
+        config = load_workflow_config(args.configfile, args.root)
     # The preflight rule cannot know the executor when its command is formed (a params function
     # would change between the dry run and the run and rerun it): a local-only harness says so.
     local_jobs = args.local_jobs or os.environ.get(LOCAL_JOBS_ENV) == "1"

@@ -23,3 +23,17 @@ def test_neutral_keys_may_change_others_are_named_with_both_values(tmp_path):
     assert "train.lr: 123.0 in the run folder" in message and "train.max_steps:" not in message
     # the message names exactly the keys that may change (README lists the same set)
     assert all(key in message for key in RESULT_NEUTRAL_KEYS)
+
+
+def test_a_folder_written_before_a_key_existed_resumes_at_its_default_only():
+    """A key added to marble after the run folder was written: its default is the behaviour
+    the folder had (the rule for adding keys), so asking for the default resumes; asking for
+    anything else is a config change, named."""
+    from marble.config import load_config, to_dict
+    from marble.training.run_dir import config_differences
+
+    old = to_dict(load_config("tiny"))
+    del old["sampling"]["eval_solver"], old["train"]["eval_images_per_prompt"]  # keys of 2026-12-02
+    assert config_differences(old, to_dict(load_config("tiny"))) == []
+    changed = to_dict(load_config("tiny", overrides=["train.eval_images_per_prompt=2"]))
+    assert config_differences(old, changed) == ["train.eval_images_per_prompt"]

@@ -239,12 +239,6 @@ def test_dvc_sync_touches_upstream_and_the_current_prefix_only():
     assert dvc_sync.current_prefix(targets, dvc_sync.changed_stages("{}")) == list(targets.values())
 
 
-def test_doctor_args_follow_the_configfiles():
-    assert runs.doctor_args([]) == ""
-    assert shlex.split(runs.doctor_args(["config/paper.yaml", "my site.yaml"])) == [
-        "--configfile", "config/paper.yaml", "my site.yaml"]
-
-
 def test_a_nulled_row_is_dropped_not_evaluated_as_a_folder_named_none():
     """An overlay cannot delete a key (Snakemake merges --configfile dicts), so
     `eval.checkpoints.<row>: null` / `runs.<name>: null` drop a row."""

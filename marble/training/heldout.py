@@ -31,28 +31,12 @@ from marble.models.lora import use_adapter
 from marble.models.sampling import sample_latents, sigma_schedule
 from marble.runtime import distributed as dist
 from marble.runtime.seeds import keyed_generator
+from marble.training.heldout_schedule import due, heldout_items, heldout_rows
 from marble.training.rollout import RewardScorer, applicable_mask, table_masks
 
+__all__ = ["HeldoutEvaluator", "due", "eval_record", "heldout_items", "heldout_rows"]
+
 STREAM_HELDOUT = 7  # the stream of the held-out images' latents (1-3: rollout.py, 4-6: seeds.py)
-
-
-def heldout_rows(n_rows: int, max_prompts: int | None) -> list[int]:
-    """The test rows evaluated: all, or `max_prompts` evenly spaced ones (first row kept),
-    so a cap still spans every source of a table sorted by source."""
-    if max_prompts is None or max_prompts >= n_rows:
-        return list(range(n_rows))
-    return sorted({int(i * n_rows / max_prompts) for i in range(max_prompts)})
-
-
-def heldout_items(rows: list[int], images_per_prompt: int, rank: int, world: int) -> list[tuple]:
-    """This rank's (row, repeat) pairs: the global list dealt round-robin over the ranks."""
-    items = [(r, j) for r in rows for j in range(images_per_prompt)]
-    return items[rank::world]
-
-
-def due(step: int, every: int, max_steps: int) -> bool:
-    """Evaluate at step 0, every `every` steps and at the last step (never when every = 0)."""
-    return every > 0 and (step % every == 0 or step == max_steps)
 
 
 def eval_record(names: list[str], totals: torch.Tensor) -> dict:

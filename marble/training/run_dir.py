@@ -52,11 +52,23 @@ def comparable(key: str, value):
     return value
 
 
+def _defaults() -> dict:
+    """Every key's default, flat (marble.config's dataclasses)."""
+    return flat_config(yaml.safe_load(dump_yaml(RunConfig())))
+
+
 def config_differences(saved: dict, wanted: dict, by_content: frozenset = frozenset()) -> list[str]:
     """Keys (dotted) whose values differ and that change the result. `by_content`: path
     keys whose content the run folder's inputs.json records (marble.training.inputs
-    compares those by fingerprint, so a moved or copied project resumes)."""
+    compares those by fingerprint, so a moved or copied project resumes).
+
+    A key the run folder's config.yaml lacks was added to marble after the folder was
+    written; a new key's default is the behaviour before it (the rule for adding one), so
+    the folder holds the default and a run asking for the default resumes it."""
     a, b = flat_config(saved), flat_config(wanted)
+    if set(b) - set(a):
+        defaults = _defaults()
+        a.update({k: defaults[k] for k in set(b) - set(a) if k in defaults})
     keys = sorted(set(a) | set(b))
     return [k for k in keys if k not in RESULT_NEUTRAL_KEYS and k not in by_content
             and comparable(k, a.get(k, "<absent>")) != comparable(k, b.get(k, "<absent>"))]

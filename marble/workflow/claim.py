@@ -33,6 +33,14 @@ def _evaluated(steps: int) -> list[str]:
     return [f"train.eval_every={int(steps)}"]
 
 
+def zoo_section(config: dict) -> dict:
+    """config.yaml's `zoo:` over the claim section's defaults (the schema's $ref validates its
+    keys but fills none); a config without `zoo:` (the paper ones) has no zoo arms."""
+    claim = config["claim"]
+    keys = ("seeds", "max_steps", "marble_arm", "baseline_arm", "effect_of_interest")
+    return {**{k: claim[k] for k in keys}, "set": [], "arms": {}, **(config.get("zoo") or {})}
+
+
 def run_name(arm: str, seed: int) -> str:
     return f"{arm}-s{int(seed)}"
 

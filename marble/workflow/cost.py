@@ -154,8 +154,29 @@ def _stage_scoring(cfg, from_step: int) -> float | None:
     return total
 
 
+def heldout_flops(cfg, table: dict, test_rows: int, processes: int, from_step: int = 0) -> float:
+    """One process's FLOPs of the held-out evaluations (train.eval_every, marble.training.heldout)
+    still to come: its share of the test items, generated in sampling.eval_num_steps steps at
+    the rollouts' per-step cost, decoded and scored by every reward of the run."""
+    from marble.training.heldout_schedule import evaluated_steps, heldout_rows
+
+    t, s = cfg.train, cfg.sampling
+    evals = len(evaluated_steps(t.eval_every, t.max_steps, from_step))
+    if not evals:
+        return 0.0
+    items = len(heldout_rows(test_rows, t.eval_max_prompts)) * t.eval_images_per_prompt
+    per_process = -(-items // max(processes, 1))
+    rollout = rollout_flops(cfg, table)
+    images = s.batch_size * s.num_batches_per_epoch
+    per_image = (rollout["rollout sampling"] / images * s.eval_num_steps / s.num_steps
+                 + rollout["rollout decode"] / images
+                 + sum(wf_flops.scorer_flops(n) for n in cfg.reward_names))
+    return evals * per_process * per_image
+
+
 def training_flops(cfg, table: dict, from_step: int = 0) -> dict[str, float]:
-    """One process's FLOPs for the optimizer steps `from_step`..max_steps of run `cfg`."""
+    """One process's FLOPs for the optimizer steps `from_step`..max_steps of run `cfg`
+    (the held-out evaluations: `heldout_flops`)."""
     from marble.balancers.cadence import run_overhead
 
     steps = max(0, cfg.train.max_steps - from_step)

@@ -27,12 +27,25 @@ from marble.workflow import flops as wf_flops
 from marble.workflow import plan as wf_plan
 from marble.workflow import runs as wf_runs
 
-TRAINING_RULES = ("train_run", "claim_run")
+TRAINING_RULES = ("train_run", "claim_run", "zoo_run")
 EVAL_RULE = "evaluate_ckpt"
 # Samples per dataset in the reference's prompt files (data/raw after `marble download`:
 # GenEval's 553 prompts x 4, OCR's 1018, PickScore's 2048, DrawBench's 200 x 5), for a plan
 # made before the download; once downloaded the files are counted.
 REFERENCE_SAMPLES = {"geneval": 2212, "ocr": 1018, "pickscore": 2048, "drawbench": 1000}
+# The mixed test split training's held-out evaluation reads (pickscore + ocr + geneval), for a
+# plan made before the dataset is assembled; once it is, its rows are counted.
+REFERENCE_TEST_ROWS = 2048 + 1018 + 2212
+
+
+def test_rows(cfg, root: Path) -> int:
+    """Rows of the run's data.test (parquet metadata only), else the reference's split."""
+    path = root / cfg.data.test
+    if not path.is_file():
+        return REFERENCE_TEST_ROWS
+    import pyarrow.parquet as pq  # deferred: only a plan of an assembled dataset reads one
+
+    return pq.read_metadata(path).num_rows
 
 
 @dataclass(frozen=True)
@@ -79,9 +92,10 @@ def measured_step_s(run_dir: Path) -> float | None:
 
 
 def training_job(rule: str, name: str, ctx: Context) -> wf_cost.JobCost:
-    if rule == "claim_run":  # the claim's tiny runs: one CPU process each
-        spec, run_dir, gpus = wf_claim.runs(ctx.config["claim"])[name], \
-            ctx.root / wf_claim.CLAIM_DIR / "runs" / name, 0
+    if rule in ("claim_run", "zoo_run"):  # the claim's and the zoo's tiny runs: one CPU process each
+        section, folder = ((ctx.config["claim"], wf_claim.CLAIM_DIR) if rule == "claim_run"
+                           else (wf_claim.zoo_section(ctx.config), wf_claim.ZOO_DIR))
+        spec, run_dir, gpus = wf_claim.runs(section)[name], ctx.root / folder / "runs" / name, 0
     else:
         train = ctx.config["train"]
         spec, run_dir = wf_runs.configured(ctx.config["runs"])[name], ctx.root / "results/runs" / name
@@ -97,6 +111,9 @@ def training_job(rule: str, name: str, ctx: Context) -> wf_cost.JobCost:
         rate = sum(per_process.values()) / steps / own
         throughput = wf_cost.Throughput(rate, bool(gpus), f"measured: {name}'s own median "
                                         f"time/step_s {own:.3g} s = {rate / 1e12:.4g} TFLOP/s")
+    if cfg.train.eval_every:  # after the pace above: a run's time/step_s holds no evaluation
+        per_process["held-out evaluation"] = wf_cost.heldout_flops(
+            cfg, ctx.table, test_rows(cfg, ctx.root), processes, start)
     ckpt_s, ckpts, gb = wf_cost.checkpoint_seconds(cfg, ctx.table, start)
     return wf_cost.JobCost(rule, name, {k: v * processes for k, v in per_process.items()}, gpus,
                            throughput, processes, ckpt_s,
@@ -143,10 +160,10 @@ def price(jobs: list[tuple[str, dict]], config: dict, root: Path, bench: dict | 
     ctx = context(config, root, bench, table)
     priced, unpriced, other = [], [], Counter()
     for rule, wildcards in jobs:
-        name = wildcards.get("run") or wildcards.get("claimrun") or ""
+        name = wildcards.get("run") or wildcards.get("claimrun") or wildcards.get("zoorun") or ""
         try:
             if rule in TRAINING_RULES:
-                priced.append(training_job(rule, wildcards.get("run") or wildcards["claimrun"], ctx))
+                priced.append(training_job(rule, name, ctx))
             elif rule == EVAL_RULE:
                 priced.append(eval_job(wildcards, ctx))
             else:

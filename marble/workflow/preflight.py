@@ -2,9 +2,11 @@
 
 Three pieces, bound by the Snakefile:
 - `sync_snapshot`: the resolved configuration (every --configfile merged, --config applied,
-  schema defaults filled) written as canonical JSON, rewritten only when it changes. It is the
-  preflight rule's input, so a changed configuration reruns the doctor and an unchanged one
-  keeps its mtime (no rerun).
+  schema defaults filled) and the --configfile list, written as canonical JSON, rewritten only
+  when it changes. It is the preflight rule's input and what the doctor reads (`marble doctor
+  --snapshot`), so a changed configuration reruns the doctor, an unchanged one keeps its
+  mtime (no rerun), and the rule has no params: a params change is a Snakemake rerun trigger
+  even in a dry run, where it would hide the whole plan behind the due checkpoint.
 - `ensure_gate`: when the preflight's output is missing, a new request (the preflight's
   other input) and a placeholder dated a second before it, so the preflight still runs but
   finished jobs are not rerun for it (their gate input is `ancient`: an existing gate file
@@ -31,15 +33,26 @@ GATE_INPUT = "preflight"  # the name of the gate input in every gated rule
 PLACEHOLDER = "preflight not run yet (marble.workflow.preflight.ensure_gate)\n"
 
 
-def snapshot_text(config: dict) -> str:
-    """The resolved configuration as canonical JSON (sorted keys: a reordered file is no change)."""
-    return json.dumps(config, sort_keys=True, indent=1, default=str) + "\n"
+def snapshot_text(config: dict, configfiles: Iterable = ()) -> str:
+    """The resolved configuration and the --configfile list as canonical JSON (sorted keys: a
+    reordered file is no change)."""
+    data = {"config": config, "configfiles": [str(f) for f in configfiles]}
+    return json.dumps(data, sort_keys=True, indent=1, default=str) + "\n"
 
 
-def sync_snapshot(path: str | Path, config: dict) -> bool:
+def read_snapshot(path: str | Path) -> tuple[dict, list[str]]:
+    """(resolved config, --configfile list) of a snapshot; ValueError naming the file."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        return dict(data["config"]), [str(f) for f in data["configfiles"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a preflight snapshot ({exc})") from None
+
+
+def sync_snapshot(path: str | Path, config: dict, configfiles: Iterable = ()) -> bool:
     """Write the snapshot atomically when its text changed; True when it was written."""
     path = Path(path)
-    text = snapshot_text(config)
+    text = snapshot_text(config, configfiles)
     if path.is_file() and path.read_text(encoding="utf-8") == text:
         return False
     _write(path, text)
@@ -91,7 +104,7 @@ def executes(argv: list[str], dry_run: bool) -> bool:
 
 
 def prepare_gate(gate: str | Path, snapshot: str | Path, request: str | Path, config: dict,
-                 execute: bool) -> str | None:
+                 execute: bool, configfiles: Iterable = ()) -> str | None:
     """Bind the gate's files for one invocation; the reason the doctor is due, or None.
 
     execute (a run): the snapshot follows the config, a missing or placeholder gate renews
@@ -102,18 +115,19 @@ def prepare_gate(gate: str | Path, snapshot: str | Path, request: str | Path, co
     """
     gate, snapshot, request = Path(gate), Path(snapshot), Path(request)
     placeholder = gate.is_file() and gate.read_text(encoding="utf-8", errors="replace") == PLACEHOLDER
-    changed = not snapshot.is_file() or snapshot.read_text(encoding="utf-8") != snapshot_text(config)
+    text = snapshot_text(config, configfiles)
+    changed = not snapshot.is_file() or snapshot.read_text(encoding="utf-8") != text
     reason = ("it has not passed here yet" if not gate.exists() or placeholder
               else "the configuration changed since it passed" if changed else None)
     if execute:
-        sync_snapshot(snapshot, config)
+        sync_snapshot(snapshot, config, configfiles)
         if placeholder:
             gate.unlink()
         ensure_gate(gate, request)
         return reason
     old = time.time() - 86400
     if not snapshot.is_file():
-        _write(snapshot, snapshot_text(config), mtime=old)
+        _write(snapshot, text, mtime=old)
     if not request.is_file():
         _write(request, f"{time.time_ns()} {os.getpid()}\n", mtime=old)
     if not gate.exists():

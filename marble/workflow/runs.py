@@ -60,10 +60,3 @@ def train_args(spec: dict, overrides: list[str]) -> str:
     if spec["max_steps"] is not None:
         args.append(f"--max-steps {int(spec['max_steps'])}")
     return " ".join(args)
-
-
-def doctor_args(configfiles) -> str:
-    """`marble doctor`'s arguments for the workflow's --configfile list (quoted for the
-    shell); none: the doctor reads config.yaml, as the Snakefile does."""
-    files = [str(f) for f in configfiles or []]
-    return shlex.join(["--configfile", *files]) if files else ""

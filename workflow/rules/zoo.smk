@@ -3,23 +3,9 @@
 # and the per-reward advantage sum beside MARBLE and the weighted sum, same paired seeds,
 # steps and statistics. Results in results/zoo; separate from `claim` and `all`.
 
-# The claim section's defaults beneath `zoo:` (the schema's $ref validates its keys but fills
-# no defaults); a config without `zoo:` (the paper ones) plans no zoo arms.
-ZOO = {
-    **{
-        key: CLAIM[key]
-        for key in (
-            "seeds",
-            "max_steps",
-            "marble_arm",
-            "baseline_arm",
-            "effect_of_interest",
-        )
-    },
-    "set": [],
-    "arms": {},
-    **(config.get("zoo") or {}),
-}
+# The claim section's defaults beneath `zoo:`; a config without `zoo:` (the paper ones)
+# plans no zoo arms.
+ZOO = wf_claim.zoo_section(config)
 ZOO_DIR = wf_claim.ZOO_DIR
 ZOO_RUNS = wf_claim.runs(ZOO)
 ZOO_ARMS = wf_claim.arms(ZOO)
