@@ -94,10 +94,14 @@ def test_claim_runs_are_every_arm_times_every_seed():
     section = {"seeds": [1, 2], "max_steps": 4, "set": ["train.lr=0.1"],
                "arms": {"ws": {"preset": "tiny_weighted_sum", "set": []}, "gone": None,
                         "m": {"preset": "tiny", "set": ["balancer.amortize_every=2"], "max_steps": 2}},
-               "alone": {"preset": "tiny_weighted_sum", "seeds": [7], "rewards": ["toy_brightness"]}}
+               "alone": {"preset": "tiny_weighted_sum", "seeds": [7], "rewards": ["toy_brightness", "toy_color_match"],
+                         "sources": {"toy_color_match": ["geneval"]}}}
     assert list(arms(section)) == ["ws", "m"]
     r = runs(section)
-    assert list(r) == ["ws-s1", "ws-s2", "m-s1", "m-s2", "alone_toy_brightness-s7"]
+    assert list(r) == ["ws-s1", "ws-s2", "m-s1", "m-s2", "alone_toy_brightness-s7", "alone_toy_color_match-s7"]
+    # a specialist alone trains on its own sources: one stage of the run's steps over them
+    assert r["alone_toy_color_match-s7"]["set"][-2:] == [
+        "stages=[{name: toy_color_match, steps: 4, sources: [geneval]}]", "train.seed=7"]
     # evaluated at step 0 and at the last step: the claim's change is the difference
     assert r["m-s2"] == {"preset": "tiny", "max_steps": 2,
                          "set": ["train.eval_every=2", "train.lr=0.1", "balancer.amortize_every=2",

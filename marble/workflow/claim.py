@@ -57,13 +57,20 @@ ALONE_PREFIX = "alone_"
 
 
 def alone_arms(section: dict) -> dict[str, dict]:
-    """`alone_<reward>` -> spec: the learnability check, one reward per run (`claim.alone`)."""
+    """`alone_<reward>` -> spec: the learnability check, one reward per run (`claim.alone`),
+    on the prompt sources `alone.sources` gives it (a specialist's own prompts, as a
+    single-reward run trains on its own dataset: one stage over those sources)."""
     alone = section.get("alone") or {}
-    return {f"{ALONE_PREFIX}{r}": {"preset": alone.get("preset", "tiny_weighted_sum"),
-                                   "max_steps": section["max_steps"],
-                                   "set": _evaluated(section["max_steps"]) + list(section.get("set", []))
-                                   + [f"rewards=[{{name: {r}}}]"]}
-            for r in alone.get("rewards", [])}
+    steps = section["max_steps"]
+    out = {}
+    for r in alone.get("rewards", []):
+        sets = _evaluated(steps) + list(section.get("set", [])) + [f"rewards=[{{name: {r}}}]"]
+        sources = (alone.get("sources") or {}).get(r)
+        if sources:
+            sets.append(f"stages=[{{name: {r}, steps: {int(steps)}, sources: [{', '.join(sources)}]}}]")
+        out[f"{ALONE_PREFIX}{r}"] = {"preset": alone.get("preset", "tiny_weighted_sum"),
+                                     "max_steps": steps, "set": sets}
+    return out
 
 
 def runs(section: dict) -> dict[str, dict]:
