@@ -123,7 +123,7 @@ test-geneval-mmdet: $(MMDET_VENV)/bin/marble
 # defaults; PODMAN_BUILD_FLAGS= PODMAN_RUN_FLAGS= where podman works out of the box.
 CONTAINER_IMAGE ?= localhost/marble:dev
 container:
-	IMAGE=$(CONTAINER_IMAGE) SKIP_DEMO=1 container/test.sh
+	IMAGE=$(CONTAINER_IMAGE) STAGES=build container/test.sh
 
 # Its last stage runs this checkout's Snakemake (the venv) with --sdm apptainer, as a site does.
 test-container: setup
