@@ -13,7 +13,7 @@ TORCH ?= torch==2.13.0
 EXTRAS ?= dev,workflow,ocr,zoo
 CONSTRAINTS ?= -c workflow/envs/constraints.txt
 
-.PHONY: setup demo lint test test-clip test-paper test-geneval-mmdet gpu-check mutants clean
+.PHONY: setup demo lint test test-clip test-paper test-geneval-mmdet gpu-check mutants container test-container clean
 
 $(BIN)/marble: pyproject.toml workflow/envs/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -114,6 +114,20 @@ $(MMDET_VENV)/bin/marble: pyproject.toml $(MMCV_WHEELS)/.built
 
 test-geneval-mmdet: $(MMDET_VENV)/bin/marble
 	PATH="$(abspath $(MMDET_VENV)/bin):$$PATH" $(MMDET_VENV)/bin/python -m pytest -q -rs tests/test_geneval_mmdet.py
+
+# The paper stack for CUDA GPUs as an OCI image (container/Containerfile; docs/container.md),
+# built here from Debian packages (debootstrap: container/base.sh) and PyPI only, not in CI.
+# test-container builds it and runs the tiny demo inside it with no network (root, podman;
+# measured: docs/container.md). This sandbox needs `--isolation chroot` for builds and runc
+# with explicit --ulimit for runs (hybrid cgroups, low hard limits): container/test.sh's
+# defaults; PODMAN_BUILD_FLAGS= PODMAN_RUN_FLAGS= where podman works out of the box.
+CONTAINER_IMAGE ?= localhost/marble:dev
+container:
+	IMAGE=$(CONTAINER_IMAGE) STAGES=build container/test.sh
+
+# Its last stage runs this checkout's Snakemake (the venv) with --sdm apptainer, as a site does.
+test-container: setup
+	IMAGE=$(CONTAINER_IMAGE) SNAKEMAKE=$(abspath $(BIN))/snakemake container/test.sh
 
 clean:
 	rm -rf $(VENV) $(CLIP_VENV) $(MMDET_VENV) .snakemake results/runs results/eval results/report results/bench logs benchmarks data/mirror

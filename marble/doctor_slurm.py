@@ -7,6 +7,7 @@ sacctmgr); with no controller answering, a warning, never "ok". Split from marbl
 
 from __future__ import annotations
 
+import os
 import shutil
 
 from marble.workflow import doctor_checks as checks
@@ -25,6 +26,13 @@ def local_rows() -> list[Check]:
 def slurm_rows(config: dict) -> list[Check]:
     cluster = config.get("cluster") or {}
     if not shutil.which("sinfo"):
+        image = os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER")
+        if image:
+            # In the image (--sdm apptainer) no client does not mean no cluster: the jobs go to
+            # SLURM, and a training job's `srun` would be missing there too.
+            return [Check("slurm", WARN, f"no SLURM client inside the container {image}: cluster: not "
+                          "checked, and training jobs would stop at launch (no srun)",
+                          "bind the site's SLURM client into the image (apptainer-args; docs/container.md)")]
         return [Check("slurm", SKIP, "no sinfo here: cluster: not checked")]
     ping = checks.run_probe(["scontrol", "ping"])
     if ping is None or ping.returncode != 0 or "UP" not in ping.stdout:

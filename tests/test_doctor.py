@@ -299,3 +299,16 @@ def test_local_jobs_skip_slurm_even_where_a_daemon_answers(monkeypatch):
     assert [r.status for r in local if r.name.startswith("slurm")] == [doctor.SKIP]
     submitted = doctor.run_checks(config, ROOT)
     assert [r.status for r in submitted if r.name.startswith("slurm")] == [doctor.FAIL]
+
+
+def test_in_a_container_without_the_slurm_client_it_warns(tmp_path, monkeypatch):
+    """In the image (--sdm apptainer) a missing sinfo is a warning that names the bind, not a
+    quiet skip: the jobs still go to SLURM and a training job needs srun (docs/container.md)."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sinfo
+    monkeypatch.delenv("SINGULARITY_CONTAINER", raising=False)
+    config = doctor.load_workflow_config(["config.yaml"], _root(tmp_path, "config.yaml"))
+    assert [r.status for r in doctor.slurm_rows(config)] == [doctor.SKIP]  # a laptop
+    monkeypatch.setenv("APPTAINER_CONTAINER", "/project/images/marble.sif")
+    (row,) = doctor.slurm_rows(config)
+    assert row.status == doctor.WARN and "/project/images/marble.sif" in row.detail and "srun" in row.detail
+    assert "docs/container.md" in row.fix

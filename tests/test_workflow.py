@@ -90,7 +90,8 @@ def test_schema_fills_defaults_and_accepts_shipped_configs():
     assert cfg["mode"] == "tiny" and set(cfg["runs"]) == {"weighted_sum", "equal_alpha", "marble"}
     assert cfg["train"]["nodes"] == 1 and cfg["eval"]["num_inference_steps"] == 40
     assert cfg["cluster"] == {"partition": None, "gpu_partition": None, "account": None,
-                              "gpu_type": None, "constraint": None, "local_downloads": True}
+                              "gpu_type": None, "constraint": None, "local_downloads": True,
+                              "container": None}
     for name in ["config.yaml", "config/paper.yaml", "config/paper-eval.yaml", ".test/config.yaml"]:
         _validate(configs.load([name], ROOT))
 

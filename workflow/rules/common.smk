@@ -55,6 +55,13 @@ TRAIN = config["train"]
 MARBLE_ENV = "../envs/marble.yaml"
 
 
+# The image every rule's command runs in under `--sdm apptainer` (docs/container.md):
+# cluster.container, null by default, so a run without that flag (the default and slurm
+# profiles) never sees a container. Set before the rules: a global directive covers only
+# the rules defined after it.
+container: CLUSTER["container"]
+
+
 wildcard_constraints:
     run=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
     ckpt=r"[A-Za-z0-9][A-Za-z0-9_.-]*",

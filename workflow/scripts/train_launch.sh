@@ -45,6 +45,14 @@ if [ -n "${SLURM_JOB_ID:-}" ] && [ -z "$launcher" ]; then
     launcher=srun
 fi
 if [ -n "${SLURM_JOB_ID:-}" ] && [ -n "$launcher" ]; then
+    # In an image (--sdm apptainer) the site's SLURM client is not there unless bound in.
+    if ! command -v "$launcher" >/dev/null 2>&1; then
+        where="${APPTAINER_CONTAINER:-${SINGULARITY_CONTAINER:-}}"
+        echo "train_launch: '$launcher' is not on PATH${where:+ inside the container $where}: a SLURM" \
+            "training job starts its trainers with it; bind the site's SLURM client into the image" \
+            "(apptainer-args, docs/container.md)" >&2
+        exit 2
+    fi
     nodes="${MARBLE_NODES:-1}"
     ntasks="${MARBLE_TASKS:-$nodes}"
     per_node=()
