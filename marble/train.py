@@ -9,7 +9,8 @@ the requested config on every key that changes the result (marble.training.run_d
 RESULT_NEUTRAL_KEYS lists the others), otherwise the run refuses to start rather than
 silently mixing two experiments; DIR/inputs.json records what the inputs held (base model,
 table, embedding cache, reward weights: marble.training.inputs), so an input replaced
-under the same path is refused by name, and a moved project resumes. Every input is read
+under the same path is refused by name, and a moved project resumes; `--fresh` starts
+over instead, the old run renamed aside (marble.training.run_dir.set_aside). Every input is read
 and checked before the first file is written (marble.training.preflight): a failed start
 leaves nothing that refuses the corrected command.
 Errors are one line on stderr and exit status 2. SIGUSR1 or SIGTERM stop the run after
@@ -52,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="force a device (default: cuda when available)")
     p.add_argument("--no-progress", action="store_true", help="hide the tqdm bars")
+    p.add_argument("--fresh", action="store_true",
+                   help="start over: a run already in --output-dir is renamed aside to "
+                        ".<name>.replaced-<UTC time> (printed; nothing deleted) instead of resumed "
+                        "or refused. For one start: a rerun with --fresh starts over again")
     return p
 
 
@@ -116,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             check_data_path(cfg)
             check_balancer(cfg)
             # Every input read and the folder's identity checked before anything is written.
-            preflight(cfg, args.output_dir)
+            preflight(cfg, args.output_dir, resume=not args.fresh)
             if _is_global_rank0():
                 lock = run_lock.acquire(args.output_dir)
         except (ConfigError, TrainError, run_lock.RunLockError) as exc:
@@ -155,7 +160,7 @@ def _train(args: argparse.Namespace, cfg: RunConfig, stop) -> dict:
 
     try:
         return run_training(cfg, args.output_dir, device=args.device,
-                            progress=not args.no_progress, stop=stop)
+                            progress=not args.no_progress, stop=stop, fresh=args.fresh)
     except (TrainError, CheckpointError, EmbedCacheError, ModelNotFoundError) as exc:
         print(f"marble train: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -52,6 +52,16 @@ def _cell(frame, row, metric, rho=None):
     return frame[pick].iloc[0]
 
 
+def test_a_run_set_aside_by_fresh_is_not_a_run(tmp_path):
+    """`marble train --fresh` keeps the replaced run as `.<name>.replaced-<time>` beside the
+    new one: the report must not list it as a run of its own."""
+    import shutil
+
+    root = _rho_runs(tmp_path / "runs")
+    shutil.copytree(root / "rho_07", root / ".rho_07.replaced-20261202T031500Z")
+    assert [r.name for r in load_runs(root)] == ["rho_01", "rho_05", "rho_07", "weighted_sum"]
+
+
 def test_rho_ablation_evaluated_runs_beside_the_published_rows(tmp_path):
     from marble.report.loading import load_eval_summary
 

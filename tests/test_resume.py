@@ -168,6 +168,43 @@ def test_second_trainer_is_refused_and_usr1_during_loading_exits_75(
     assert not (run / "train_summary.json").exists() and not lock.exists()
 
 
+def test_fresh_keeps_the_old_run_aside_and_starts_over(tiny_model_dir, table_path, tmp_path, capsys):
+    """A changed input is refused, naming `--fresh`; `--fresh` with an input that fails its
+    check moves nothing; `--fresh` then renames the old run aside (every file as it was)
+    and trains anew, recording the new input."""
+    from marble.training.checkpoint_format import file_hashes
+    from marble.training.inputs import INPUTS_FILE
+
+    table = tmp_path / "train.parquet"
+    table.write_bytes(table_path.read_bytes())
+    run = tmp_path / "runs" / "marble"
+    assert train_main(args(tiny_model_dir, table, run, 1)) == 0
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    rows = [PromptRecord.make("a lighthouse at night", "pickscore"),
+            PromptRecord.make('a sign that says "bye"', "ocr"),
+            PromptRecord.make("a photo of a blue cup", "geneval",
+                              {"tag": "color_attr", "include": [{"class": "cup", "count": 1, "color": "blue"}]})]
+    to_frame(rows, {"toy_brightness": [True] * 3, "toy_saturation": [True] * 3,
+                    "toy_text_contrast": [False, True, False],
+                    "toy_color_match": [False, False, True]}).to_parquet(table)  # same path
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        train_main(args(tiny_model_dir, table, run, 1))
+    assert "data.train" in (err := capsys.readouterr().err) and "--fresh" in err, err
+    with pytest.raises(SystemExit):  # an input that fails its check: nothing is moved
+        train_main(args(tiny_model_dir, table, run, 1, "rewards=[{name: toy_nope}]") + ["--fresh"])
+    assert "toy_nope" in capsys.readouterr().err and run.is_dir()
+    assert not [p for p in run.parent.iterdir() if ".replaced-" in p.name]
+    assert train_main(args(tiny_model_dir, table, run, 1) + ["--fresh"]) == 0
+    [aside] = [p for p in run.parent.iterdir() if p.name.startswith(".marble.replaced-")]
+    assert f"kept as {aside}" in capsys.readouterr().out
+    assert {p.relative_to(aside): p.read_bytes() for p in aside.rglob("*") if p.is_file()} == before
+    new = json.loads((run / INPUTS_FILE).read_text())["data.train"]["fingerprint"]
+    old = json.loads((aside / INPUTS_FILE).read_text())["data.train"]["fingerprint"]
+    assert new != old and json.loads((run / "train_summary.json").read_text())["resumed_from"] is None
+    assert file_hashes(checkpoint_dir(run, 1)) != file_hashes(checkpoint_dir(aside, 1))
+
+
 # The tiny curriculum (preset tiny_sequential) shrunk to stages of 2, 1 and 2 steps: boundaries
 # after steps 2 and 3; one prompt per sampling batch, since the table has one row per source. The
 # last stage has its own balancer (MARBLE: an alpha cache that resume must put back into that

@@ -23,6 +23,38 @@ def test_neutral_keys_may_change_others_are_named_with_both_values(tmp_path):
     assert "train.lr: 123.0 in the run folder" in message and "train.max_steps:" not in message
     # the message names exactly the keys that may change (README lists the same set)
     assert all(key in message for key in RESULT_NEUTRAL_KEYS)
+    assert "--fresh" in message  # the way to start over, when that is what the user wants
+
+
+def test_set_aside_renames_a_run_to_a_hidden_timestamped_sibling(tmp_path):
+    """`marble train --fresh`: one rename, nothing deleted, nothing to do for no run."""
+    from datetime import datetime, timezone
+
+    from marble.training.run_dir import set_aside
+
+    when = datetime(2026, 12, 2, 3, 15, 0, tzinfo=timezone.utc)
+    run = tmp_path / "runs" / "marble"
+    assert set_aside(run, when) is None  # nothing there
+    run.mkdir(parents=True)
+    assert set_aside(run, when) is None and run.is_dir()  # an empty folder holds no run
+    for n in (1, 2):
+        (run / "checkpoints").mkdir(parents=True)
+        (run / "metrics.jsonl").write_text(f"run {n}\n")
+        aside = set_aside(run, when)
+        assert not run.exists() and (aside / "metrics.jsonl").read_text() == f"run {n}\n"
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [
+        ".marble.replaced-20261202T031500Z", ".marble.replaced-20261202T031500Z-2"]
+
+
+def test_the_refusals_of_a_run_folder_name_fresh(tmp_path):
+    from marble.training.inputs import INPUTS_FILE, check_inputs, recorded_inputs
+
+    (tmp_path / INPUTS_FILE).write_text('{"data.train": {"path": "t", "fingerprint": "sha256:a"}}')
+    with pytest.raises(TrainError, match="--fresh to keep this run aside"):
+        check_inputs(tmp_path, {"data.train": {"path": "t", "fingerprint": "sha256:b"}})
+    (tmp_path / INPUTS_FILE).write_text("[1, 2]")
+    with pytest.raises(TrainError, match="--fresh"):
+        recorded_inputs(tmp_path)
 
 
 def test_a_folder_written_before_a_key_existed_resumes_at_its_default_only():

@@ -239,6 +239,58 @@ def test_dvc_sync_touches_upstream_and_the_current_prefix_only():
     assert dvc_sync.current_prefix(targets, dvc_sync.changed_stages("{}")) == list(targets.values())
 
 
+# A stand-in for Snakemake under `dvc_sync stage`: on SIGINT or SIGTERM it takes a second to
+# clean up (as Snakemake cancels its jobs and removes its lock), records it, and exits 130.
+_SLOW_CLEANUP = """
+import pathlib, signal, sys, time
+def stop(signum, frame):
+    time.sleep(1.0)
+    pathlib.Path(sys.argv[1]).write_text(signal.Signals(signum).name)
+    sys.exit(130)
+signal.signal(signal.SIGINT, stop)
+signal.signal(signal.SIGTERM, stop)
+pathlib.Path(sys.argv[2]).touch()
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("how", ["Ctrl-C", "kill <wrapper pid>", "kill -9 <dvc pid>"])
+def test_dvc_sync_lets_its_command_clean_up_when_interrupted(tmp_path, how):
+    """Ctrl-C (SIGINT to the process group) of `dvc repro` SIGKILLed Snakemake 0.25 s into
+    its cleanup (subprocess.run's KeyboardInterrupt path): its lock stayed behind, with a
+    traceback. SIGTERM to the wrapper alone, or the death of DVC (no SIGTERM handler; kill
+    -9), left Snakemake running headless. Now the command gets the signal once (Ctrl-C's
+    when DVC is gone), cleans up, and its status is the wrapper's."""
+    import os
+    import signal
+    import time
+
+    (tmp_path / "dvc.yaml").write_text(
+        "stages:\n  prepare:\n    cmd: python -m marble.workflow.dvc_sync stage prepare -- snakemake prepare\n")
+    (tmp_path / "child.py").write_text(_SLOW_CLEANUP)
+    done, ready = tmp_path / "cleaned", tmp_path / "ready"
+    wrapper = [sys.executable, "-m", "marble.workflow.dvc_sync", "stage", "prepare", "--",
+               sys.executable, "child.py", str(done), str(ready)]
+    if how.startswith("kill -9"):  # a stand-in for DVC: runs the stage command and waits
+        wrapper = [sys.executable, "-c", "import subprocess, sys; subprocess.run(sys.argv[1:])", *wrapper]
+    proc = subprocess.Popen(wrapper, cwd=tmp_path, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.time() + 60
+    while not ready.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert ready.exists(), proc.communicate()[1]
+    if how == "Ctrl-C":
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal does: the whole group
+    else:
+        os.kill(proc.pid, signal.SIGKILL if how.startswith("kill -9") else signal.SIGTERM)
+    while not done.exists() and time.time() < deadline:  # the command outlives a killed DVC
+        time.sleep(0.05)
+    _, err = proc.communicate(timeout=30)
+    assert done.read_text() == ("SIGTERM" if how == "kill <wrapper pid>" else "SIGINT"), err
+    if not how.startswith("kill -9"):
+        assert proc.returncode == 130 and "Traceback" not in err, err
+
+
 def test_a_nulled_row_is_dropped_not_evaluated_as_a_folder_named_none():
     """An overlay cannot delete a key (Snakemake merges --configfile dicts), so
     `eval.checkpoints.<row>: null` / `runs.<name>: null` drop a row."""

@@ -23,7 +23,7 @@ from marble.report import claim_stats as cs
 from marble.report.claim_experiment import claim_verdict, measure_run
 from marble.report.claim_figures import write_figures
 from marble.report.claim_markdown import claim_markdown
-from marble.report.loading import ReportInputError, load_run, read_json_file
+from marble.report.loading import ReportInputError, load_run, read_json_file, run_folders
 from marble.report.verdict import specialist_rewards
 from marble.runtime.io import write_json, write_text
 from marble.workflow.claim import ALONE_PREFIX, parse_run_name
@@ -44,10 +44,8 @@ def cpu_seconds(benchmarks: Path | None, run: str) -> float:
 
 def collect(runs_dir: Path, benchmarks: Path | None):
     """(measures, rewards, specialists, arm settings, cpu seconds per arm)."""
-    if not runs_dir.is_dir():
-        raise ReportInputError(f"--runs {runs_dir}: not a directory")
     loaded = []
-    for folder in sorted(p for p in runs_dir.iterdir() if (p / "metrics.jsonl").is_file()):
+    for folder in run_folders(runs_dir):
         try:
             arm, seed = parse_run_name(folder.name)
         except ValueError as exc:

@@ -96,12 +96,19 @@ def load_run(path: Path) -> RunData:
     return RunData(path.name, path, config, read_metrics(metrics_path), summary, evals)
 
 
-def load_runs(runs_dir: Path) -> list[RunData]:
-    """Every sub-folder of `runs_dir` holding a metrics.jsonl, sorted by name."""
+def run_folders(runs_dir: Path) -> list[Path]:
+    """The sub-folders of `runs_dir` holding a metrics.jsonl, sorted by name; hidden ones
+    are not runs (`marble train --fresh` keeps a replaced run as `.<name>.replaced-<time>`:
+    listed, it would show as a current run)."""
     if not runs_dir.is_dir():
         raise ReportInputError(f"--runs {runs_dir}: not a directory")
-    folders = sorted(p for p in runs_dir.iterdir() if (p / "metrics.jsonl").is_file())
-    return [load_run(p) for p in folders]
+    return sorted(p for p in runs_dir.iterdir()
+                  if not p.name.startswith(".") and (p / "metrics.jsonl").is_file())
+
+
+def load_runs(runs_dir: Path) -> list[RunData]:
+    """Every run folder of `runs_dir` (`run_folders`)."""
+    return [load_run(p) for p in run_folders(runs_dir)]
 
 
 def _read_json(path: Path) -> Any:

@@ -325,8 +325,8 @@ class CheckpointManager:
         choice = None
         if self.is_main:
             try:
-                for stale in remove_stale_temporaries(self.run_dir):
-                    log.warning("removed %s (left by a killed checkpoint save)", stale)
+                for _, said in remove_stale_temporaries(self.run_dir):
+                    log.warning("%s", said)
                 choice = ("path", resume_checkpoint(self.run_dir))
             except CheckpointError as exc:
                 choice = ("error", str(exc))

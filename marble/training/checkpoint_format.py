@@ -197,10 +197,11 @@ def latest_usable(run_dir: str | Path) -> Path | None:
     return found[-1][1] if found else None
 
 
-def remove_stale_temporaries(run_dir: str | Path) -> list[Path]:
+def remove_stale_temporaries(run_dir: str | Path) -> list[tuple[Path, str]]:
     """Clean what killed saves left in `checkpoints/`: `.checkpoint-*.tmp` folders are
     removed; a `.checkpoint-N.old` (a kill between the two renames of an overwrite) is
-    removed when `checkpoint-N` exists, else renamed back. Returns what was touched.
+    removed when `checkpoint-N` exists, else renamed back. Returns each leftover with a
+    sentence saying what was done to it (a restored `.old` was logged "removed" before).
     Only the one trainer of a run folder may call it (train_launch.sh's lock)."""
     root = checkpoint_root(run_dir)
     touched = []
@@ -208,11 +209,15 @@ def remove_stale_temporaries(run_dir: str | Path) -> list[Path]:
         old = _STALE_OLD_RE.match(child.name)
         if _STALE_TMP_RE.match(child.name):
             shutil.rmtree(child, ignore_errors=True)
+            said = f"removed {child} (left by a killed checkpoint save)"
         elif old and (root / old.group(1)).exists():
             shutil.rmtree(child, ignore_errors=True)
+            said = f"removed {child} ({old.group(1)} exists: a save killed after its second rename)"
         elif old:
             os.replace(child, root / old.group(1))
+            said = (f"restored {root / old.group(1)} from {child} (a save killed between the "
+                    "two renames of its overwrite)")
         else:
             continue
-        touched.append(child)
+        touched.append((child, said))
     return touched

@@ -28,7 +28,7 @@ from marble.assets.manifest import ckpt_dir
 from marble.config import RunConfig
 from marble.runtime.fingerprint import HashCache, fingerprint, project_relative
 from marble.runtime.io import read_json_object, write_json
-from marble.training.run_dir import TrainError
+from marble.training.run_dir import FRESH_HINT, TrainError
 
 INPUTS_FILE = "inputs.json"
 
@@ -91,7 +91,7 @@ def recorded_inputs(out_dir: Path) -> dict[str, dict] | None:
     try:
         return read_json_object(Path(out_dir) / INPUTS_FILE, "a mapping of input -> fingerprint")
     except ValueError as exc:
-        raise TrainError(f"{exc}; restore it or use another --output-dir") from None
+        raise TrainError(f"{exc}; restore it, use another --output-dir, or {FRESH_HINT}") from None
 
 
 def input_differences(saved: dict[str, dict], now: dict[str, dict]) -> list[str]:
@@ -123,7 +123,7 @@ def check_inputs(out_dir: Path, now: dict[str, dict]) -> None:
     if diffs:
         raise TrainError(
             f"{Path(out_dir) / INPUTS_FILE}: inputs changed since the run started: {'; '.join(diffs)}. "
-            "Restore them, or train into another --output-dir (a new run)")
+            f"Restore them, train into another --output-dir, or {FRESH_HINT}")
 
 
 def write_inputs(out_dir: Path, now: dict[str, dict]) -> None:

@@ -112,13 +112,17 @@ def check_embed_cache(cfg: RunConfig) -> None:
                          "rebuild it with `marble data embed` into an empty --out")
 
 
-def preflight(cfg: RunConfig, out_dir: Path) -> dict[str, dict]:
-    """Every check, no write; returns the inputs' fingerprints (marble.training.inputs)."""
+def preflight(cfg: RunConfig, out_dir: Path, resume: bool = True) -> dict[str, dict]:
+    """Every check, no write; returns the inputs' fingerprints (marble.training.inputs).
+    `resume=False` (`--fresh`: the folder is set aside, not resumed) skips the folder's
+    identity; every input is still checked, so a bad one moves nothing."""
     check_rewards(cfg)
     check_model_folder(cfg)
     check_table(cfg)
     check_embed_cache(cfg)
-    check_run_dir(Path(out_dir), cfg)
+    if resume:
+        check_run_dir(Path(out_dir), cfg)
     now = current_inputs(cfg)
-    check_inputs(Path(out_dir), now)
+    if resume:
+        check_inputs(Path(out_dir), now)
     return now

@@ -20,7 +20,7 @@ from marble.training.checkpoint import latest_checkpoint
 from marble.training.inputs import write_inputs
 from marble.training.outcome import failed_run_reason
 from marble.training.preflight import preflight
-from marble.training.run_dir import TrainError
+from marble.training.run_dir import TrainError, set_aside
 from marble.training.stopping import StopRequest
 from marble.training.trainer import Trainer
 
@@ -66,18 +66,19 @@ def _train_loop(trainer: Trainer, cfg: RunConfig, progress: bool,
 
 
 def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
-                 progress: bool = True, stop: StopRequest | None = None) -> dict:
+                 progress: bool = True, stop: StopRequest | None = None, fresh: bool = False) -> dict:
     """Train (or resume) to cfg.train.max_steps; write DIR/train_summary.json; return it.
 
     SIGUSR1/SIGTERM stop the run early (marble.training.stopping): the step in flight finishes, a
     checkpoint is written, no train_summary.json, and the summary has `requeue: True`.
     `stop`: an already active StopRequest (`marble train` installs it before loading);
     without one the handlers are installed here, before the model loads.
+    `fresh`: a run already in `out_dir` is renamed aside once all loaded (run_dir.set_aside).
     """
     out_dir = Path(out_dir)
     # Validate, then write: every input and the folder's identity (config and input
     # content) are checked before config.yaml is replaced (marble.training.preflight).
-    inputs = preflight(cfg, out_dir)
+    inputs = preflight(cfg, out_dir, resume=not fresh)
     info = dist.init_distributed(device)
     start = time.perf_counter()
     with contextlib.ExitStack() as scope:
@@ -85,6 +86,8 @@ def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
             stop = scope.enter_context(StopRequest())
         trainer = Trainer(cfg, out_dir, device=device, progress=progress)
         if info.is_main:  # once the model, table and rewards loaded: a failed start writes nothing
+            if fresh and (aside := set_aside(out_dir)):  # before the ranks' resume collective
+                print(f"marble train: --fresh: the run that was in {out_dir} is kept as {aside}")
             out_dir.mkdir(parents=True, exist_ok=True)
             write_text(out_dir / "config.yaml", dump_yaml(cfg))
             write_inputs(out_dir, inputs)

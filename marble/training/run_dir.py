@@ -5,11 +5,15 @@ a config that differs on a key that changes the result would silently mix two ex
 so `check_run_dir` refuses it (TrainError, one line naming every differing key with both
 values). The keys in RESULT_NEUTRAL_KEYS change how long or how often, not what is computed.
 Both the CLI (`marble.train`, before any heavy import) and `run_training` (for library
-callers) run the check.
+callers) run the check. Where the user asks for a new run in the same folder instead
+(`marble train --fresh`), `set_aside` renames the old one to a hidden, timestamped sibling:
+one atomic rename, nothing deleted.
 """
 
 from __future__ import annotations
 
+import os
+from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
@@ -27,6 +31,10 @@ RESULT_NEUTRAL_KEYS = {
 # Keys holding file or folder paths: compared resolved on resume, so `data/x` and its
 # absolute spelling are the same run, not a config change.
 PATH_KEYS = {"model.path", "data.train", "data.test", "data.embed_cache"}
+
+
+# What every refusal of a run folder offers besides restoring it (marble train's flag).
+FRESH_HINT = "--fresh to keep this run aside (renamed, not deleted) and start over"
 
 
 class TrainError(RuntimeError):
@@ -93,8 +101,8 @@ def check_run_dir(out_dir: Path, cfg: RunConfig) -> None:
                           f"{new.get(k, '<absent>')!r} requested" for k in diff)
         raise TrainError(
             f"{saved_path} was written by a different training config; differing keys: "
-            f"{shown}. Use another --output-dir or the same config (only "
-            f"{', '.join(sorted(RESULT_NEUTRAL_KEYS))} may change on resume)."
+            f"{shown}. Use the same config (only {', '.join(sorted(RESULT_NEUTRAL_KEYS))} may "
+            f"change on resume), another --output-dir, or {FRESH_HINT}."
         )
     check_max_steps(out_dir, cfg)
 
@@ -120,4 +128,30 @@ def check_max_steps(out_dir: Path, cfg: RunConfig) -> None:
     if steps and steps[-1] > cfg.train.max_steps:
         raise TrainError(
             f"{out_dir}: its last checkpoint is step {steps[-1]}, past `train.max_steps` = "
-            f"{cfg.train.max_steps}; give max_steps >= {steps[-1]} or another --output-dir")
+            f"{cfg.train.max_steps}; give max_steps >= {steps[-1]}, another --output-dir, or "
+            f"{FRESH_HINT}")
+
+
+def set_aside(out_dir: Path, now: datetime | None = None) -> Path | None:
+    """Rename a run folder that holds anything to `.<name>.replaced-<UTC time>` beside it
+    (one rename: atomic, nothing deleted); that path, or None when there was nothing.
+    Hidden, so the report and the workflow's scans do not take it for a current run.
+    Only the folder's lock holder may call it (marble train takes the lock first)."""
+    out_dir = Path(out_dir)
+    if not out_dir.exists() and not out_dir.is_symlink():
+        return None
+    if out_dir.is_dir() and not out_dir.is_symlink() and not any(out_dir.iterdir()):
+        return None
+    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%dT%H%M%SZ")
+    aside = out_dir.with_name(f".{out_dir.name}.replaced-{stamp}")
+    n = 1
+    while aside.exists() or aside.is_symlink():  # two starts within a second
+        n += 1
+        aside = out_dir.with_name(f".{out_dir.name}.replaced-{stamp}-{n}")
+    os.rename(out_dir, aside)
+    fd = os.open(out_dir.parent, os.O_RDONLY)
+    try:  # the rename outlives a crash
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return aside

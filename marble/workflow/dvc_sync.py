@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -74,13 +76,94 @@ def changed_stages(status_json: str) -> set[str]:
     return {key.rsplit(":", 1)[-1] for key in data}
 
 
-def touch(targets: list[str], snakemake: str = "snakemake") -> None:
-    """Mark the jobs of `targets` done without running them, in DAG order."""
+# DVC runs a stage's command through a shell ($SHELL or /bin/sh -c), which may stay between.
+SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "fish"}
+
+
+def runner_pid() -> int | None:
+    """The process that runs this stage (DVC): the parent, or the parent of the shell
+    between. None without psutil (a dependency of DVC, so there wherever DVC runs this)."""
+    try:
+        import psutil
+
+        parent = psutil.Process(os.getppid())
+        return parent.ppid() if parent.name() in SHELLS and parent.ppid() > 1 else parent.pid
+    except Exception:  # noqa: BLE001 - no psutil, or the parent already gone
+        return None
+
+
+def _gone(pid: int | None) -> bool:
+    """`pid` ended (a zombie too: dead, its parent not yet told)."""
+    if pid is None:
+        return False
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:  # not ours to inspect: take it as running
+        return False
+
+
+def wait_for(command: list[str], poll_s: float = 1.0) -> int:
+    """Run `command` (Snakemake) to its end as a job of its own; its exit status (128 + N
+    when it died of signal N, as a shell reports it).
+
+    `subprocess.run` SIGKILLed Snakemake 0.25 s into its Ctrl-C cleanup (its
+    KeyboardInterrupt path): `.snakemake/locks` stayed behind with a traceback. So the
+    command runs in a process group of its own, and every Ctrl-C, SIGTERM or SIGHUP that
+    reaches this wrapper (a terminal signals the foreground group it sits in) is passed to
+    that group once: Snakemake and its jobs stop as they would in a terminal, and this
+    wrapper waits for them. DVC has no SIGTERM handler and cannot survive a kill -9: when
+    the process that runs the stage is gone, nobody will record the stage, so Snakemake and
+    its jobs get what Ctrl-C sends instead of running on headless beside the next
+    `dvc repro` (training resumes from its checkpoints, an evaluation from its samples)."""
+    runner, proc, pending = runner_pid(), None, []
+
+    def forward(signum, frame):
+        if proc is None:  # before the command started: passed on once it has
+            pending.append(signum)
+            return
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, forward) for sig in stops}
+    try:
+        proc = subprocess.Popen(command, start_new_session=True)
+        for signum in pending:
+            forward(signum, None)
+        stopped = False
+        while True:
+            try:
+                code = proc.wait(timeout=poll_s)
+                break
+            except subprocess.TimeoutExpired:
+                if not stopped and _gone(runner):
+                    stopped = True
+                    print(f"dvc_sync: the process running this stage (pid {runner}) is gone: "
+                          "stopping Snakemake as Ctrl-C would", file=sys.stderr, flush=True)
+                    forward(signal.SIGINT, None)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - code if code < 0 else code
+
+
+def touch(targets: list[str], snakemake: str = "snakemake") -> int:
+    """Mark the jobs of `targets` done without running them, in DAG order; the exit status."""
     if not targets:
-        return
+        return 0
     cmd = [snakemake, *targets, "--touch", "-c1", "--quiet", "all", *TRIGGERS]
     print("dvc_sync:", " ".join(cmd), file=sys.stderr, flush=True)
-    subprocess.run(cmd, check=True)
+    code = wait_for(cmd)
+    if code:
+        print(f"dvc_sync: marking the upstream stages done failed (exit {code}): "
+              "see Snakemake's message above", file=sys.stderr, flush=True)
+    return code
 
 
 def _load_targets(root: Path) -> dict[str, str]:
@@ -101,13 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "restored":
         proc = subprocess.run(["dvc", "status", "--json"], capture_output=True, text=True,
                               check=True)
-        touch(current_prefix(targets, changed_stages(proc.stdout)))
-        return 0
+        return touch(current_prefix(targets, changed_stages(proc.stdout)))
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         p.error("stage: no command after --")
-    touch(upstream_targets(targets, args.stage))
-    return subprocess.run(command).returncode
+    return touch(upstream_targets(targets, args.stage)) or wait_for(command)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ marker, killed saves left `.checkpoint-*.tmp` folders, and nothing was fsynced.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -106,10 +107,36 @@ def test_stale_temporaries_are_removed_and_an_interrupted_overwrite_restored(tmp
     (root / ".checkpoint-000003.ab12cd34.tmp" / "checkpoint-000003").mkdir(parents=True)
     os.replace(root / "checkpoint-000002", root / ".checkpoint-000002.old")  # killed between renames
     removed = remove_stale_temporaries(tmp_path)
-    assert sorted(p.name for p in removed) == [".checkpoint-000002.old",
+    assert sorted(p.name for p, _ in removed) == [".checkpoint-000002.old",
                                                ".checkpoint-000003.ab12cd34.tmp"]
     assert sorted(p.name for p in root.iterdir()) == ["checkpoint-000002"]
     assert resume_checkpoint(tmp_path) == checkpoint_dir(tmp_path, 2)
+
+
+@pytest.mark.fault("stale .checkpoint-*.tmp after a killed save")
+def test_the_log_says_which_leftover_was_restored_and_which_removed(tmp_path, caplog):
+    """A `.old` renamed back was logged "removed (left by a killed checkpoint save)"."""
+    import logging
+
+    from marble.training.checkpoint import CheckpointManager
+
+    for step in (2, 3):
+        _save(tmp_path, step)
+    root = tmp_path / "checkpoints"
+    os.replace(root / "checkpoint-000002", root / ".checkpoint-000002.old")  # killed between renames
+    shutil.copytree(root / "checkpoint-000003", root / ".checkpoint-000003.old")  # after both
+    (root / ".checkpoint-000004.ab12cd34.tmp" / "checkpoint-000004").mkdir(parents=True)
+    with caplog.at_level(logging.WARNING, logger="marble.training.checkpoint"):
+        assert CheckpointManager(tmp_path, {}, keep=None).choose() == checkpoint_dir(tmp_path, 3)
+    said = sorted(r.getMessage().replace(str(root) + "/", "") for r in caplog.records)
+    assert said == [
+        "removed .checkpoint-000003.old (checkpoint-000003 exists: a save killed after its "
+        "second rename)",
+        "removed .checkpoint-000004.ab12cd34.tmp (left by a killed checkpoint save)",
+        "restored checkpoint-000002 from .checkpoint-000002.old (a save killed between the "
+        "two renames of its overwrite)",
+    ], said
+    assert sorted(p.name for p in root.iterdir()) == ["checkpoint-000002", "checkpoint-000003"]
 
 
 @pytest.mark.fault("checkpoint files not fsynced before the marker")

@@ -110,7 +110,7 @@ def test_a_moved_project_resumes(tmp_path, monkeypatch):
     assert inputs["data.train"]["fingerprint"].startswith("sha256:")
 
 
-def _no_training(cfg, out_dir, device=None, progress=True, stop=None):  # run_training's signature
+def _no_training(cfg, out_dir, device=None, progress=True, stop=None, fresh=False):  # run_training's signature
     return {"final_step": 0, "rank": 0}
 
 
