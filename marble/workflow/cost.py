@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from marble.config import load_config
 from marble.workflow import flops as wf_flops
 from marble.workflow.flops import lookup
+from marble.training.heldout_schedule import evaluated_steps, heldout_rows
 
 # Dense FP16/BF16 tensor-core peaks (NVIDIA datasheets); the paper's GPUs are H200s.
 GPU_PEAKS = {"h200": 989e12, "h100": 989e12, "a100": 312e12}
@@ -158,8 +159,6 @@ def heldout_flops(cfg, table: dict, test_rows: int, processes: int, from_step: i
     """One process's FLOPs of the held-out evaluations (train.eval_every, marble.training.heldout)
     still to come: its share of the test items, generated in sampling.eval_num_steps steps at
     the rollouts' per-step cost, decoded and scored by every reward of the run."""
-    from marble.training.heldout_schedule import evaluated_steps, heldout_rows
-
     t, s = cfg.train, cfg.sampling
     evals = len(evaluated_steps(t.eval_every, t.max_steps, from_step))
     if not evals:
