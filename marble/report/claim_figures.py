@@ -32,20 +32,36 @@ def _err(d: dict) -> tuple[float, float, float]:
 
 
 def change_figure(v: dict, path: Path) -> str:
+    """One panel per reward, each on its own scale (a specialist moves by a tenth of what a
+    generalist does): every arm's change with its interval, the baseline arm's mean and the
+    reward's change trained alone drawn across."""
     rewards, arms = v["rewards"], v["arms"]
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(arms)), 3.5))
-    width = 0.8 / max(len(rewards), 1)
-    for i, r in enumerate(rewards):
+    alone = (v.get("questions", {}).get("every_reward_learnable_alone") or {}).get("per_reward", {})
+    cols = min(len(rewards), 2)
+    rows = -(-len(rewards) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(max(6, 0.55 * len(arms)) * cols, 2.8 * rows),
+                             squeeze=False)
+    x = np.arange(len(arms))
+    for ax, r in zip(axes.flat, rewards):
         vals = [_err(v["arm_results"][a]["change"].get(r)) for a in arms]
-        x = np.arange(len(arms)) + (i - (len(rewards) - 1) / 2) * width
-        ax.bar(x, [m for m, _, _ in vals], width, yerr=np.array([[lo for _, lo, _ in vals],
-                                                                  [hi for _, _, hi in vals]]),
-               capsize=2, label=r + (" (specialist)" if r in v["specialists"] else ""))
-    ax.axhline(0, color="black", lw=0.8)
-    ax.set_xticks(np.arange(len(arms)), arms, rotation=30, ha="right")
-    ax.set_ylabel("change from initial model")
-    ax.legend(fontsize=7)
-    ax.set_title("Change per reward, 95% interval over seeds")
+        colors = ["tab:red" if a == v["marble_arm"] else "tab:grey" if a == v["baseline_arm"]
+                  else "tab:blue" for a in arms]
+        ax.bar(x, [m for m, _, _ in vals], 0.7, color=colors,
+               yerr=np.array([[lo for _, lo, _ in vals], [hi for _, _, hi in vals]]), capsize=2)
+        base = _err(v["arm_results"][v["baseline_arm"]]["change"].get(r))[0]
+        ax.axhline(base, color="tab:grey", ls="--", lw=1, label=f"{v['baseline_arm']} (mean)")
+        own = (alone.get(r) or {}).get("change", {}).get("mean")
+        if own is not None:
+            ax.axhline(own, color="tab:green", ls=":", lw=1.2, label="trained alone (mean)")
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_xticks(x, arms, rotation=35, ha="right", fontsize=7)
+        ax.set_title(r + (" (specialist)" if r in v["specialists"] else ""), fontsize=9)
+        ax.legend(fontsize=6, loc="lower right")
+    for ax in list(axes.flat)[len(rewards):]:
+        ax.axis("off")
+    fig.suptitle(f"Change from the initial model, 95% interval over seeds "
+                 f"(red: {v['marble_arm']}, grey: {v['baseline_arm']})", fontsize=10)
+    fig.tight_layout()
     return _save(fig, path)
 
 
@@ -79,14 +95,14 @@ def cost_figure(v: dict, path: Path) -> str:
     arms = v["arms"]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.2))
     ratios = [v["cost"][a].get("flops_ratio") or np.nan for a in arms]
-    a1.bar(arms, ratios)
+    a1.bar(np.arange(len(arms)), ratios)
     a1.set_ylabel("counted FLOPs vs weighted sum")
     cpu = [_err(v["cost"][a]["cpu_s"]) for a in arms]
-    a2.bar(arms, [m for m, _, _ in cpu], yerr=np.array([[lo for _, lo, _ in cpu],
+    a2.bar(np.arange(len(arms)), [m for m, _, _ in cpu], yerr=np.array([[lo for _, lo, _ in cpu],
                                                         [hi for _, _, hi in cpu]]), capsize=2)
     a2.set_ylabel("CPU seconds per run")
     for ax in (a1, a2):
-        ax.tick_params(axis="x", rotation=45)
+        ax.set_xticks(np.arange(len(arms)), arms, rotation=35, ha="right", fontsize=7)
     return _save(fig, path)
 
 

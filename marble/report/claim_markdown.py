@@ -80,11 +80,11 @@ def _powered(p: dict) -> str:
     effect = p.get("effect_of_interest")
     if effect is None:
         return ""
+    what = f"; effect of interest {effect:.3g} (its rule fixed before the run: docs/claim.md)"
     if p.get("powered"):
-        return f"; effect of interest {effect:.3g} (fixed before the run): these seeds detect it"
+        return f"{what}: these seeds detect it"
     need = p.get("seeds_for_effect_of_interest")
-    return (f"; effect of interest {effect:.3g} (fixed before the run): not detected with these "
-            f"seeds ({need or 'more than 1000'} would)")
+    return f"{what}: not detected with these seeds ({need or 'more than 1000'} would)"
 
 
 def power_lines(v: dict) -> list[str]:
