@@ -130,3 +130,12 @@ def test_two_seeds_that_agree_by_chance_keep_the_fractions_sampling_error():
     assert q["difference"]["high"] == pytest.approx(0.1 + 1.1490, abs=1e-3)
     assert q["answer"] == "no difference larger than 1.25" and q["powered"] is False
     assert cs.fraction_se(0.0, 30) > 0 and math.isnan(cs.fraction_se(0.5, 0))
+
+
+def test_a_runs_cpu_seconds_come_from_its_summary_before_the_sampled_benchmark(tmp_path):
+    from marble.report.claim_cli import cpu_seconds
+
+    (tmp_path / "r-s1.tsv").write_text("s\tcpu_time\n35.0\t13.0\n")
+    assert cpu_seconds({"cpu_time_s": 38.5}, tmp_path, "r-s1") == 38.5
+    assert cpu_seconds({}, tmp_path, "r-s1") == 13.0  # an older run: the benchmark's sample
+    assert math.isnan(cpu_seconds({}, tmp_path, "other"))

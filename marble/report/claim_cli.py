@@ -29,8 +29,12 @@ from marble.runtime.io import write_json, write_text
 from marble.workflow.claim import ALONE_PREFIX, parse_run_name
 
 
-def cpu_seconds(benchmarks: Path | None, run: str) -> float:
-    """CPU seconds of a run's Snakemake benchmark file (`cpu_time`), NaN when absent."""
+def cpu_seconds(summary: dict, benchmarks: Path | None, run: str) -> float:
+    """CPU seconds of a run: its train_summary.json's `cpu_time_s` (the process's own count),
+    else its Snakemake benchmark file's `cpu_time` (sampled every 30 s: an undercount of a
+    short job), NaN when neither exists."""
+    if isinstance(summary.get("cpu_time_s"), (int, float)):
+        return float(summary["cpu_time_s"])
     path = None if benchmarks is None else benchmarks / f"{run}.tsv"
     if path is None or not path.is_file():
         return math.nan
@@ -68,7 +72,7 @@ def collect(runs_dir: Path, benchmarks: Path | None):
         bal = run.config.get("balancer") or {}
         settings[arm] = {"method": bal.get("method"), "amortize_every": bal.get("amortize_every"),
                          "alpha_ema": bal.get("alpha_ema")}
-        cpu.setdefault(arm, []).append(cpu_seconds(benchmarks, run.name))
+        cpu.setdefault(arm, []).append(cpu_seconds(run.summary, benchmarks, run.name))
     return measures, rewards, specialists, settings, cpu
 
 
