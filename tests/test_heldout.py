@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 from checkpoint_compare import assert_same_checkpoint
+from tiny_tables import three_prompt_table
 
-from marble.data.records import PromptRecord, to_frame
 from marble.train import main as train_main
 from marble.training.checkpoint import checkpoint_dir
 from marble.training.heldout import due, eval_record, heldout_items, heldout_rows
@@ -48,20 +48,8 @@ def test_record_means_count_scored_and_unscorable_samples():
 
 @pytest.fixture(scope="module")
 def tables(tmp_path_factory) -> tuple[Path, Path]:
-    rows = [
-        PromptRecord.make("a photo of a red apple", "geneval",
-                          {"tag": "colors", "include": [{"class": "apple", "count": 1,
-                                                         "color": "red"}]}),
-        PromptRecord.make('a sign that says "hello"', "ocr"),
-        PromptRecord.make("a castle at dawn", "pickscore"),
-    ]
-    masks = {"toy_brightness": [True] * 3, "toy_saturation": [True] * 3,
-             "toy_text_contrast": [False, True, False],
-             "toy_color_match": [True, False, False]}
     out = tmp_path_factory.mktemp("data")
-    to_frame(rows, masks).to_parquet(out / "train.parquet")
-    to_frame(rows, masks).to_parquet(out / "test.parquet")
-    return out / "train.parquet", out / "test.parquet"
+    return three_prompt_table(out / "train.parquet"), three_prompt_table(out / "test.parquet")
 
 
 def _args(model: Path, tables, out: Path, steps: int, *extra: str) -> list[str]:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from checkpoint_compare import assert_same_checkpoint
+from tiny_tables import three_prompt_table
 
 from marble.training.run_lock import lock_path
 from marble.data.records import PromptRecord, to_frame
@@ -31,19 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def table_path(tmp_path_factory) -> Path:
-    rows = [
-        PromptRecord.make("a photo of a red apple", "geneval",
-                          {"tag": "color_attr", "include": [{"class": "apple", "count": 1,
-                                                             "color": "red"}]}),
-        PromptRecord.make('a sign that says "hello"', "ocr"),
-        PromptRecord.make("a castle at dawn", "pickscore"),
-    ]
-    masks = {"toy_brightness": [True] * 3, "toy_saturation": [True] * 3,
-             "toy_text_contrast": [False, True, False],
-             "toy_color_match": [True, False, False]}
-    out = tmp_path_factory.mktemp("data") / "train.parquet"
-    to_frame(rows, masks).to_parquet(out)
-    return out
+    return three_prompt_table(tmp_path_factory.mktemp("data") / "train.parquet")
 
 
 def args(model: Path, table: Path, out: Path, max_steps: int, *extra: str) -> list[str]:
