@@ -244,8 +244,9 @@ def test_dvc_sync_touches_upstream_and_the_current_prefix_only():
 _SLOW_CLEANUP = """
 import pathlib, signal, sys, time
 def stop(signum, frame):
-    time.sleep(1.0)
-    pathlib.Path(sys.argv[1]).write_text(signal.Signals(signum).name)
+    time.sleep(float(sys.argv[3]) if len(sys.argv) > 3 else 1.0)
+    with open(sys.argv[1], "a") as log:  # every signal that reached it, in order
+        log.write(signal.Signals(signum).name + " ")
     sys.exit(130)
 signal.signal(signal.SIGINT, stop)
 signal.signal(signal.SIGTERM, stop)
@@ -254,13 +255,16 @@ time.sleep(60)
 """
 
 
-@pytest.mark.parametrize("how", ["Ctrl-C", "kill <wrapper pid>", "kill -9 <dvc pid>"])
+@pytest.mark.parametrize("how", ["Ctrl-C", "kill <wrapper pid>", "kill -9 <dvc pid>",
+                                 "SIGTERM <dvc group>"])
 def test_dvc_sync_lets_its_command_clean_up_when_interrupted(tmp_path, how):
     """Ctrl-C (SIGINT to the process group) of `dvc repro` SIGKILLed Snakemake 0.25 s into
     its cleanup (subprocess.run's KeyboardInterrupt path): its lock stayed behind, with a
     traceback. SIGTERM to the wrapper alone, or the death of DVC (no SIGTERM handler; kill
     -9), left Snakemake running headless. Now the command gets the signal once (Ctrl-C's
-    when DVC is gone), cleans up, and its status is the wrapper's."""
+    when DVC is gone), cleans up, and its status is the wrapper's. A SIGTERM to DVC's whole
+    group (systemd, `timeout`) kills DVC at once: the command has its SIGTERM already and
+    gets no Ctrl-C after it (that would cut a training job's checkpointing stop short)."""
     import os
     import signal
     import time
@@ -270,8 +274,8 @@ def test_dvc_sync_lets_its_command_clean_up_when_interrupted(tmp_path, how):
     (tmp_path / "child.py").write_text(_SLOW_CLEANUP)
     done, ready = tmp_path / "cleaned", tmp_path / "ready"
     wrapper = [sys.executable, "-m", "marble.workflow.dvc_sync", "stage", "prepare", "--",
-               sys.executable, "child.py", str(done), str(ready)]
-    if how.startswith("kill -9"):  # a stand-in for DVC: runs the stage command and waits
+               sys.executable, "child.py", str(done), str(ready), "3" if "group" in how else "1"]
+    if how.startswith(("kill -9", "SIGTERM")):  # a stand-in for DVC: runs the stage command and waits
         wrapper = [sys.executable, "-c", "import subprocess, sys; subprocess.run(sys.argv[1:])", *wrapper]
     proc = subprocess.Popen(wrapper, cwd=tmp_path, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -281,13 +285,17 @@ def test_dvc_sync_lets_its_command_clean_up_when_interrupted(tmp_path, how):
     assert ready.exists(), proc.communicate()[1]
     if how == "Ctrl-C":
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal does: the whole group
+    elif "group" in how:
+        os.killpg(proc.pid, signal.SIGTERM)  # DVC and the wrapper (the command's group is its own)
     else:
         os.kill(proc.pid, signal.SIGKILL if how.startswith("kill -9") else signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
     while not done.exists() and time.time() < deadline:  # the command outlives a killed DVC
         time.sleep(0.05)
-    _, err = proc.communicate(timeout=30)
-    assert done.read_text() == ("SIGTERM" if how == "kill <wrapper pid>" else "SIGINT"), err
-    if not how.startswith("kill -9"):
+    time.sleep(4 if "group" in how else 0)  # a Ctrl-C that followed would be logged by now
+    assert done.read_text().split() == (["SIGTERM"] if how in ("kill <wrapper pid>", "SIGTERM <dvc group>")
+                                        else ["SIGINT"]), err
+    if not how.startswith(("kill -9", "SIGTERM")):
         assert proc.returncode == 130 and "Traceback" not in err, err
 
 

@@ -119,9 +119,10 @@ def wait_for(command: list[str], poll_s: float = 1.0) -> int:
     the process that runs the stage is gone, nobody will record the stage, so Snakemake and
     its jobs get what Ctrl-C sends instead of running on headless beside the next
     `dvc repro` (training resumes from its checkpoints, an evaluation from its samples)."""
-    runner, proc, pending = runner_pid(), None, []
+    runner, proc, pending, passed = runner_pid(), None, [], []
 
     def forward(signum, frame):
+        passed.append(signum)  # a stop already on its way: no second one when DVC is gone
         if proc is None:  # before the command started: passed on once it has
             pending.append(signum)
             return
@@ -135,14 +136,16 @@ def wait_for(command: list[str], poll_s: float = 1.0) -> int:
     try:
         proc = subprocess.Popen(command, start_new_session=True)
         for signum in pending:
-            forward(signum, None)
+            os.killpg(proc.pid, signum)
         stopped = False
         while True:
             try:
                 code = proc.wait(timeout=poll_s)
                 break
             except subprocess.TimeoutExpired:
-                if not stopped and _gone(runner):
+                # A SIGTERM to DVC's whole group reached Snakemake (and its jobs' graceful
+                # stop: a checkpoint) already: a Ctrl-C after it would cut that stop short.
+                if not stopped and not passed and _gone(runner):
                     stopped = True
                     print(f"dvc_sync: the process running this stage (pid {runner}) is gone: "
                           "stopping Snakemake as Ctrl-C would", file=sys.stderr, flush=True)
