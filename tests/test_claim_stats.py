@@ -57,6 +57,14 @@ def test_eval_change_is_the_last_evaluation_minus_step_zero():
     assert math.isnan(eval_change(ev, "missing")) and math.isnan(eval_change(None, "a"))
     assert math.isnan(eval_change(ev[1:], "a"))  # no step-0 evaluation: no initial model
     assert math.isnan(eval_change(_evals({"a": math.nan}, {"a": 1.0}), "a"))  # unscorable
+    # a run still going (its config says 10 steps, its last evaluation is at 8): no change yet
+    assert math.isnan(eval_change(_evals({"a": 0.25}, {"a": 0.5}), "a", final_step=10))
+    assert eval_change(_evals({"a": 0.25}, {"a": 0.5}), "a", final_step=8) == pytest.approx(0.25)
+    # the two evaluations measured different things (test table or settings changed on resume)
+    other = _evals({"a": 0.25}, {"a": 0.5}).assign(eval_id=["0123456789abcdef", "fedcba9876543210"])
+    assert math.isnan(eval_change(other, "a"))
+    same = other.assign(eval_id=["0123456789abcdef"] * 2)
+    assert eval_change(same, "a") == pytest.approx(0.25)
 
 
 def test_verdict_on_synthetic_runs():
@@ -139,3 +147,11 @@ def test_a_runs_cpu_seconds_come_from_its_summary_before_the_sampled_benchmark(t
     assert cpu_seconds({"cpu_time_s": 38.5}, tmp_path, "r-s1") == 38.5
     assert cpu_seconds({}, tmp_path, "r-s1") == 13.0  # an older run: the benchmark's sample
     assert math.isnan(cpu_seconds({}, tmp_path, "other"))
+
+
+def test_alone_sources_of_a_reward_not_trained_alone_is_an_error_naming_it():
+    section = {"seeds": [1, 2], "max_steps": 4, "arms": {},
+               "alone": {"seeds": [1], "rewards": ["toy_color_match"],
+                         "sources": {"toy_colour_match": ["geneval"]}}}  # misspelt
+    with pytest.raises(ValueError, match=r"claim.alone.sources.toy_colour_match: not among"):
+        runs(section)

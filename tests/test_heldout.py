@@ -94,6 +94,7 @@ def test_training_with_evaluation_is_bitwise_training_without(runs):
 def test_steps_zero_every_n_and_last_each_once_with_every_reward(runs):
     lines = _eval_lines(runs["eval"])
     assert [r["step"] for r in lines] == [0, 2, 3]
+    assert len({r["eval_id"] for r in lines}) == 1 and len(lines[0]["eval_id"]) == 16
     first = lines[0]
     # 3 prompts x 2 images; text contrast applies to one prompt, colour match to one
     assert first["eval_applicable/toy_brightness"] == 6 and first["eval_applicable/toy_text_contrast"] == 2
@@ -138,3 +139,51 @@ def test_a_missing_test_table_is_refused_before_training_when_evaluation_is_on(t
     with pytest.raises(TrainError) as err:
         check_table(load_config("tiny", overrides=[*sets, "train.eval_every=5"]))
     assert "`data.test`" in str(err.value) and "train.eval_every=0" in str(err.value)
+
+
+def test_a_stop_during_an_evaluation_is_taken_with_a_checkpoint_of_that_step(
+        tiny_model_dir, tables, tmp_path, monkeypatch):
+    """SIGUSR1 while the held-out evaluation of step 2 runs (a paper one takes minutes): the
+    run stops there with step 2's checkpoint (save_every 5 would not have written one), not
+    one training step later, and the resume evaluates nothing twice."""
+    import os
+    import signal
+
+    from marble.training import heldout
+
+    real = heldout.HeldoutEvaluator.evaluate
+
+    def evaluate_then_signal(self, step, ema):
+        record = real(self, step, ema)
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGUSR1)  # what SLURM's --signal sends
+        return record
+
+    monkeypatch.setattr(heldout.HeldoutEvaluator, "evaluate", evaluate_then_signal)
+    run = tmp_path / "run"
+    assert train_main(_args(tiny_model_dir, tables, run, 4, *EVAL, "train.save_every=5")) == 75
+    assert checkpoint_dir(run, 2).is_dir() and not (run / "train_summary.json").exists()
+    assert [r["step"] for r in _eval_lines(run)] == [0, 2]
+    monkeypatch.setattr(heldout.HeldoutEvaluator, "evaluate", real)
+    assert train_main(_args(tiny_model_dir, tables, run, 4, *EVAL, "train.save_every=5")) == 0
+    assert [r["step"] for r in _eval_lines(run)] == [0, 2, 4]
+
+
+def test_evaluation_settings_may_change_on_resume_and_the_change_says_it_is_none(
+        runs, tiny_model_dir, tables, tmp_path):
+    """The evaluation's settings do not change training, so a resume may change them; its
+    lines then carry another eval_id, and the claim's change across them is NaN, not a
+    difference of two measurements of different things."""
+    import pandas as pd
+
+    from marble.report.claim_experiment import eval_change
+
+    run = tmp_path / "run"
+    assert train_main(_args(tiny_model_dir, tables, run, 2, *EVAL)) == 0
+    assert train_main(_args(tiny_model_dir, tables, run, 3, "train.eval_every=2",
+                            "train.eval_images_per_prompt=1")) == 0
+    lines = _eval_lines(run)
+    assert [r["step"] for r in lines] == [0, 2, 3] and lines[0]["eval_id"] != lines[-1]["eval_id"]
+    assert math.isnan(eval_change(pd.DataFrame(lines), "toy_brightness"))
+    same = pd.DataFrame(_eval_lines(runs["eval"]))
+    assert math.isfinite(eval_change(same, "toy_brightness", final_step=3))

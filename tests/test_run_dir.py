@@ -65,7 +65,7 @@ def test_a_folder_written_before_a_key_existed_resumes_at_its_default_only():
     from marble.training.run_dir import config_differences
 
     old = to_dict(load_config("tiny"))
-    del old["sampling"]["eval_solver"], old["train"]["eval_images_per_prompt"]  # keys of 2026-12-02
+    del old["balancer"]["full_solve"]  # as if written before the key existed
     assert config_differences(old, to_dict(load_config("tiny"))) == []
-    changed = to_dict(load_config("tiny", overrides=["train.eval_images_per_prompt=2"]))
-    assert config_differences(old, changed) == ["train.eval_images_per_prompt"]
+    changed = to_dict(load_config("tiny", overrides=["balancer.full_solve=recompute"]))
+    assert config_differences(old, changed) == ["balancer.full_solve"]

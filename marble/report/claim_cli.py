@@ -66,7 +66,7 @@ def collect(runs_dir: Path, benchmarks: Path | None):
             raise ReportInputError(f"{run.path}: no eval.jsonl: a claim run needs the held-out "
                                    "evaluation (train.eval_every; marble.workflow.claim sets it)")
     measures = [measure_run(a, s, r.metrics, r.reward_names if a.startswith(ALONE_PREFIX) else rewards,
-                            r.evals) for a, s, r in loaded]
+                            r.evals, r.max_steps) for a, s, r in loaded]
     settings, cpu = {}, {}
     for arm, seed, run in loaded:
         bal = run.config.get("balancer") or {}

@@ -48,14 +48,26 @@ class RunMeasure:
     diag_steps: int = 0  # diagnostic steps the fractions count (their sampling error)
 
 
-def eval_change(evals: pd.DataFrame | None, reward: str) -> float:
-    """The reward's held-out mean at the last evaluation minus at step 0 (NaN when the run
-    has no step-0 and later evaluation, or the reward was unscorable in either)."""
+def eval_change(evals: pd.DataFrame | None, reward: str, final_step: int | None = None) -> float:
+    """The reward's held-out mean at the last evaluation minus at step 0. NaN when there is no
+    step-0 and later evaluation, when the last is not at `final_step` (a run still going),
+    when the two measured different things (`eval_id`: test table or settings changed on
+    resume), or when the reward was unscorable in either."""
     col = f"eval_reward/{reward}"
-    if evals is None or col not in evals or len(evals) < 2 or evals["step"].iloc[0] != 0:
+    if not has_heldout(evals, final_step) or col not in evals:
         return math.nan
     first, last = float(evals[col].iloc[0]), float(evals[col].iloc[-1])
     return last - first if math.isfinite(first) and math.isfinite(last) else math.nan
+
+
+def has_heldout(evals: pd.DataFrame | None, final_step: int | None = None) -> bool:
+    """A held-out change exists: a step-0 evaluation and a later one (at `final_step` when
+    given) of the same evaluation identity."""
+    if evals is None or len(evals) < 2 or evals["step"].iloc[0] != 0:
+        return False
+    if final_step is not None and evals["step"].iloc[-1] != final_step:
+        return False
+    return "eval_id" not in evals or evals["eval_id"].iloc[0] == evals["eval_id"].iloc[-1]
 
 
 def _fraction(frame: pd.DataFrame, col: str) -> float:
@@ -67,7 +79,7 @@ def _fraction(frame: pd.DataFrame, col: str) -> float:
 
 
 def measure_run(arm: str, seed: int, metrics: pd.DataFrame, rewards: list[str],
-                evals: pd.DataFrame | None) -> RunMeasure:
+                evals: pd.DataFrame | None, final_step: int | None = None) -> RunMeasure:
     diag = metrics[metrics["anti_aligned"].notna()] if "anti_aligned" in metrics else metrics.iloc[:0]
     solve = diag["full_solve"].fillna(0) > 0 if "full_solve" in diag else pd.Series(False, diag.index)
     anti = {key: _fraction(diag, col) for key, col in FLAGS.items()}
@@ -77,7 +89,7 @@ def measure_run(arm: str, seed: int, metrics: pd.DataFrame, rewards: list[str],
               for a in ANGLES}
     cos = diag.loc[solve, "cos_min"].to_numpy(float) if "cos_min" in diag else np.array([])
     cos = cos[np.isfinite(cos)]
-    return RunMeasure(arm, seed, {r: eval_change(evals, r) for r in rewards}, anti, angles,
+    return RunMeasure(arm, seed, {r: eval_change(evals, r, final_step) for r in rewards}, anti, angles,
                       float(cos.min()) if len(cos) else math.nan, int(solve.sum()), len(diag))
 
 

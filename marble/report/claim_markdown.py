@@ -82,9 +82,9 @@ def _powered(p: dict) -> str:
         return ""
     what = f"; effect of interest {effect:.3g} (its rule fixed before the run: docs/claim.md)"
     if p.get("powered"):
-        return f"{what}: these seeds detect it"
+        return f"{what}: these seeds would detect a difference that size (80% power)"
     need = p.get("seeds_for_effect_of_interest")
-    return f"{what}: not detected with these seeds ({need or 'more than 1000'} would)"
+    return f"{what}: too few seeds for a difference that size ({need or 'more than 1000'} would do)"
 
 
 def power_lines(v: dict) -> list[str]:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from marble.report import claim_stats as cs
 from marble.report.claim_experiment import (CHANGE_MEASURE, QUESTIONS, RunMeasure, arm_table,
                                             measure_run, question_a, question_b, question_c)
+from marble.report.claim_experiment import has_heldout as held_out_exists
 from marble.report.claim_markdown import interval_text
 from marble.report.loading import RunData
 from marble.report.published import PUBLISHED_ANTI_ALIGNED
@@ -49,14 +50,12 @@ def seed_of(run: RunData) -> int | None:
 
 
 def has_heldout(run: RunData) -> bool:
-    """eval.jsonl with a step-0 evaluation and a later one: the held-out change exists."""
-    ev = run.evals
-    return ev is not None and len(ev) >= 2 and ev["step"].iloc[0] == 0
+    """A finished held-out change: claim_experiment.has_heldout on the run's eval.jsonl."""
+    return held_out_exists(run.evals, run.max_steps)
 
 
 def _mean(values) -> float:
-    xs = [v for v in values if math.isfinite(v)]
-    return sum(xs) / len(xs) if xs else math.nan
+    return cs.t_interval(values).mean
 
 
 def per_seed(measures: list[RunMeasure]) -> list[RunMeasure]:
@@ -107,7 +106,7 @@ class Runs:
         # per run: its held-out measure (NaN changes without eval.jsonl) and its training one;
         # seed -1 only labels a seedless run's own fractions, never a sample
         self.heldout = {r.name: measure_run(r.balancer, -1 if seed_of(r) is None else seed_of(r),
-                                            r.metrics, self.rewards, r.evals) for r in runs}
+                                            r.metrics, self.rewards, r.evals, r.max_steps) for r in runs}
         self.training = {name: replace(m, changes={
             k: windows[name][k].delta if k in windows.get(name, {}) else math.nan for k in self.rewards})
             for name, m in self.heldout.items()}

@@ -55,6 +55,12 @@ class RunData:
         return sorted(c.split("/", 1)[1] for c in self.metrics.columns if c.startswith("reward/"))
 
     @property
+    def max_steps(self) -> int | None:
+        """train.max_steps of its config.yaml (None without one)."""
+        value = (self.config.get("train") or {}).get("max_steps")
+        return None if value is None else int(value)
+
+    @property
     def alpha_ema(self) -> float | None:
         value = (self.config.get("balancer") or {}).get("alpha_ema")
         return None if value is None else float(value)
@@ -72,7 +78,7 @@ def read_metrics(path: Path) -> pd.DataFrame:
     if frame.empty:
         return pd.DataFrame({"step": pd.Series(dtype=float)})
     for col in frame.columns:
-        if col not in ("balancer", "stage_name"):  # text columns
+        if col not in ("balancer", "stage_name", "eval_id"):  # text columns
             frame[col] = pd.to_numeric(frame[col], errors="coerce")
     frame = frame.drop_duplicates("step", keep="last").sort_values("step")
     return frame.reset_index(drop=True)

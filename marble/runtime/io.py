@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """fsync a folder (a rename or a new entry in it outlives a crash); a filesystem that
+    cannot fsync folders is no error."""
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -34,11 +36,11 @@ def fsync_tree(root: str | os.PathLike, files: bool = True) -> None:
     root = Path(root)
     for path in sorted(root.rglob("*"), reverse=True):
         if path.is_dir():
-            _fsync_dir(path)
+            fsync_dir(path)
         elif files and path.is_file():
             with open(path, "rb") as fh:
                 os.fsync(fh.fileno())
-    _fsync_dir(root)
+    fsync_dir(root)
 
 
 @contextlib.contextmanager
@@ -70,7 +72,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
                 with open(target, "rb+") as fh:
                     os.fsync(fh.fileno())
             os.replace(target, final)
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -15,7 +15,11 @@ between two balancers at one seed, is then the model's alone, not a new draw of 
 noise: the claim experiment's paired comparisons rest on this (docs/claim.md).
 
 It touches no random state of training (own generators) and restores the online weights
-after the EMA swap, so a run with evaluation trains bitwise as one without.
+after the EMA swap, so a run with evaluation trains bitwise as one without; so its settings
+may change on resume (marble.training.run_dir.RESULT_NEUTRAL_KEYS). What they measure is
+recorded instead: every line carries `eval_id`, a digest of the test table's content and
+the evaluation's settings, and a change between two evaluations of different ids is no
+change (marble.report.claim_experiment.eval_change refuses it).
 """
 
 from __future__ import annotations
@@ -30,13 +34,24 @@ from marble.models.encode import decode_latents, latent_shape
 from marble.models.lora import use_adapter
 from marble.models.sampling import sample_latents, sigma_schedule
 from marble.runtime import distributed as dist
-from marble.runtime.seeds import keyed_generator
+from marble.runtime.fingerprint import fingerprint
+from marble.runtime.seeds import keyed_generator, stable_seed
 from marble.training.heldout_schedule import due, heldout_items, heldout_rows
 from marble.training.rollout import RewardScorer, applicable_mask, table_masks
 
 __all__ = ["HeldoutEvaluator", "due", "eval_record", "heldout_items", "heldout_rows"]
 
 STREAM_HELDOUT = 7  # the stream of the held-out images' latents (1-3: rollout.py, 4-6: seeds.py)
+
+
+def eval_identity(cfg, test_fingerprint: str) -> str:
+    """What an evaluation measures, as 16 hex digits: the test table's content and every
+    setting that changes the images or the scores (not the training's)."""
+    s, t = cfg.sampling, cfg.train
+    key = [test_fingerprint, s.eval_num_steps, s.eval_solver, s.resolution, s.guidance_scale,
+           t.eval_images_per_prompt, t.eval_max_prompts, t.seed, cfg.model.mixed_precision,
+           *[f"{r.name}:{sorted((r.options or {}).items())}:{r.applies_to}" for r in cfg.rewards]]
+    return f"{stable_seed(*map(str, key)):016x}"
 
 
 def eval_record(names: list[str], totals: torch.Tensor) -> dict:
@@ -66,6 +81,7 @@ class HeldoutEvaluator:
         self.sigmas = sigma_schedule(pipe.scheduler, s.eval_num_steps).to(info.device, torch.float32)
         rows = heldout_rows(len(table), t.eval_max_prompts)
         self.items = heldout_items(rows, t.eval_images_per_prompt, info.rank, info.world_size)
+        self.eval_id = eval_identity(cfg, fingerprint(cfg.data.test))
 
     def _noise(self, items: list[tuple], shape: tuple) -> torch.Tensor:
         seed = self.cfg.train.seed
@@ -109,7 +125,7 @@ class HeldoutEvaluator:
                               (applicable * finite).sum(0),
                               (applicable * ~finite).sum(0)])
         totals = dist.all_reduce_sum_(totals.to(self.info.device)).cpu()
-        record = {"step": step, **eval_record(self.names, totals)}
+        record = {"step": step, "eval_id": self.eval_id, **eval_record(self.names, totals)}
         record["time/eval_s"] = time.perf_counter() - start
         return record
 

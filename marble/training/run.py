@@ -25,16 +25,9 @@ from marble.training.stopping import StopRequest
 from marble.training.trainer import Trainer
 
 
-def _final_rewards(records: list[dict]) -> dict:
-    if not records:
-        return {}
-    return {k: v for k, v in records[-1].items() if k.startswith("reward/")}
-
-
-def _final_eval(trainer: Trainer) -> dict:
-    """The last held-out evaluation's rewards (empty without evaluation)."""
-    records = trainer.eval_log.read() if trainer.eval_log is not None else []
-    return {k: v for k, v in records[-1].items() if k.startswith("eval_reward/")} if records else {}
+def _last_values(records: list[dict], prefix: str) -> dict:
+    """The last record's keys under `prefix` (empty without records)."""
+    return {k: v for k, v in records[-1].items() if k.startswith(prefix)} if records else {}
 
 
 def _train_loop(trainer: Trainer, cfg: RunConfig, progress: bool,
@@ -46,19 +39,28 @@ def _train_loop(trainer: Trainer, cfg: RunConfig, progress: bool,
     # checkpoint is where the requeued job resumes), so stop before the first step.
     if trainer.step < max_steps and stop.agreed():
         return resumed, True
+    def stop_after_evaluation() -> bool:
+        """Evaluate when due; a stop that came during it (a paper evaluation takes minutes) is
+        taken now, not one training step later. Every rank evaluates, so every rank asks."""
+        return trainer.evaluate_if_due() is not None and stop.agreed() and trainer.step < max_steps
+
     bar = tqdm(total=max_steps, initial=trainer.step, desc="train", disable=not progress)
-    requeue = False
-    trainer.evaluate_if_due()  # step 0: the initial model (or a due step a requeue left)
-    while trainer.step < max_steps:
+    # Step 0: the initial model (or a due step a requeue left); a stop here saves nothing new.
+    requeue = stop_after_evaluation()
+    while trainer.step < max_steps and not requeue:
         trainer.train_epoch()
         bar.update(1)
         # One tiny all-reduce per step, so every rank stops after the same step.
         requeue = stop.agreed() and trainer.step < max_steps
-        if trainer.step % every == 0 or trainer.step == max_steps or requeue:
+        saved = trainer.step % every == 0 or trainer.step == max_steps or requeue
+        if saved:
             trainer.save()
         if requeue:
             break  # a due evaluation of this step runs after the resume
-        trainer.evaluate_if_due()  # after the checkpoint: a crash here loses no step
+        if stop_after_evaluation():  # after the checkpoint: a crash here loses no step
+            if not saved:
+                trainer.save()
+            requeue = True
     bar.close()
     if resumed is None and trainer.step == 0:
         trainer.save()  # max_steps 0: still leave a loadable checkpoint
@@ -106,8 +108,8 @@ def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
         # Snakemake's benchmark samples its jobs every 30 s and misses most of a short one.
         "cpu_time_s": time.process_time(),
         "rank": info.rank,
-        "balancer": cfg.balancer.method, "final_rewards": _final_rewards(trainer.metrics.read()),
-        "final_eval": _final_eval(trainer),
+        "balancer": cfg.balancer.method, "final_rewards": _last_values(trainer.metrics.read(), "reward/"),
+        "final_eval": _last_values(trainer.eval_log.read() if trainer.eval_log else [], "eval_reward/"),
         "requeue": requeue, "stop_signal": stop.signal_name,
     }
     # Every step skipped, or a reward NaN throughout: a failed run, no summary (all ranks raise).

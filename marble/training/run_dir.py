@@ -19,13 +19,16 @@ from pathlib import Path
 import yaml
 
 from marble.config import RunConfig, dump_yaml
+from marble.runtime.io import fsync_dir
 
 # Keys that may differ between a run folder's config.yaml and a resumed invocation:
 # they change how long / how often, not what is computed.
 RESULT_NEUTRAL_KEYS = {
     "preset", "train.max_steps", "train.save_every", "train.log_every", "train.keep_checkpoints",
     "sampling.eval_num_steps", "data.test", "data.embed_cache",
-    "train.eval_every",  # how often the held-out evaluation runs, not what training computes
+    # The held-out evaluation's settings: what it measures, not what training computes; every
+    # eval.jsonl line records them (`eval_id`, marble.training.heldout).
+    "train.eval_every", "train.eval_images_per_prompt", "train.eval_max_prompts", "sampling.eval_solver",
     "logging.backends",  # trackers watch a run; a folder from before the key resumes too
 }
 # Keys holding file or folder paths: compared resolved on resume, so `data/x` and its
@@ -149,9 +152,5 @@ def set_aside(out_dir: Path, now: datetime | None = None) -> Path | None:
         n += 1
         aside = out_dir.with_name(f".{out_dir.name}.replaced-{stamp}-{n}")
     os.rename(out_dir, aside)
-    fd = os.open(out_dir.parent, os.O_RDONLY)
-    try:  # the rename outlives a crash
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(out_dir.parent)  # the rename outlives a crash
     return aside

@@ -62,6 +62,10 @@ def alone_arms(section: dict) -> dict[str, dict]:
     single-reward run trains on its own dataset: one stage over those sources)."""
     alone = section.get("alone") or {}
     steps = section["max_steps"]
+    stray = sorted(set(alone.get("sources") or {}) - set(alone.get("rewards", [])))
+    if stray:  # a misspelt reward would train its specialist on every source, silently
+        raise ValueError(f"claim.alone.sources.{stray[0]}: not among claim.alone.rewards "
+                         f"({', '.join(alone.get('rewards', [])) or 'none'})")
     out = {}
     for r in alone.get("rewards", []):
         sets = _evaluated(steps) + list(section.get("set", [])) + [f"rewards=[{{name: {r}}}]"]
