@@ -104,8 +104,9 @@ def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
         "last_checkpoint": str(last) if last else None,
         "resumed_from": str(resumed) if resumed else None,
         "wall_time_s": time.perf_counter() - start, "world_size": info.world_size,
-        # This process's CPU seconds since it started (imports, loading, every thread):
-        # Snakemake's benchmark samples its jobs every 30 s and misses most of a short one.
+        # This attempt's CPU seconds since its process started (imports, loading, every
+        # thread; a requeued run's earlier attempts are not in it): Snakemake's benchmark
+        # samples its jobs every 30 s and misses most of a short one.
         "cpu_time_s": time.process_time(),
         "rank": info.rank,
         "balancer": cfg.balancer.method, "final_rewards": _last_values(trainer.metrics.read(), "reward/"),
