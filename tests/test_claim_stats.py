@@ -89,7 +89,12 @@ def test_verdict_on_synthetic_runs():
     assert q["c_marble_less_anti_aligned"]["answer"] is True  # 0.5 vs 0 on every seed
     assert q["conflict_weighted_sum_anti_aligned"]["answer"] is True
     assert q["theorem_full_solves_never_anti_aligned"] == {
-        "answer": True, "min_cosine": 0.3, "full_solve_steps": 6, "tolerance": 1e-6}
+        "answer": True, "min_cosine": 0.3, "full_solve_steps": 6, "tolerance": 1e-6,
+        "arms": ["marble_n5"]}
+    # every arm beside the baseline, paired by seed: MARBLE's specialist +1 on every seed
+    vs = v["arm_results"]["marble_n5"]["vs_baseline"]["s"]
+    assert vs["mean"] == pytest.approx(1.0) and vs["sd"] == pytest.approx(0.0, abs=1e-12)
+    assert "vs_baseline" not in v["arm_results"]["weighted_sum"]
     assert q["every_reward_learnable_alone"]["per_reward"]["s"]["change"]["n"] == 2
     assert set(v) >= {"arms", "seeds", "questions", "sentences", "arm_results", "specialists",
                       "change_measure"}
@@ -155,3 +160,23 @@ def test_alone_sources_of_a_reward_not_trained_alone_is_an_error_naming_it():
                          "sources": {"toy_colour_match": ["geneval"]}}}  # misspelt
     with pytest.raises(ValueError, match=r"claim.alone.sources.toy_colour_match: not among"):
         runs(section)
+
+
+def test_the_theorem_is_asked_of_min_norm_arms_and_learnability_only_with_alone_arms():
+    """A zoo weighting that is not min-norm (UPGrad, random, ...) may oppose a reward on its own
+    solve: the theorem is about MARBLE's and MGDA's; a zoo without alone arms asks no
+    learnability question (it was answered 'no difference larger than inf')."""
+    def run(arm, seed, cos):
+        diag = pd.DataFrame({"step": [1, 2], "anti_aligned": [0, 1], "full_solve": [1, 0],
+                             "cos_min": [cos, -0.5]})
+        return measure_run(arm, seed, diag, ["g"], _evals({"g": 0.0}, {"g": 1.0}))
+
+    measures = [run(a, s, c) for s in (1, 2) for a, c in
+                (("weighted_sum", 0.1), ("marble", 0.2), ("zoo_random", -0.3))]
+    every = claim_verdict(measures, ["g"], {}, "marble", "weighted_sum")
+    assert every["questions"]["theorem_full_solves_never_anti_aligned"]["answer"] is False
+    v = claim_verdict(measures, ["g"], {}, "marble", "weighted_sum", min_norm_arms={"marble"})
+    t = v["questions"]["theorem_full_solves_never_anti_aligned"]
+    assert t["answer"] is True and t["arms"] == ["marble"] and t["full_solve_steps"] == 2
+    assert "every_reward_learnable_alone" not in v["questions"]
+    assert len(v["sentences"]) == len(v["questions"]) == 5

@@ -76,10 +76,17 @@ def collect(runs_dir: Path, benchmarks: Path | None):
     return measures, rewards, specialists, settings, cpu
 
 
+# Our exact min-norm QP (marble.maths.qp): the full-solve theorem is about these. torchjd's
+# MGDA weighting is Frank-Wolfe (about 1e-4 off the optimum), the other weightings are not
+# min-norm at all.
+MIN_NORM_METHODS = ("marble", "mgda")
+
+
 def build(args) -> dict:
     measures, rewards, specialists, settings, cpu = collect(args.runs, args.benchmarks)
+    min_norm = {a for a, s in settings.items() if s["method"] in MIN_NORM_METHODS}
     verdict = claim_verdict(measures, rewards, specialists, args.marble_arm, args.baseline_arm,
-                            args.effect_fraction)
+                            args.effect_fraction, min_norm)
     costs = read_json_file(args.cost) if args.cost else {}
     verdict["arm_settings"] = {a: settings[a] for a in verdict["arms"]}
     verdict["cost"] = {a: {"counted_flops": (costs.get(a) or {}).get("flops"),

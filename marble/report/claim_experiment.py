@@ -106,8 +106,10 @@ def _by_seed(measures: list[RunMeasure], arm: str, get) -> dict[int, float]:
     return {m.seed: get(m) for m in measures if m.arm == arm}
 
 
-def arm_table(measures: list[RunMeasure], rewards: list[str]) -> dict:
-    """arm -> {"change": {reward: Interval}, "anti_aligned": {...}, "angles": {...}}."""
+def arm_table(measures: list[RunMeasure], rewards: list[str], baseline: str | None = None) -> dict:
+    """arm -> {"change": {reward: Interval}, "anti_aligned": {...}, "angles": {...}} and, with
+    a `baseline` arm, "vs_baseline": {reward: the arm's change minus the baseline's, paired by
+    seed} for every other arm (the zoo's arms beside MARBLE's, with the same intervals)."""
     out = {}
     for arm in dict.fromkeys(m.arm for m in measures):
         mine = [m for m in measures if m.arm == arm]
@@ -117,6 +119,10 @@ def arm_table(measures: list[RunMeasure], rewards: list[str]) -> dict:
                              for k in [*FLAGS, "full_solve", "amortized"]},
             "angles": {a: cs.t_interval([m.angles[a] for m in mine]) for a in ANGLES},
         }
+        if baseline is not None and arm != baseline:
+            out[arm]["vs_baseline"] = {
+                r: cs.paired(_by_seed(measures, arm, lambda m: m.changes[r]),
+                             _by_seed(measures, baseline, lambda m: m.changes[r])) for r in rewards}
     return out
 
 
@@ -174,13 +180,19 @@ def question_conflict(measures, baseline_arm) -> dict:
     return {"answer": cs.decide(iv), "fraction": iv.as_json()}
 
 
-def question_theorem(measures) -> dict:
-    """Every full-solve step of every run: worst-reward cosine of the solve's combination >= -tol."""
+def question_theorem(measures, min_norm_arms: set[str] | None = None) -> dict:
+    """Every full-solve step of every run of a min-norm balancer (`min_norm_arms`; None: every
+    arm): worst-reward cosine of the solve's combination >= -tol. Only the min-norm point of
+    the unit gradients' hull has <d, u_k> >= |d|^2; another weighting (UPGrad, CAGrad, random,
+    ...) may oppose a reward on its own solve, which the arm's `fresh_solve` fraction shows."""
+    if min_norm_arms is not None:
+        measures = [m for m in measures if m.arm in min_norm_arms]
     cos = [m.full_solve_min_cos for m in measures if math.isfinite(m.full_solve_min_cos)]
     worst = min(cos) if cos else math.nan
     steps = sum(m.full_solve_steps for m in measures)
     return {"answer": bool(steps) and worst >= -THEOREM_TOL, "min_cosine": json_number(worst),
-            "full_solve_steps": steps, "tolerance": THEOREM_TOL}
+            "full_solve_steps": steps, "tolerance": THEOREM_TOL,
+            "arms": sorted({m.arm for m in measures if m.full_solve_steps})}
 
 
 def question_learnable(measures) -> dict:
@@ -219,10 +231,13 @@ def effects_of_interest(alone: list[RunMeasure], fraction: float) -> dict[str, f
 
 
 def claim_verdict(measures: list[RunMeasure], rewards: list[str], specialists: dict[str, float],
-                  marble_arm: str, baseline_arm: str, effect_fraction: float = 0.5) -> dict:
+                  marble_arm: str, baseline_arm: str, effect_fraction: float = 0.5,
+                  min_norm_arms: set[str] | None = None) -> dict:
     """The verdict JSON (keys documented in docs/claim.md). `effect_fraction`: the smallest
     effect of interest as a fraction of a specialist's change trained alone (question b) and
-    of the paper's anti-aligned difference, 80% - 0% (question c)."""
+    of the paper's anti-aligned difference, 80% - 0% (question c). `min_norm_arms`: the arms
+    the full-solve theorem holds for (None: all). Without alone arms (the zoo) the
+    learnability question is not asked."""
     arms = list(dict.fromkeys(m.arm for m in measures))
     for need in (marble_arm, baseline_arm):
         if need not in arms:
@@ -230,9 +245,9 @@ def claim_verdict(measures: list[RunMeasure], rewards: list[str], specialists: d
     alone = [m for m in measures if m.arm.startswith(ALONE_PREFIX)]
     measures = [m for m in measures if not m.arm.startswith(ALONE_PREFIX)]
     arms = [a for a in arms if not a.startswith(ALONE_PREFIX)]
-    table = arm_table(measures, rewards)
+    table = arm_table(measures, rewards, baseline_arm)
     questions = {
-        "every_reward_learnable_alone": question_learnable(alone),
+        **({"every_reward_learnable_alone": question_learnable(alone)} if alone else {}),
         "a_every_reward_rises_under_marble": question_a(measures, rewards, marble_arm),
         "b_specialists_rise_more_under_marble": question_b(
             measures, specialists, marble_arm, baseline_arm, effects_of_interest(alone, effect_fraction)),
@@ -240,7 +255,7 @@ def claim_verdict(measures: list[RunMeasure], rewards: list[str], specialists: d
             measures, marble_arm, baseline_arm,
             effect_fraction * (PUBLISHED_ANTI_ALIGNED["weighted_sum"] - PUBLISHED_ANTI_ALIGNED["marble"])),
         "conflict_weighted_sum_anti_aligned": question_conflict(measures, baseline_arm),
-        "theorem_full_solves_never_anti_aligned": question_theorem(measures),
+        "theorem_full_solves_never_anti_aligned": question_theorem(measures, min_norm_arms),
     }
     return {
         "arms": arms, "seeds": sorted({m.seed for m in measures}),

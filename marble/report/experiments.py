@@ -13,7 +13,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from marble.report.claim_markdown import anti_frame, change_frame, cost_frame, power_lines
+from marble.report.claim_markdown import anti_frame, change_frame, cost_frame, paired_frame, power_lines
 from marble.report.loading import ReportInputError, read_json_file
 from marble.report.render import Figure, Section, Table, Text
 
@@ -45,6 +45,7 @@ def experiment_section(folder: Path, report_root: Path) -> Section:
         f"From `{folder}`."))
     try:
         frames = [("change of each reward", change_frame(verdict)),
+                  (f"each arm minus `{verdict['baseline_arm']}`, paired by seed", paired_frame(verdict)),
                   ("anti-aligned fraction of steps", anti_frame(verdict)),
                   ("cost", cost_frame(verdict))]
     except (KeyError, TypeError) as exc:
