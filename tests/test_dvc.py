@@ -117,8 +117,16 @@ def test_dvc_stages_match_snakefile(tmp_path):
     assert persisted and all(next(iter(e.values()))["persist"] for e in persisted)
 
 
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _tree_sha(path: Path) -> dict[str, str]:
+    """{relative file: sha256} of a file or a folder's files."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return {p.relative_to(path).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+def _lock_outs(work: Path) -> list[str]:
+    """Every out path dvc.lock records, over all stages."""
+    lock = yaml.safe_load((work / "dvc.lock").read_text())
+    return sorted({out["path"] for stage in lock["stages"].values() for out in stage.get("outs", [])})
 
 
 def _views():
@@ -169,7 +177,7 @@ def test_dvc_views_flat_tables_curves_and_bars(tmp_path):
 
 
 @pytest.mark.slow
-def test_dvc_repro_twice_metrics_and_remote_round_trip(tiny_pipeline, tmp_path):
+def test_dvc_repro_twice_metrics_and_plots(tiny_pipeline):
     work = tiny_pipeline["dir"]
     assert (work / "dvc.lock").is_file()
     again = dvc(["repro"], work)
@@ -188,23 +196,8 @@ def test_dvc_repro_twice_metrics_and_remote_round_trip(tiny_pipeline, tmp_path):
     values = plots[curves[0]][0]["content"]["data"]["values"]
     runs = yaml.safe_load((work / "config.yaml").read_text())["runs"]
     assert {v["run"] for v in values} == set(runs)
-    # Round trip through a local-folder remote, on a copy: the shared pipeline folder stays
-    # as the fixture left it for the tests after this one (the exp test resumes from it).
-    work = tmp_path / "round_trip"
-    shutil.copytree(tiny_pipeline["dir"], work, symlinks=True)
-    tracked = [work / "results/eval/summary.csv", work / "results/report/report.md",
-               work / "data/datasets/tiny/train.parquet"]
-    before = {p: _sha(p) for p in tracked}
-    remote = tmp_path / "remote"
-    dvc(["remote", "add", "-d", "local", str(remote)], work)
-    dvc(["push"], work)
-    shutil.rmtree(work / ".dvc/cache")
-    assert (work / ".dvc/plots/by_run.json").is_file()  # committed, not cache
-    for sub in ["results", "data"]:
-        shutil.rmtree(work / sub)
-    dvc(["pull"], work)
-    assert {p: _sha(p) for p in tracked} == before
-    assert "up to date" in dvc(["status"], work).stdout
+    # The round trip through a local-folder remote is the clean-clone test's (below): its
+    # pull into a clone without cache or outputs restores every tracked output byte for byte.
 
 
 @pytest.mark.slow
@@ -216,8 +209,12 @@ def test_dvc_exp_with_another_balancer_runs_only_affected_stages(tiny_pipeline, 
     shutil.copytree(tiny_pipeline["dir"], work, symlinks=True)
     done = work / "results/runs/marble/train_summary.json"
     before = done.read_text()
+    # Up to `report` (whose dvc_views write the metrics read below): the paper-table stages
+    # after it only reformat results and nothing here reads them; the fixture's `dvc repro`
+    # runs every stage and the test above checks a second one runs none (65 s of 275 s here).
     proc = dvc(["exp", "run", "-S",
-                "config.yaml:+runs.mgda={preset:tiny_mgda,max_steps:2,set:['train.save_every=2']}"],
+                "config.yaml:+runs.mgda={preset:tiny_mgda,max_steps:2,set:['train.save_every=2']}",
+                "report"],
                work, timeout=1500)
     text = proc.stdout + proc.stderr
     assert "Running stage 'prepare'" not in text and "Stage 'prepare' didn't change" in text
@@ -256,6 +253,12 @@ def test_restore_on_a_clean_clone_plans_nothing_and_eval_exp_only_evaluates(tiny
     shutil.copytree(origin, clone, symlinks=True,  # what a git clone has: no outputs, no metadata
                     ignore=lambda folder, names: [n for n in names if Path(folder) / n in dropped])
     dvc(["pull"], clone)
+    # Every output DVC tracks comes back from the remote byte for byte (the lock's outs).
+    tracked = _lock_outs(origin)
+    assert {"results/eval", "results/report", "data/datasets/tiny", "results/claim"} <= set(tracked)
+    for out in tracked:
+        assert _tree_sha(clone / out) == _tree_sha(origin / out), out
+    assert (clone / ".dvc/plots/by_run.json").is_file()  # committed, not cache
     runs = sorted((clone / "results/runs").glob("*/train_summary.json"))
     before = {p: p.read_bytes() for p in runs + sorted((clone / "results/runs").glob("*/metrics.jsonl"))}
     assert runs
@@ -267,7 +270,9 @@ def test_restore_on_a_clean_clone_plans_nothing_and_eval_exp_only_evaluates(tiny
     print("plan after dvc_sync restored:", plan)
     assert plan == [], plan
     assert "up to date" in dvc(["status"], clone).stdout  # touching changed no content
-    proc = dvc(["exp", "run", "-S", "config.yaml:eval.limit=2"], clone, timeout=1500)
+    # Up to `report`, the stage after evaluation: the paper-table stages only reformat
+    # results (checked up to date after the pull above, and run by the fixture).
+    proc = dvc(["exp", "run", "-S", "config.yaml:eval.limit=2", "report"], clone, timeout=1500)
     text = proc.stdout + proc.stderr
     assert "Running stage 'evaluate'" in text, text[-3000:]
     assert "Running stage 'prepare'" not in text and "Running stage 'train'" not in text
