@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAPER_MINI = ("config/paper.yaml", ".test/paper-mini.yaml")
 # train.allow_geometry_change acknowledges the shrunk batch geometry (marble.training.geometry).
 SIZE_KEYS = ("sampling.", "train.batch_size", "train.save_every", "train.allow_geometry_change",
+             "train.eval_max_prompts",
              "model.lora_rank", "model.lora_alpha", "rewards=")
 
 

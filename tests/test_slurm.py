@@ -201,13 +201,11 @@ def test_tiny_pipeline_through_real_slurm(tiny_pipeline, tmp_path):
     cfg["train"].update(nodes=1, tasks=2, cpus_per_task=1, mem_mb=2000, runtime=20)
     cfg["eval"].update(datasets=["pickscore"], limit=2)
     (work / "config.yaml").write_text(yaml.safe_dump(cfg))
-    # The balancer benchmark does not depend on the run config: reuse the local one
-    # (mtime kept, so Snakemake takes it as done) to keep CI short.
-    (work / "results/bench").mkdir(parents=True)
-    shutil.copy2(tiny_pipeline_dir / "results/bench/step.json", work / "results/bench/step.json")
     start = time.perf_counter()
-    proc = snakemake(["--profile", "slurm", "all", "--jobs", "4", "--latency-wait", "5"], work,
-                     timeout=1500)
+    # The plugin first asks SLURM about a job 40 s after submitting it (then 10 s later each
+    # time none finished): most jobs here end in seconds, and four run one after another.
+    proc = snakemake(["--profile", "slurm", "all", "--jobs", "4", "--latency-wait", "5",
+                      "--slurm-init-seconds-before-status-checks", "5"], work, timeout=1500)
     print(f"\n[bench] tiny DAG through localhost SLURM: {time.perf_counter() - start:.1f} s")
     summary = json.loads((work / "results/runs/marble/train_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["final_step"] == 2
@@ -270,11 +268,28 @@ def test_usr1_on_a_one_node_job_exits_75_requeues_and_resumes_bitwise(tiny_pipel
     # 2. After a step of the second attempt.
     _wait(lambda: len(_steps(run_dir)) >= 1, main, "a training step")
     subprocess.run(["scancel", "--signal=USR1", job_id], check=True, timeout=60)
-    # 3. An external requeue of the third attempt as soon as it starts (no checkpoint of its own).
-    _wait(lambda: log.read_text().count("start (job") >= 3, main, "the third attempt")
-    subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=60)
-    out, _ = main.communicate(timeout=1200)
+    # The uninterrupted reference: the same resolved config (written by every attempt once
+    # its model loaded), the same thread count. It trains beside the job's requeues (each
+    # waits out cred_expire, 31 s) instead of after the job: one thread each, same bits.
+    ref, ref_config, ref_log = tmp_path / "ref", tmp_path / "ref-config.yaml", tmp_path / "ref.log"
+    shutil.copy2(run_dir / "config.yaml", ref_config)
+    with open(ref_log, "w") as sink:
+        reference = subprocess.Popen([str(BIN / "marble"), "train", "--preset", "tiny", "--config",
+                                      str(ref_config), "--output-dir", str(ref), "--no-progress"],
+                                     cwd=work, env=environ, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        # 3. An external requeue of the third attempt as soon as it starts (no checkpoint of its own).
+        _wait(lambda: log.read_text().count("start (job") >= 3, main, "the third attempt")
+        subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=60)
+        out, _ = main.communicate(timeout=1200)
+        reference.wait(timeout=900)
+    finally:
+        if reference.poll() is None:  # a failed wait above: no trainer left behind
+            reference.kill()
+            reference.wait()
     assert main.returncode == 0, out[-4000:]
+    assert reference.returncode == 0, ref_log.read_text()[-4000:]
+    assert yaml.safe_load(ref_config.read_text()) == yaml.safe_load((run_dir / "config.yaml").read_text())
     text = log.read_text()
     print(text[-3000:])
     # (searched anywhere in a line: a killed attempt can leave a progress bar unterminated)
@@ -285,11 +300,6 @@ def test_usr1_on_a_one_node_job_exits_75_requeues_and_resumes_bitwise(tiny_pipel
     summary = json.loads((run_dir / "train_summary.json").read_text())
     assert summary["final_step"] == 4 and summary["resumed_from"]
     assert _steps(run_dir) == [1, 2, 3, 4]  # no step twice, none lost
-    # The uninterrupted reference: the same resolved config, the same thread count.
-    ref = tmp_path / "ref"
-    subprocess.run([str(BIN / "marble"), "train", "--preset", "tiny", "--config",
-                    str(run_dir / "config.yaml"), "--output-dir", str(ref), "--no-progress"],
-                   cwd=work, env=environ, check=True, timeout=900, capture_output=True)
     from safetensors.torch import load_file
 
     def final(folder):

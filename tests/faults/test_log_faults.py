@@ -55,8 +55,9 @@ def test_metrics_torn_before_the_first_checkpoint_are_cut_on_resume(tmp_path):
     with open(path, "ab") as fh:
         fh.write(b'{"step": 2, "lo')  # killed mid-line, no checkpoint written yet
     # Trainer.resume of a run with no checkpoint yet: the earlier attempt's lines go.
+    # (eval_log None: a run without held-out evaluation, as Trainer.__init__ sets it)
     trainer = types.SimpleNamespace(checkpoints=types.SimpleNamespace(resume=lambda: None),
-                                    metrics=log)
+                                    metrics=log, eval_log=None)
     with pytest.warns(UserWarning, match="torn last line"):
         assert Trainer.resume(trainer) is None
     assert path.read_text() == ""
