@@ -21,6 +21,19 @@ def test_t_interval_by_hand():
     assert math.isnan(cs.t_interval([5.0]).low)
 
 
+def test_an_interval_is_cut_to_the_range_its_quantity_can_take():
+    """[0.2, 0.9]: mean 0.55, sd 0.49497, t(0.975, 1) 12.7062 * 0.49497 / sqrt 2 = 4.4471:
+    [-3.8971, 4.9971] uncut; a fraction's interval is [0, 1], which decides nothing below 1."""
+    free = cs.t_interval([0.2, 0.9])
+    assert free.low == pytest.approx(0.55 - 4.4471, abs=1e-3) and free.high == pytest.approx(4.9971, abs=1e-3)
+    cut = cs.t_interval([0.2, 0.9], bounds=(0.0, 1.0))
+    assert (cut.mean, cut.low, cut.high, cut.sd) == (0.55, 0.0, 1.0, free.sd)
+    assert cs.decide(cut) == "no difference larger than 1"  # a low at the bound is not > 0
+    inside = cs.t_interval([0.50, 0.52, 0.54], bounds=(0.0, 1.0))
+    assert (inside.low, inside.high) == (cs.t_interval([0.50, 0.52, 0.54]).low, cs.t_interval([0.50, 0.52, 0.54]).high)
+    assert cs.paired({1: 0.9, 2: 0.1}, {1: 0.1, 2: 0.9}, bounds=(-1.0, 1.0)).high == 1.0
+
+
 def test_decide_ends_true_false_or_a_bound():
     assert cs.decide(cs.Interval(1, 0.1, 2, 3, 1)) is True
     assert cs.decide(cs.Interval(-1, -2, -0.1, 3, 1)) is False
@@ -131,7 +144,8 @@ def test_two_seeds_that_agree_by_chance_keep_the_fractions_sampling_error():
     """Weighted sum 60% and MARBLE 50% of 30 diagnostic steps on both seeds: the paired sd is
     0, but each fraction has its own sampling error (Jeffreys: (18.5/31, 15.5/31) ->
     se 0.08956, 0.09129; paired floor hypot = 0.12788), so the answer is a bound, not `true`
-    on a zero-width interval: 0.1 +- t(0.975, 1) 0.12788 / sqrt 2 = 0.1 +- 1.1490."""
+    on a zero-width interval: 0.1 +- t(0.975, 1) 0.12788 / sqrt 2 = 0.1 +- 1.1490, cut to
+    [-1, 1], the range a difference of two fractions can take."""
     from marble.report.claim_experiment import RunMeasure, question_c
 
     def run(arm, seed, f):
@@ -140,8 +154,8 @@ def test_two_seeds_that_agree_by_chance_keep_the_fractions_sampling_error():
     measures = [run("ws", s, 0.6) for s in (1, 2)] + [run("m", s, 0.5) for s in (1, 2)]
     q = question_c(measures, "m", "ws", effect=0.4)
     assert q["difference"]["sd"] == pytest.approx(0.12788, abs=1e-4)
-    assert q["difference"]["high"] == pytest.approx(0.1 + 1.1490, abs=1e-3)
-    assert q["answer"] == "no difference larger than 1.25" and q["powered"] is False
+    assert (q["difference"]["low"], q["difference"]["high"]) == (-1.0, 1.0)  # 0.1 -+ 1.1490 cut
+    assert q["answer"] == "no difference larger than 1" and q["powered"] is False
     assert cs.fraction_se(0.0, 30) > 0 and math.isnan(cs.fraction_se(0.5, 0))
 
 

@@ -27,6 +27,8 @@ from marble.workflow.claim import ALONE_PREFIX
 
 CHANGE_MEASURE = ("held-out mean of the reward over the test prompts it applies to (EMA weights, "
                   "latents fixed by seed, prompt and repeat): last evaluation minus step 0")
+# The ranges the fractions and their differences can take: their intervals are cut to them.
+FRACTION, FRACTION_DIFFERENCE = (0.0, 1.0), (-1.0, 1.0)
 THEOREM_TOL = 1e-6  # a full solve's worst cosine may sit this far below 0 (rounding)
 # anti-aligned flags and angles recorded per diagnostic step (marble.balancers.solve);
 # ws_direction: the weighted-sum direction on the same batches (the counterfactual baseline)
@@ -115,7 +117,7 @@ def arm_table(measures: list[RunMeasure], rewards: list[str], baseline: str | No
         mine = [m for m in measures if m.arm == arm]
         out[arm] = {
             "change": {r: cs.t_interval([m.changes[r] for m in mine]) for r in rewards},
-            "anti_aligned": {k: cs.t_interval([m.anti[k] for m in mine])
+            "anti_aligned": {k: cs.t_interval([m.anti[k] for m in mine], bounds=FRACTION)
                              for k in [*FLAGS, "full_solve", "amortized"]},
             "angles": {a: cs.t_interval([m.angles[a] for m in mine]) for a in ANGLES},
         }
@@ -168,7 +170,7 @@ def question_c(measures, marble_arm, baseline_arm, effect: float = math.nan) -> 
     se = {arm: _by_seed(measures, arm, _applied_se) for arm in (baseline_arm, marble_arm)}
     floor = cs.pooled_se([math.hypot(se[baseline_arm][s], se[marble_arm][s])
                           for s in sorted(set(base) & set(marble))])
-    iv = cs.paired(base, marble, sd_floor=floor)
+    iv = cs.paired(base, marble, sd_floor=floor, bounds=FRACTION_DIFFERENCE)
     return {"answer": cs.decide(iv), "difference": iv.as_json(), **power_fields(iv, effect)}
 
 
@@ -176,7 +178,7 @@ def question_conflict(measures, baseline_arm) -> dict:
     """Do the rewards conflict: is the weighted sum's anti-aligned fraction above 0?"""
     mine = [m for m in measures if m.arm == baseline_arm]
     iv = cs.t_interval([m.anti["applied"] for m in mine],
-                       sd_floor=cs.pooled_se([_applied_se(m) for m in mine]))
+                       sd_floor=cs.pooled_se([_applied_se(m) for m in mine]), bounds=FRACTION)
     return {"answer": cs.decide(iv), "fraction": iv.as_json()}
 
 

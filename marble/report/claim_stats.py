@@ -38,12 +38,17 @@ class Interval:
                 "high": json_number(self.high), "n": self.n, "sd": json_number(self.sd)}
 
 
-def t_interval(values, level: float = LEVEL, sd_floor: float = 0.0) -> Interval:
+def t_interval(values, level: float = LEVEL, sd_floor: float = 0.0,
+               bounds: tuple[float, float] | None = None) -> Interval:
     """Mean and the Student-t interval of the finite values (NaN bounds below two values).
 
     `sd_floor`: the spread one value has by itself (a fraction's sampling error): a sample
     sd below it is taken as the floor, so two seeds that agree by chance (anti-aligned
-    fractions move in steps of 1/30) cannot give an interval of zero width."""
+    fractions move in steps of 1/30) cannot give an interval of zero width.
+    `bounds`: the range the quantity can take (a fraction [0, 1], a difference of two
+    [-1, 1]); the interval is cut to it, so two seeds answer "no difference larger than 1",
+    not a bound no fraction can reach (the t interval on one degree of freedom is 12.7
+    standard errors wide)."""
     xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     n = len(xs)
     if n == 0:
@@ -55,7 +60,10 @@ def t_interval(values, level: float = LEVEL, sd_floor: float = 0.0) -> Interval:
     if math.isfinite(sd_floor):
         sd = max(sd, sd_floor)
     half = stats.t.ppf(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
-    return Interval(mean, mean - half, mean + half, n, sd)
+    low, high = mean - half, mean + half
+    if bounds is not None:
+        low, high = max(low, bounds[0]), min(high, bounds[1])
+    return Interval(mean, low, high, n, sd)
 
 
 def no_difference(x: float) -> str:
@@ -115,9 +123,10 @@ def seeds_needed(sd: float, effect: float, level: float = LEVEL, power: float = 
     return None
 
 
-def paired(a: dict[int, float], b: dict[int, float], sd_floor: float = 0.0) -> Interval:
-    """Interval of a - b over the seeds both have (seed -> value)."""
-    return t_interval([a[s] - b[s] for s in sorted(set(a) & set(b))], sd_floor=sd_floor)
+def paired(a: dict[int, float], b: dict[int, float], sd_floor: float = 0.0,
+           bounds: tuple[float, float] | None = None) -> Interval:
+    """Interval of a - b over the seeds both have (seed -> value), cut to `bounds`."""
+    return t_interval([a[s] - b[s] for s in sorted(set(a) & set(b))], sd_floor=sd_floor, bounds=bounds)
 
 
 def fraction_se(fraction: float, steps: int) -> float:
