@@ -194,3 +194,21 @@ def test_the_theorem_is_asked_of_min_norm_arms_and_learnability_only_with_alone_
     assert t["answer"] is True and t["arms"] == ["marble"] and t["full_solve_steps"] == 2
     assert "every_reward_learnable_alone" not in v["questions"]
     assert len(v["sentences"]) == len(v["questions"]) == 5
+
+
+def test_an_arms_fractions_keep_each_runs_sampling_error_over_the_steps_they_count():
+    """Three seeds at 20 of 30 steps each (a full solve on 6 of them, never anti-aligned): the
+    seeds' sd is 0, the floor is each run's Jeffreys error: applied p = 20.5/31 over 30 steps
+    -> se 0.086407, t(0.975, 2) 4.3027 x 0.086407 / sqrt 3 = 0.21465; full solve p = 0.5/7
+    over 6 steps -> se 0.10514, half-width 0.26119, its low end cut to 0."""
+    from marble.report.claim_experiment import ANGLES, RunMeasure, arm_table
+
+    anti = {"applied": 20 / 30, "full_solve": 0.0, "amortized": 20 / 24}
+    angles = dict.fromkeys(ANGLES, math.nan)  # as measure_run records a run without angles
+    measures = [RunMeasure("m", s, {}, anti, angles, 0.1, 6, 30) for s in (1, 2, 3)]
+    table = arm_table(measures, [])["m"]["anti_aligned"]
+    assert table["applied"].sd == pytest.approx(0.086407, abs=1e-5)
+    assert table["applied"].low == pytest.approx(20 / 30 - 0.21465, abs=1e-4)
+    assert table["applied"].high == pytest.approx(20 / 30 + 0.21465, abs=1e-4)
+    assert table["full_solve"].sd == pytest.approx(0.10514, abs=1e-5)
+    assert table["full_solve"].low == 0.0 and table["full_solve"].high == pytest.approx(0.26119, abs=1e-4)

@@ -99,6 +99,19 @@ def _applied_se(m: RunMeasure) -> float:
     return cs.fraction_se(m.anti.get("applied", math.nan), m.diag_steps)
 
 
+def _fraction_interval(mine: list[RunMeasure], key: str) -> cs.Interval:
+    """Interval over seeds of one anti-aligned fraction (a FLAGS key, or the applied direction
+    on "full_solve" / "amortized" steps), each run's sampling error over the steps it counts
+    as a floor: two seeds at 63% and 63% by chance are not a zero-width interval."""
+    def steps(m: RunMeasure) -> int:
+        if key == "full_solve":
+            return m.full_solve_steps
+        return m.diag_steps - m.full_solve_steps if key == "amortized" else m.diag_steps
+
+    floor = cs.pooled_se([cs.fraction_se(m.anti.get(key, math.nan), steps(m)) for m in mine])
+    return cs.t_interval([m.anti.get(key, math.nan) for m in mine], sd_floor=floor, bounds=FRACTION)
+
+
 def _mdd(iv: cs.Interval):
     """The minimal detectable difference at 80% power with these seeds (JSON: null if none)."""
     return json_number(cs.minimal_detectable_difference(iv.sd, iv.n))
@@ -117,8 +130,7 @@ def arm_table(measures: list[RunMeasure], rewards: list[str], baseline: str | No
         mine = [m for m in measures if m.arm == arm]
         out[arm] = {
             "change": {r: cs.t_interval([m.changes[r] for m in mine]) for r in rewards},
-            "anti_aligned": {k: cs.t_interval([m.anti[k] for m in mine], bounds=FRACTION)
-                             for k in [*FLAGS, "full_solve", "amortized"]},
+            "anti_aligned": {k: _fraction_interval(mine, k) for k in [*FLAGS, "full_solve", "amortized"]},
             "angles": {a: cs.t_interval([m.angles[a] for m in mine]) for a in ANGLES},
         }
         if baseline is not None and arm != baseline:
