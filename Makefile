@@ -70,6 +70,8 @@ test-clip: $(CLIP_VENV)/bin/marble
 # every paper asset (tiny random replicas in the real formats; no network). On failure it names the
 # stage and its log. Every paper reward runs through its real class, HPSv2.1 on open_clip too, so it
 # runs in the clip environment above (with the workflow and OCR extras). See docs/downloads.md.
+# It trains into this checkout's results/runs: where `make demo`'s tiny runs sit under the same
+# names it stops first, naming them (run it in a fresh clone, or move results/ aside).
 test-paper: $(CLIP_VENV)/bin/marble
 	PATH="$(abspath $(CLIP_VENV)/bin):$$PATH" $(CLIP_VENV)/bin/python -m marble.tools.dev.paper_mini
 

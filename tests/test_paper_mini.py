@@ -220,3 +220,26 @@ def test_harness_downloads_the_replicas_before_the_preflight():
     assert first == ["snakemake", "--configfile", *PAPER_MINI, "-c2", "data/models/sd35m", "data/reward_ckpts",
                      "data/raw"]
     assert second == ["snakemake", "--configfile", *PAPER_MINI, "-c2", "all"]
+
+
+def test_paper_mini_refuses_first_when_results_hold_another_configs_runs(tmp_path, monkeypatch, capsys):
+    """`make demo` then `make test-paper` in one checkout: the demo's tiny weighted_sum run sits
+    where the paper's would train; the harness names it and stops before any download (training
+    refused it after 1.4 min), and a folder of its own earlier run is no obstacle."""
+    from marble.tools.dev import paper_mini
+
+    def run_folder(name, preset, model):
+        (tmp_path / "results/runs" / name).mkdir(parents=True)
+        (tmp_path / "results/runs" / name / "config.yaml").write_text(
+            yaml.safe_dump({"preset": preset, "model": {"path": model}}))
+
+    run_folder("weighted_sum", "tiny_weighted_sum", "data/models/tiny-sd3")  # the demo's
+    run_folder("rho_07", "rho_07", "data/models/sd35m")  # test-paper's own, resumable
+    config = paper_mini.merged_config([str(ROOT / c) for c in PAPER_MINI])
+    problems = paper_mini.foreign_runs(config, tmp_path / "results/runs")
+    assert len(problems) == 1 and "weighted_sum: a run of preset tiny_weighted_sum" in problems[0]
+    monkeypatch.setattr(paper_mini, "CONFIGS", tuple(str(ROOT / c) for c in PAPER_MINI))
+    monkeypatch.setattr(paper_mini, "build_mirror", lambda *a, **k: pytest.fail("built the mirror"))
+    monkeypatch.chdir(tmp_path)
+    assert paper_mini.main(["--mirror", str(tmp_path / "mirror")]) == 2
+    assert "move results/ aside" in capsys.readouterr().err and not (tmp_path / "mirror").exists()

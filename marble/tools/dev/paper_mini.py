@@ -78,14 +78,38 @@ def rank_problems(sizes: dict[str, int | None], expected: int) -> list[str]:
 
 
 
+def merged_config(configs: list[str]) -> dict:
+    merged: dict = {}
+    for path in configs:
+        merge(merged, yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {})
+    return merged
+
+
+def foreign_runs(config: dict, runs_dir: str | Path = "results/runs") -> list[str]:
+    """Run folders this configuration would train into that hold another configuration's run
+    (another preset or base model: `make demo`'s tiny runs share the names weighted_sum and
+    equal_alpha). Training would refuse each after minutes of downloads and embedding; the
+    harness says so first, and never moves or deletes a user's results itself."""
+    out = []
+    for name, run in (config.get("runs") or {}).items():
+        saved = Path(runs_dir) / name / "config.yaml"
+        if run is None or not saved.is_file():
+            continue
+        old = yaml.safe_load(saved.read_text(encoding="utf-8")) or {}
+        theirs = (old.get("preset"), (old.get("model") or {}).get("path"))
+        ours = (run.get("preset"), config.get("model_dir"))
+        if theirs != ours:
+            out.append(f"{saved.parent}: a run of preset {theirs[0]} on {theirs[1]}, where test-paper "
+                       f"trains preset {ours[0]} on {ours[1]}")
+    return out
+
+
 def snakemake_commands(configs: list[str], cores: int, targets: list[str]) -> list[list[str]]:
     """The harness's Snakemake calls: the downloads first (the mirror's tiny files, seconds),
     then `targets`. The preflight's disk estimate measures what is on disk and guesses the
     paper's sizes (a 20 GB model, ~80,000 prompts to embed: ~150 GB) for what is not yet; with
     the replicas downloaded it measures them instead of refusing a disk that the paper would fill."""
-    merged: dict = {}
-    for path in configs:
-        merge(merged, yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {})
+    merged = merged_config(configs)
     downloads = [merged["model_dir"], merged["reward_ckpt_dir"], merged["raw_dir"]]
     base = ["snakemake", "--configfile", *configs, f"-c{cores}"]
     return [base + downloads, base + targets]
@@ -102,6 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("targets", nargs="*", default=["all"])
     args = p.parse_args(argv)
     start, started = time.monotonic(), time.time()
+    foreign = foreign_runs(merged_config([*CONFIGS, *args.also]))
+    for problem in foreign:
+        print(f"test-paper: {problem}", file=sys.stderr)
+    if foreign:
+        print("test-paper: it writes results/ of this checkout; run it in a fresh clone, or move "
+              "results/ aside first (mv results results.before-test-paper)", file=sys.stderr)
+        return 2
     mirror = Path(args.mirror)
     if not is_current(mirror):
         build_mirror(mirror, seed=0)
