@@ -15,6 +15,7 @@ import glob
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,22 @@ SIGNALS = {
     "kill -9 the group": (signal.SIGKILL, True),
     "kill -9 PID": (signal.SIGKILL, False),
 }
+
+
+# A terminal's foreground job gets Ctrl-C with SIGINT at its default. A test run started in
+# the background by a non-interactive shell (`nohup .ci/run &`, `make test &`) inherits
+# SIGINT and SIGQUIT ignored, and an ignored signal stays ignored across exec: Python then
+# installs no KeyboardInterrupt handler, Snakemake and the trainer never see the Ctrl-C, and
+# the run "completes" (exit 0 after an interrupt, seen in a backgrounded CI run). So the
+# command starts through this exec wrapper, which restores both defaults (same pid, so the
+# signals below still reach it; no preexec_fn in a threaded pytest).
+_DEFAULT_SIGNALS = ("import os, signal, sys; "
+                    "[signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGQUIT)]; "
+                    "os.execvp(sys.argv[1], sys.argv[1:])")
+
+
+def as_foreground_job(cmd: list[str]) -> list[str]:
+    return [sys.executable, "-c", _DEFAULT_SIGNALS, *cmd]
 
 
 @dataclass
@@ -104,8 +121,8 @@ def interrupt(work: Path, cmd: list[str], moment: Moment, hits: list[tuple[str, 
     """Run `cmd` in `work`; at `moment` send each (signal name, then wait s) of `hits`."""
     before = matches(work, moment)
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=work, env=env(), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(as_foreground_job(cmd), cwd=work, env=env(), stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + timeout
         came = wait_until(moment, work, proc, deadline, before)
         struck = matches(work, moment) - before
