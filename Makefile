@@ -13,7 +13,7 @@ TORCH ?= torch==2.13.0
 EXTRAS ?= dev,workflow,ocr,zoo
 CONSTRAINTS ?= -c workflow/envs/constraints.txt
 
-.PHONY: setup demo lint test test-clip test-paper test-geneval-mmdet gpu-check mutants container test-container clean
+.PHONY: setup demo lock lint test test-clip test-paper test-geneval-mmdet gpu-check mutants container test-container clean
 
 $(BIN)/marble: pyproject.toml workflow/envs/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,12 @@ setup: $(BIN)/marble
 # Rules call `marble` and `python`: the venv's bin goes first on PATH.
 demo: setup
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake -c2 all
+
+# dvc.lock after a change to code, rules or params: `dvc repro` runs the demo's stages (the claim is
+# frozen: it runs only when named) and records every dependency's hash; commit dvc.lock with the
+# change (tests/test_dvc_lock.py fails on a stale lock, as a package manager's lock check does).
+lock: setup
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
 
 # ruff's rules and line length: pyproject.toml [tool.ruff]; seconds, so it runs before the tests.
 lint: setup

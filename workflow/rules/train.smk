@@ -2,7 +2,9 @@
 # Snakemake deletes declared outputs before a job starts, and the run folder holds the
 # checkpoints a re-run resumes from.
 
-REWARD_INPUT = [config["reward_ckpt_dir"]] if MODE == "paper" else []
+# In both modes (tiny: a placeholder folder, datasets.smk), so `snakemake all` creates every
+# path that dvc.yaml's train and evaluate stages depend on.
+REWARD_INPUT = [config["reward_ckpt_dir"]]
 
 
 if not EVAL_ONLY:
