@@ -21,7 +21,7 @@ def test_neutral_keys_may_change_others_are_named_with_both_values(tmp_path):
         check_run_dir(tmp_path, load_config("tiny"))
     message = str(err.value)
     assert "train.lr: 123.0 in the run folder" in message and "train.max_steps:" not in message
-    # the message names exactly the keys that may change (README lists the same set)
+    # the message names exactly the keys that may change (docs/training.md lists the same set)
     assert all(key in message for key in RESULT_NEUTRAL_KEYS)
     assert "--fresh" in message  # the way to start over, when that is what the user wants
 
