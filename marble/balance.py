@@ -107,6 +107,9 @@ class Balancer:
             rule = RANGES[_RANGED[arg]]
             if isinstance(value, bool) or not np.isfinite(value) or not rule.ok(value):
                 raise ValueError(f"{arg} = {value!r} must be {rule.text}")
+        if method == "gramian" and weighting not in weighting_names():
+            raise ValueError(f"method 'gramian' needs weighting= one of {', '.join(weighting_names())}, "
+                             f"got {weighting!r}")
         if (weighting is not None or weighting_options) and method != "gramian":
             raise ValueError(f"weighting= goes with method 'gramian', not {method!r}")
         if fixed_alphas is not None and method != "equal_alpha":
@@ -142,7 +145,8 @@ class Balancer:
         `params`: with `backward`, add the balanced gradient to each parameter's .grad (step
         your optimizer after); without, return it as `loss` to backpropagate yourself (its
         gradient is the same direction). A solve costs one gradient pass per present reward
-        (the graph is retained for them)."""
+        (the graph is retained for them); telling a NaN loss from a finite one reads each loss
+        back to the host once."""
         params = [p for p in params if p.requires_grad]
         if not params:
             raise ValueError("Balancer.step: no parameter requires grad")
