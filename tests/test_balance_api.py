@@ -195,6 +195,25 @@ def test_state_dict_round_trip_gives_identical_subsequent_weights():
             assert not a.solved and c.solved and c.step == 0
 
 
+@pytest.mark.parametrize("weighting", ["upgrad", "nash_mtl"])
+def test_a_zoo_weighting_resumes_with_its_cache_and_state(weighting):
+    """UPGrad's cache is off the simplex; Nash-MTL keeps a warm start of its own."""
+    pytest.importorskip("torchjd.aggregation")
+    gen = torch.Generator().manual_seed(1)
+    grads = [{k: torch.randn(4, generator=gen) for k in "abc"} for _ in range(6)]
+    first = Balancer("gramian", rewards=list("abc"), weighting=weighting, solve_every=2)
+    for g in grads[:3]:
+        first.combine(g)
+    state = json.loads(json.dumps(first.state_dict()))
+    # Nash-MTL's warm start travels too (without it the solve at step 4 differs).
+    assert bool(state["balancer"]["weighting_state"]) == (weighting == "nash_mtl")
+    resumed = Balancer("gramian", rewards=list("abc"), weighting=weighting, solve_every=2)
+    resumed.load_state_dict(state)
+    for g in grads[3:]:
+        a, b = first.combine(g), resumed.combine(g)
+        assert (a.solved, a.weights) == (b.solved, b.weights)
+
+
 def test_a_state_of_other_rewards_or_format_is_refused():
     state = Balancer("marble", rewards=["a", "b"]).state_dict()
     with pytest.raises(ValueError, match="rewards"):
