@@ -102,11 +102,7 @@ class Balancer:
         if method not in METHODS:
             raise ValueError(f"unknown balancer {method!r}: expected one of {', '.join(METHODS)} "
                              f"(gramian takes weighting= one of {', '.join(weighting_names())})")
-        for arg, value in (("solve_every", solve_every), ("warmup_steps", warmup_steps),
-                           ("rho", rho), ("grad_eps", grad_eps)):
-            rule = RANGES[_RANGED[arg]]
-            if isinstance(value, bool) or not np.isfinite(value) or not rule.ok(value):
-                raise ValueError(f"{arg} = {value!r} must be {rule.text}")
+        _check_ranges(solve_every=solve_every, warmup_steps=warmup_steps, rho=rho, grad_eps=grad_eps)
         if method == "gramian" and weighting not in weighting_names():
             raise ValueError(f"method 'gramian' needs weighting= one of {', '.join(weighting_names())}, "
                              f"got {weighting!r}")
@@ -121,6 +117,8 @@ class Balancer:
                              amortize_every=int(solve_every), warmup_steps=int(warmup_steps),
                              alpha_ema=float(rho), grad_eps=float(grad_eps),
                              fixed_alphas=None if fixed_alphas is None else list(fixed_alphas),
+                             # Losses handed in are already per-reward means: the exact form
+                             # sum_k alpha_k L_k (the combined advantage needs the advantages).
                              exact_masking=True, diagnostics_every=0)
         # The trainer's own strategy object decides the schedule and keeps its state.
         self._strategy = build_balancer(cfg, list(rewards))
@@ -261,6 +259,17 @@ class Balancer:
         return Balanced(weights=dict(zip(self.rewards, map(float, alpha))),
                         coefficients=dict(zip(self.rewards, map(float, coef))),
                         solved=solved, step=self.steps - 1, **out)
+
+
+def _check_ranges(**values) -> None:
+    """The options' ranges are their config keys' (marble/config_ranges.py); steps are integers."""
+    for arg, value in values.items():
+        rule = RANGES[_RANGED[arg]]
+        integer = arg in ("solve_every", "warmup_steps")
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer) if integer else (int, float)):
+            raise ValueError(f"{arg} = {value!r} must be {'an integer' if integer else 'a number'}")
+        if not np.isfinite(value) or not rule.ok(value):
+            raise ValueError(f"{arg} = {value!r} must be {rule.text}")
 
 
 def _is_present_loss(loss) -> bool:

@@ -265,6 +265,8 @@ def test_an_unknown_name_lists_the_known_ones():
 @pytest.mark.parametrize("kwargs, message", [
     ({"rho": 1.0}, r"rho = 1.0 must be in \[0, 1\)"),
     ({"solve_every": 0}, "solve_every = 0 must be > 0"),
+    ({"solve_every": 2.5}, "solve_every = 2.5 must be an integer"),
+    ({"rho": float("nan")}, "rho = nan must be in"),
     ({"weighting": "upgrad"}, "weighting= goes with method 'gramian'"),
     ({"fixed_alphas": [0.5, 0.5]}, "fixed_alphas= goes with method 'equal_alpha'"),
     ({"reward_weights": [1.0]}, "reward_weights must be 2"),
