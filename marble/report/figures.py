@@ -36,7 +36,7 @@ def _save(fig, path: Path) -> Path:
 
 
 def _panels(n: int, width: float = 4.2, height: float = 3.2, max_cols: int = 3):
-    cols = min(n, max_cols)
+    cols = 2 if n == 4 and max_cols >= 2 else min(n, max_cols)  # four panels as 2 x 2, not 3 + 1
     rows = math.ceil(n / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False,
                              layout="constrained")
@@ -94,9 +94,11 @@ def training_curves(runs: list[RunData], path: Path, window: int = 5) -> Path | 
     if not rewards:
         return None
     styles = seed_styles([r.seed for r in runs])
-    fig, axes = _panels(len(rewards), width=4.2, height=3.2)
+    fig, axes = _panels(len(rewards), width=5.2 if len(rewards) == 4 else 4.2, height=3.2)
+    # MARBLE drawn last: on top where two balancers' curves coincide
+    order = {b: i for i, b in enumerate(balancer_order(r.balancer for r in runs))}
     for ax, reward in zip(axes, rewards):
-        for run in runs:
+        for run in sorted(runs, key=lambda r: order[r.balancer]):
             col = f"reward/{reward}"
             if col not in run.metrics or run.metrics[col].notna().sum() == 0:
                 continue
@@ -219,10 +221,11 @@ def cosine_distribution(runs: list[RunData], path: Path) -> Path | None:
             jitter = np.random.default_rng(i).uniform(-0.1, 0.1, len(values))
             ax.plot(i + offset + jitter, values, ".", color="black", markersize=2, alpha=0.35)
             below = float(np.mean(values < 0))
-            ax.annotate(f"{below:.0%}", (i + offset, -1.0), ha="center", va="bottom", fontsize=9)
+            ax.annotate(f"{below:.0%}", (i + offset, -1.12), ha="center", va="center", fontsize=9)
     ax.axhline(0.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(balancers)), [balancer_look(b).label for b in balancers])
-    ax.set_ylim(-1.05, 1.05)
+    ax.set_ylim(-1.24, 1.05)  # room under -1 for the shares, clear of the whiskers
+    ax.set_yticks(np.linspace(-1, 1, 9))
     ax.set_ylabel("min_k cos(d, g_k) per diagnostic step")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(handles=[Patch(facecolor="lightgrey", edgecolor="black", label="applied direction d"),

@@ -63,7 +63,8 @@ def _rows(ax, rows: list[tuple[str, dict | None, str]], published: dict[str, flo
                     ha="center", fontsize=9)
         if label in published:
             ax.plot([published[label]], [y], "x", color="black", markersize=8, markeredgewidth=2)
-    ax.set_yticks(range(len(rows)), [textwrap.fill(label, 16) for label, _, _ in rows], fontsize=9.5)
+    labels = [textwrap.fill(label, 18, break_long_words=False) for label, _, _ in rows]
+    ax.set_yticks(range(len(rows)), labels, fontsize=9.5)
     ax.set_ylim(len(rows) - 0.4, -0.6)  # first row on top
     ax.axvline(0, color="black", linewidth=0.8)
     ax.grid(axis="x", alpha=0.3)
