@@ -65,24 +65,48 @@ def test_install_is_idempotent_and_drops_the_torchvision_fallback():
     assert handler.messages == ["something else"]
 
 
+def test_the_text_encoder_lora_message_is_dropped_and_nothing_else():
+    log_filters.install()
+    logger = logging.getLogger(log_filters.LORA_TEXT_ENCODER_LOGGER)
+    handler = Records()
+    logger.addHandler(handler)
+    try:
+        for prefix in ("text_encoder", "text_encoder_2"):
+            logger.warning(f"No LoRA keys associated to CLIPTextModelWithProjection found with the {prefix=}. "
+                           "This is safe to ignore if LoRA state dict didn't originally have any ...")
+        logger.warning("Loading adapter weights from state_dict led to unexpected keys")
+    finally:
+        logger.removeHandler(handler)
+    assert handler.messages == ["Loading adapter weights from state_dict led to unexpected keys"]
+
+
 # A fresh process, as a training job is one: diffusers imported through marble.models, the
-# tiny pipeline encoding over-long prompts three times (a training log called it 67 times).
+# tiny pipeline encoding over-long prompts three times (a training log called it 67 times),
+# then a transformer-only LoRA loaded as `marble evaluate` loads a checkpoint.
 SCRIPT = textwrap.dedent("""
-    from marble.models import build_tiny_pipeline, encode_prompts
+    import tempfile
+    from marble.models import (add_lora_adapters, build_tiny_pipeline, encode_prompts,
+                               load_lora_into_pipeline, save_lora_diffusers)
     pipe = build_tiny_pipeline()
     long = ["a red cube on a blue sphere beside a green cone " * 8] * 2
     for _ in range(3):
         encode_prompts(pipe, long, 32)
+    # a LoRA of the transformer alone, loaded as an evaluation loads one
+    add_lora_adapters(pipe.transformer, 2, 2.0, ["to_q", "to_k"], seed=0)
+    folder = tempfile.mkdtemp()
+    save_lora_diffusers(pipe.transformer, folder)
+    load_lora_into_pipeline(build_tiny_pipeline(), folder)
 """)
 
 
-def test_a_process_encoding_long_prompts_warns_once_and_never_about_torchvision():
+def test_a_process_encoding_long_prompts_and_loading_a_lora_warns_once():
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = proc.stdout + proc.stderr
     assert "requires torchvision" not in log, log[-3000:]
     assert log.count(log_filters.TRUNCATION) == 0, log[-3000:]
     assert log.count("are truncated") == 1, log[-3000:]
+    assert "No LoRA keys" not in log, log[-3000:]
 
 
 def test_pyproject_builds_without_a_setuptools_deprecation(tmp_path):
