@@ -24,9 +24,12 @@ $(BIN)/marble: pyproject.toml workflow/envs/constraints.txt
 
 setup: $(BIN)/marble
 
-# Rules call `marble` and `python`: the venv's bin goes first on PATH.
+# Rules call `marble` and `python`: the venv's bin goes first on PATH. Its jobs run here, so the
+# preflight doctor skips SLURM (MARBLE_LOCAL_JOBS; a SLURM client on the machine is not a
+# cluster to check). It ends with where the report is and its verdict in one line.
 demo: setup
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake -c2 all
+	MARBLE_LOCAL_JOBS=1 PATH="$(abspath $(BIN)):$$PATH" $(BIN)/snakemake -c2 all
+	$(BIN)/marble report summary results/report
 
 # dvc.lock after a change to code, rules or params: `dvc repro` runs the demo's stages (the claim is
 # frozen: it runs only when named) and records every dependency's hash; commit dvc.lock with the

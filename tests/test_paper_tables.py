@@ -146,6 +146,11 @@ def test_cost_without_a_gpu_shows_counted_ratios_labelled_or_not_measured():
     assert set(frame["basis"]) == {"counted: `marble bench flops` (operation counts, not a timing)"}
     toy = pt.cost({**GPU_BENCH, "device": "cpu", "gpu": None, "preset": "tiny"}, None)
     assert all("a toy analogue" in b for b in toy["basis"])
+    # a CPU bench's peak is the process's RSS: its own metric, never in the paper's GPU column
+    # (issue 41: 0.497 "GB" of RSS was drawn beside the paper's 59/67 GB of H200 memory)
+    rss, gpu = _cell(toy, WITH, pt.CPU_MEMORY), _cell(toy, WITH, pt.MEMORY)
+    assert rss["ours"] == pytest.approx(68.0) and math.isnan(rss["published"])
+    assert math.isnan(gpu["ours"]) and gpu["published"] == pytest.approx(67.0)
     nothing = pt.cost(None, None)
     assert set(nothing["basis"]) == {pt.NOT_MEASURED} and nothing["ours"].isna().all()
     assert list(nothing["published"]) == [1.00, 59.0, 0.56, 67.0, 0.97, 67.0]

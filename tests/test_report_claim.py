@@ -174,6 +174,6 @@ def test_the_training_curves_show_the_heldout_evaluation(tmp_path):
     _heldout_curve(ax, evaluated, "bright", "k")
     _heldout_curve(ax, plain, "bright", "k")
     (line,) = ax.lines
-    assert line.get_label() == "m held-out"
+    assert line.get_label() == "_m held-out"  # "_": not a legend entry (one legend per figure)
     assert list(line.get_xdata()) == [0, 4, 8] and list(line.get_ydata()) == pytest.approx([0.1, 0.2, 0.3])
     plt.close(fig)

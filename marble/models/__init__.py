@@ -3,6 +3,7 @@
 Everything public is re-exported here; see docs/ARCHITECTURE.md for the contract.
 """
 
+from marble.models import log_filters
 from marble.models.encode import decode_latents, encode_prompts, latent_shape, velocity
 from marble.models.loading import (
     RANDOM_MODELS,
@@ -25,6 +26,10 @@ from marble.models.lora import (
     use_adapter,
 )
 from marble.models.tiny import build_tiny_pipeline, save_tiny_pipeline
+
+# Two library warnings filtered (log_filters), before any of the above imports diffusers
+# (each does so inside its functions, never at import).
+log_filters.install()
 
 __all__ = [
     "OLD",

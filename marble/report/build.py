@@ -10,7 +10,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from marble.runtime.io import atomic_path
-from marble.report import figures, lead, published, tables
+from marble.report import figures, glance, lead, published, tables
 from marble.report.claim_markdown import interval_text
 from marble.report.demo_claim import demo_verdict
 from marble.report.experiments import experiment_section
@@ -86,14 +86,14 @@ def all_specialists(runs: list[RunData]) -> dict[str, float]:
     return found
 
 
-def _verdict_section(b: Builder, runs, trends, specialists) -> dict:
-    """The claim's questions in a few lines (marble.report.demo_claim: the claim experiment's
-    statistics); the per-balancer and per-run detail goes to a collapsed section at the end."""
-    data = demo_verdict(runs, trends, specialists)
+def _verdict_section(b: Builder, data: dict) -> None:
+    """The claim's questions answered one line each, their numbers drawn with intervals
+    (marble.report.glance), then the sentences with every interval; the per-balancer and
+    per-run detail goes to a collapsed section further down."""
     s = b.section("Verdict")
+    s.blocks += glance.verdict_blocks(data, b.root)
     for line in data["sentences"]:
         s.blocks.append(Text(line))
-    return data
 
 
 def balancer_change_frame(data: dict, specialists: dict[str, float]) -> pd.DataFrame:
@@ -163,24 +163,32 @@ def _paper_section(b: Builder, runs: list[RunData], evals: pd.DataFrame | None) 
 def _training_sections(b: Builder, runs: list[RunData], inp: ReportInputs) -> None:
     s = b.section("Training curves")
     b.figure(s, figures.training_curves(runs, b.root / "figures" / "training_rewards.png", inp.smooth),
-             "Per-reward training reward, one panel per reward, one line per run (line style = balancer)",
+             "Per-reward training reward, one panel per reward, one line per run: colour = balancer, "
+             "line style = seed",
              "No `reward/<name>` values in any metrics.jsonl.")
     s = b.section("Reward weights (alpha)")
     b.figure(s, figures.alpha_trajectories(runs, b.root / "figures" / "alpha.png"),
-             "alpha_k per logged step, one panel per run",
+             "alpha_k per logged step, one panel per run: the alpha each step applied, a dot where "
+             "the step ran a full solve, the EMA cache dashed",
              "No run logged `alpha/<name>` (set `balancer.diagnostics_every` > 0).")
 
 
-def _harmony_figures(b: Builder, runs: list[RunData], by_run: pd.DataFrame) -> None:
+def _harmony_figures(b: Builder, runs: list[RunData], by_run: pd.DataFrame, data: dict) -> None:
     s = b.section("Gradient harmony")
     if by_run.empty or by_run["logged_steps"].sum() == 0:
         s.blocks.append(Text("Missing: no run logged `cos_min` (diagnostic steps come every "
                              "`balancer.diagnostics_every` optimizer steps; 0 turns them off)."))
         return
-    b.figure(s, figures.cosine_curves(runs, b.root / "figures" / "worst_cosine.png"),
-             "Worst-reward cosine min_k cos(d, g_k) per logged step", "")
-    b.figure(s, figures.anti_aligned_bars(by_run, b.root / "figures" / "anti_aligned.png"),
-             "Fraction of logged batches with an anti-aligned reward", "")
+    b.figure(s, figures.cosine_distribution(runs, b.root / "figures" / "worst_cosine.png"),
+             "Worst-reward cosine min_k cos(d, g_k) per balancer: its distribution over every "
+             "diagnostic step of every seed, the applied direction beside the weighted-sum "
+             "direction on the same batches", "")
+    b.figure(s, figures.anti_aligned_intervals(
+        data["anti_aligned_by_balancer"], data["anti_aligned_weighted_sum_direction_by_balancer"],
+        data["anti_aligned_published"], b.root / "figures" / "anti_aligned.png"),
+        "Fraction of diagnostic steps with an anti-aligned reward per balancer, mean and 95% "
+        "interval over seeds (per run: the collapsed harmony table below)",
+        "No balancer with a seeded run logged `anti_aligned`.")
 
 
 def _harmony_tables(b: Builder, runs: list[RunData], by_run: pd.DataFrame) -> None:
@@ -208,7 +216,9 @@ def _cost_section(b: Builder, inp: ReportInputs) -> None:
             "`marble bench step --preset tiny --json results/bench/step.json`."
         ))
         return
-    b.table(s, "cost", "Step time and peak memory; relative speed = 1 / time ratio vs the weighted "
+    b.table(s, "cost", "Step time and peak memory (`peak_gpu_memory_mb` on a GPU bench; on a CPU "
+            "bench `peak_cpu_rss_mb`, the process's resident set, not comparable to the paper's GPU "
+            "memory); relative speed = 1 / time ratio vs the weighted "
             "sum; `published_*` columns: the paper's cost table (MARBLE project page, 8xH200, "
             "K = 5): weighted sum 1.00x / 59 GB, MARBLE (amortized, N = 10) 0.97x / 67 GB, "
             "without amortization 0.56x / 67 GB", tables.cost_table(bench))
@@ -274,14 +284,18 @@ def build_report(inp: ReportInputs) -> dict:
     specialists = all_specialists(runs)
     with atomic_path(inp.out) as tmp:
         b = Builder(tmp)
-        # The answer first: the experiments' verdicts (marble.report.experiments).
+        # The answer first, in one screen (issue 41): the verdict with its intervals drawn,
+        # then what was run; the experiments' verdicts (marble.report.experiments), the
+        # paper's tables beside ours, the figures; the long per-run tables last, collapsed.
+        data = demo_verdict(runs, trends, specialists)
+        if runs:
+            _verdict_section(b, data)
+            b.section("What was run").blocks += glance.what_was_run(runs)
         b.sections += [experiment_section(folder, tmp) for folder in inp.experiments]
         if not runs:
             b.section("Runs").blocks.append(Text(
                 f"Missing: no run folder with a metrics.jsonl under `{inp.runs_dir}`. Train with "
                 "`marble train --preset tiny --output-dir results/runs/<run>`."))
-        # What people look at first: the paper's tables beside ours, their figures, the
-        # curves; then the verdict in a few lines; the long per-run tables last, collapsed.
         long_eval = load_eval_summary(inp.eval_summary)
         toy = not runs or not all(lead.is_paper_scale(r) for r in runs)
         frames = lead.paper_frames(runs, long_eval, load_bench(inp.bench), read_json_file(inp.flops))
@@ -291,8 +305,7 @@ def build_report(inp: ReportInputs) -> dict:
         lead_section.blocks += lead.lead_blocks(frames, tmp, toy, b.csv)
         _training_sections(b, runs, inp)
         by_run = tables.harmony_by_run(runs)
-        _harmony_figures(b, runs, by_run)
-        data = _verdict_section(b, runs, trends, specialists)
+        _harmony_figures(b, runs, by_run, data)
         evals = _eval_section(b, inp)
         _paper_section(b, runs, evals)
         _verdict_details(b, trends, specialists, inp, data)

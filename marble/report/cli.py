@@ -1,14 +1,18 @@
 """`marble report` (= `python -m marble.report`): tables, figures, Markdown and self-contained HTML from run folders,
 the eval summary and the bench JSON. Every input but --runs is optional; a missing one
-gives a section saying what is missing and how to make it."""
+gives a section saying what is missing and how to make it.
+
+`marble report summary [FOLDER]`: where a built report is and its verdict in one line."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
 
 from marble.report.build import ReportInputs, build_report
-
+from marble.report.glance import summary_line
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,7 +36,30 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def summary(argv: list[str]) -> int:
+    """Print the report's path and the verdict's one-line summary (`make demo` ends with it)."""
+    p = argparse.ArgumentParser(prog="marble report summary", description=summary.__doc__)
+    p.add_argument("folder", type=Path, nargs="?", default=Path("results/report"),
+                   help="a report folder (`marble report --out`; default results/report)")
+    folder = p.parse_args(argv).folder
+    path = folder / "verdict.json"
+    try:
+        verdict = json.loads(path.read_text(encoding="utf-8"))
+        line = summary_line(verdict)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"marble report summary: {path}: no readable verdict ({exc.__class__.__name__}: {exc}); "
+              "build the report first (`snakemake -c2 all` or `marble report --runs ... --out "
+              f"{folder}`)", file=sys.stderr)
+        return 1
+    print(f"report: {(folder / 'report.html').resolve()}")
+    print(f"verdict: {line}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["summary"]:
+        return summary(argv[1:])
     args = _parser().parse_args(argv)
     result = build_report(ReportInputs(
         runs_dir=args.runs, out=args.out, eval_summary=args.eval_summary, bench=args.bench,
@@ -41,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         min_gain=args.min_gain, smooth=args.smooth, experiments=tuple(args.experiment),
     ))
     print(f"wrote {args.out / 'report.md'} and {args.out / 'report.html'}")
-    print(f"verdict: {result['text']}")
+    print(f"verdict: {summary_line(result)}")
     return 0
 
 

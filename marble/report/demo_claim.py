@@ -45,8 +45,7 @@ NOT_ASKED = cs.no_difference(math.inf)  # a question without the runs it needs b
 
 
 def seed_of(run: RunData) -> int | None:
-    seed = (run.config.get("train") or {}).get("seed")
-    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+    return run.seed
 
 
 def has_heldout(run: RunData) -> bool:
@@ -243,6 +242,8 @@ def demo_verdict(runs: list[RunData], trends: list[RunTrend], specialists: dict[
         "anti_aligned": {n: num(m.anti["applied"]) for n, m in r.heldout.items()},
         "anti_aligned_weighted_sum_direction": {n: num(m.anti["ws_direction"]) for n, m in r.heldout.items()},
         "anti_aligned_by_balancer": {b: v["anti_aligned"]["applied"] for b, v in balancers.items()},
+        "anti_aligned_weighted_sum_direction_by_balancer": {b: v["anti_aligned"]["ws_direction"]
+                                                             for b, v in balancers.items()},
         "anti_aligned_published": dict(PUBLISHED_ANTI_ALIGNED),
         "anti_aligned_by_step_kind": kinds,
         "reward_change": {t.run: {c.reward: [num(c.delta), num(c.stderr)] for c in t.changes.values()}

@@ -10,7 +10,7 @@ import pandas as pd
 
 from marble.report import figures, paper_tables
 from marble.report.loading import RunData
-from marble.report.render import Figure, Row, Table, Text
+from marble.report.render import Figure, Table, Text
 
 LEAD_TITLE = "The paper's tables, ours beside them"
 TOY_NOTE = ("Toy analogues: these runs are the tiny model with toy rewards (brightness and "
@@ -66,7 +66,7 @@ def _separate_sides(title: str, frame: pd.DataFrame, path, toy: bool) -> list:
 
 
 def lead_blocks(frames: dict[str, pd.DataFrame], root: Path, toy: bool, write_csv) -> list:
-    """Each table (compact, with its notes), then the headline figures two by two, then the
+    """Each table (compact, with its notes), then the headline figures, then the
     toy note. `write_csv(name, frame)` saves a table's long form and returns its path."""
     blocks: list = []
     figs = []
@@ -88,7 +88,9 @@ def lead_blocks(frames: dict[str, pd.DataFrame], root: Path, toy: bool, write_cs
                                             f"{title}: ours (blue) vs published (grey)")
         if written is not None:
             figs.append(Figure(f"{title}: ours vs published, per metric", written.relative_to(root)))
-    blocks += [Row(figs[i:i + 2]) for i in range(0, len(figs), 2)]
+    # One per line at the page's full width: two side by side shrank each to half its size
+    # and its labels past reading (issue 41: the harmony figure at 450 px).
+    blocks += figs
     if toy:
         blocks.append(Text(TOY_NOTE))
     return blocks

@@ -61,6 +61,12 @@ class RunData:
         return None if value is None else int(value)
 
     @property
+    def seed(self) -> int | None:
+        """train.seed of its config.yaml (None without an integer one)."""
+        seed = (self.config.get("train") or {}).get("seed")
+        return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+
+    @property
     def alpha_ema(self) -> float | None:
         value = (self.config.get("balancer") or {}).get("alpha_ema")
         return None if value is None else float(value)

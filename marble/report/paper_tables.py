@@ -18,6 +18,7 @@ from marble.report import table1 as table1_builder
 from marble.report.loading import RunData, latest_checkpoint_name
 from marble.report.render import markdown_table
 from marble.report.tables import (
+    bench_on_gpu,
     exact_masking,
     harmony_row,
     rho_groups,
@@ -123,6 +124,14 @@ COST_ROWS = {
     "MARBLE with amortization, N = 10": ("marble", "marble", "retain"),
 }
 SPEED, MEMORY = "relative speed (x)", "peak GPU memory (GB)"
+# A CPU bench measures the process's resident set (bench JSON `memory_kind`: cpu_rss_*), not
+# GPU memory: its own metric, so no table cell or figure panel sets it beside the paper's GB.
+CPU_MEMORY = "peak CPU memory, RSS (GB)"
+
+
+def memory_metric(bench: dict) -> str:
+    """The name of a bench's memory measure: GPU memory on a CUDA device, else the CPU RSS."""
+    return MEMORY if bench_on_gpu(bench) else CPU_MEMORY
 
 
 def _bench_row(bench: dict, row: str, run_mode: str | None) -> tuple[float, float]:
@@ -171,7 +180,7 @@ def cost(bench: dict | None, flops: dict | None) -> pd.DataFrame:
         paper_speed, paper_gb = published.COST[paper_key]
         if bench is not None and (gpu_bench or not counted):
             speed, peak_gb = _bench_row(bench, bench_row, run_mode)
-            ours = {SPEED: speed, MEMORY: peak_gb}
+            ours = {SPEED: speed, memory_metric(bench): peak_gb}
             basis = _bench_basis(bench)
         elif counted and bench_row in counted and "weighted_sum" in counted:
             base, mine = counted["weighted_sum"], counted[bench_row]

@@ -120,8 +120,16 @@ def harmony_by_balancer(runs: list[RunData]) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("balancer") if rows else pd.DataFrame()
 
 
+def bench_on_gpu(bench: dict) -> bool:
+    """Whether a bench JSON measured GPU memory (a CUDA device); else its `peak_mb` is the
+    CPU process's resident set (`memory_kind`: cpu_rss_*), never comparable to GPU GB."""
+    return str(bench.get("device", "")).startswith("cuda") or str(bench.get("memory_kind", "")).startswith("cuda")
+
+
 def cost_table(bench: dict) -> pd.DataFrame:
-    """Relative speed = 1 / time ratio and peak-memory ratio, both vs the weighted sum."""
+    """Relative speed = 1 / time ratio and peak-memory ratio, both vs the weighted sum; the
+    memory columns name what was measured (GPU memory, or the CPU's RSS on a CPU bench)."""
+    mem = "gpu_memory" if bench_on_gpu(bench) else "cpu_rss"
     balancers = bench.get("balancers") or {}
     ratios = bench.get("ratios") or {}
     base = balancers.get("weighted_sum") or {}
@@ -137,12 +145,12 @@ def cost_table(bench: dict) -> pd.DataFrame:
         rows.append({
             "balancer": name,
             "step_s": _num(stats.get("step_s")),
-            "peak_mb": _num(stats.get("peak_mb")),
+            f"peak_{mem}_mb": _num(stats.get("peak_mb")),
             "relative_speed": _safe_div(1.0, time_ratio),
-            "memory_ratio": _num(mem_ratio),
+            f"{mem}_ratio": _num(mem_ratio),
             "published_relative_speed": paper_speed,
-            "published_memory_ratio": paper_mem,
-            "published_peak_gb": paper_gb,
+            "published_gpu_memory_ratio": paper_mem,
+            "published_peak_gpu_gb": paper_gb,
         })
     return pd.DataFrame(rows).set_index("balancer") if rows else pd.DataFrame()
 
