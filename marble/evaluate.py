@@ -8,6 +8,9 @@ invocations work:
     python -m marble.evaluate --checkpoint_path runs/x --dataset ocr --guidance_scale 1.0
     python -m marble.evaluate --model_path data/models/hub/sdxl --model_type generic --dataset ocr
 
+A marble run folder (or one of its checkpoints) needs no other flag than --dataset: its base,
+the project's prompt folder and the run's eval protocol fill those not given (marble.workflow.run_defaults).
+
 `--model_type generic` evaluates any diffusers text-to-image folder through its own pipeline
 (Table 1's SD-XL, SD3.5-L, FLUX.1-Dev rows; no LoRA). Scorers run on --reward_device (auto:
 this rank's GPU); on CUDA, TF32 is on and the SD3 transformer runs under autocast in the
@@ -20,7 +23,8 @@ images as `images/<id:05d>.jpg` (--image_format jpg, so its folders rescore with
 Differences from the reference: every sample's noise is seeded from (--seed, prompt id,
 repeat index), so reruns give identical images and any rank count the same noise (the
 reference sets no seed); the run resumes, skipping samples already in
-`evaluation_results.jsonl`, and refuses to mix results of different image-changing flags or of a base model or LoRA
+`evaluation_results.jsonl` that were made for the same prompt text (an edited prompt is
+regenerated), and refuses to mix results of different image-changing flags or of a base model or LoRA
 whose content changed (compared by fingerprint, marble.evaluation.identity: a moved
 project is the same run). One evaluation per output folder (EVALUATION.lock,
 marble.training.run_lock); run_info.json is written once the pipeline and scorers load.

@@ -217,7 +217,7 @@ def test_an_edited_prompt_is_regenerated_and_scored(tiny_model_dir, raw_dir, tmp
     shutil.copytree(raw_dir, raw)
     out = tmp_path / "edit"
     first = run_eval(tiny_model_dir, raw, out, "ocr", "--limit", 3)
-    digest = json.loads((out / "run_info.json").read_text())["prompts"]["digest"]
+    info = json.loads((out / "run_info.json").read_text())
     lines = (raw / "ocr" / "test.txt").read_text().splitlines()
     lines[1] = 'a neon sign that says "new"'  # quoted: text contrast now applies to it
     (raw / "ocr" / "test.txt").write_text("\n".join(lines) + "\n")
@@ -229,7 +229,7 @@ def test_an_edited_prompt_is_regenerated_and_scored(tiny_model_dir, raw_dir, tmp
     # a batch of its own: a pixel may move by a level, runner's docstring), text contrast included.
     assert first["n_toy_text_contrast"] == 2 and edited["n_toy_text_contrast"] == fresh["n_toy_text_contrast"] == 3
     assert all(edited[k] == pytest.approx(fresh[k], abs=2e-3) for k in TOY.split(",")), (edited, fresh)
-    assert json.loads((out / "run_info.json").read_text())["prompts"]["digest"] != digest
+    assert json.loads((out / "run_info.json").read_text())["prompts"]["digest"] != info["prompts"]["digest"]
     # Saved images of the old prompt are never rescored as the new one's.
     lines[0] = "a lighthouse at night"
     (raw / "ocr" / "test.txt").write_text("\n".join(lines) + "\n")
