@@ -320,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:  # a marble run folder: its base, prompts and protocol fill the flags not given
         for note in fill_from_run(args, given_flags(argv)):
-            print(f"marble evaluate: {note}", file=sys.stderr)
+            if os.environ.get("RANK", "0") == "0":  # once, not per torchrun rank
+                print(f"marble evaluate: {note}", file=sys.stderr)
     except RunRecordError as exc:
         print(f"marble evaluate: {exc}", file=sys.stderr)
         return 2
