@@ -40,12 +40,17 @@ def test_paper_workflow_arguments_keep_the_reference_rewards(tmp_path):
     _snapshot(tmp_path, {"rewards": {}, "num_inference_steps": 40, "resolution": None})
     given = {"model_path", "data_dir", "num_inference_steps", "guidance_scale", "mixed_precision", "numerics",
              "checkpoint_path", "dataset", "output_dir"}
-    values, notes = run_defaults(run, "drawbench", given)
+    model = str(tmp_path / "data/models/sd35m")
+    values, notes = run_defaults(run, "drawbench", given, model)
     assert values == {"rewards": ",".join(DEFAULT_REWARDS["drawbench"])}, values
     assert notes == [f"--rewards {values['rewards']} (results/preflight.config.json eval protocol of marble)"]
     # A row's own rewards (eval.rewards.<dataset>) win over the reference's.
     _snapshot(tmp_path, {"rewards": {"drawbench": ["clipscore"]}})
-    assert run_defaults(run, "drawbench", given)[0] == {"rewards": "clipscore"}
+    assert run_defaults(run, "drawbench", given, model)[0] == {"rewards": "clipscore"}
+    # Another base than the project's: the run's own rewards, and a damaged record is not read
+    # for a flag that was given.
+    (run / "inputs.json").write_text("{torn")
+    assert run_defaults(run, "drawbench", given, str(tmp_path))[0] == {"rewards": "pickscore,hpsv2"}
 
 
 def test_a_run_of_another_base_scores_with_its_own_rewards(tmp_path, monkeypatch):

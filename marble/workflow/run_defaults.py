@@ -100,20 +100,21 @@ def prompt_folder(root: Path, found: list[tuple[str, dict]], dataset: str) -> tu
                          "pass --data_dir")
 
 
-def run_defaults(run: Path, dataset: str, given: set[str]) -> tuple[dict, list[str]]:
-    """(flag -> value for the flags not given, one note per default saying where it came from)."""
+def run_defaults(run: Path, dataset: str, given: set[str], model_path: str | None = None) -> tuple[dict, list[str]]:
+    """(flag -> value for the flags not given, one note per default saying where it came from);
+    `model_path`: the --model_path given (the protocol applies when the project evaluates it)."""
     root = project_root(run)
     found = project_configs(root)
     values: dict = {}
     notes: list[str] = []
-    base, where = recorded_base(run)
-    if "model_path" not in given:
+    if "model_path" not in given:  # read only when needed: a flag never depends on the record
+        base, where = recorded_base(run)
         values["model_path"] = base
         notes.append(f"--model_path {base} (the run's base, {where})")
     if "data_dir" not in given:
         values["data_dir"], source = prompt_folder(root, found, dataset)
         notes.append(f"--data_dir {values['data_dir']} ({source})")
-    model = values.get("model_path", base)
+    model = values.get("model_path") or model_path or ""
     row, name = next(((r, n) for n, c in found if (r := protocol_for(c, run.resolve().name, model, root))),
                      (None, None))
     if row is not None:
@@ -133,7 +134,7 @@ def fill_from_run(args, given: set[str]) -> list[str]:
     run = run_folder(args.checkpoint_path) if args.checkpoint_path else None
     if run is None:
         return []
-    values, notes = run_defaults(run, args.dataset, given)
+    values, notes = run_defaults(run, args.dataset, given, args.model_path if "model_path" in given else None)
     for name, value in values.items():
         setattr(args, name, value)
     return notes
