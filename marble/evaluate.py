@@ -8,6 +8,9 @@ invocations work:
     python -m marble.evaluate --checkpoint_path runs/x --dataset ocr --guidance_scale 1.0
     python -m marble.evaluate --model_path data/models/hub/sdxl --model_type generic --dataset ocr
 
+A marble run folder (or one of its checkpoints) needs no other flag than --dataset: its base,
+the project's prompt folder and the run's eval protocol fill those not given (marble.workflow.run_defaults).
+
 `--model_type generic` evaluates any diffusers text-to-image folder through its own pipeline
 (Table 1's SD-XL, SD3.5-L, FLUX.1-Dev rows; no LoRA). Scorers run on --reward_device (auto:
 this rank's GPU); on CUDA, TF32 is on and the SD3 transformer runs under autocast in the
@@ -20,7 +23,8 @@ images as `images/<id:05d>.jpg` (--image_format jpg, so its folders rescore with
 Differences from the reference: every sample's noise is seeded from (--seed, prompt id,
 repeat index), so reruns give identical images and any rank count the same noise (the
 reference sets no seed); the run resumes, skipping samples already in
-`evaluation_results.jsonl`, and refuses to mix results of different image-changing flags or of a base model or LoRA
+`evaluation_results.jsonl` that were made for the same prompt text (an edited prompt is
+regenerated), and refuses to mix results of different image-changing flags or of a base model or LoRA
 whose content changed (compared by fingerprint, marble.evaluation.identity: a moved
 project is the same run). One evaluation per output folder (EVALUATION.lock,
 marble.training.run_lock); run_info.json is written once the pipeline and scorers load.
@@ -45,12 +49,14 @@ from pathlib import Path
 import yaml
 
 from marble.evaluation.images import DEFAULT_IMAGE_FORMAT, IMAGE_FORMATS, ImageDecodeError, write_image_prompts
-from marble.evaluation.prompts import DATASETS, DEFAULT_BATCH_SIZE, DEFAULT_REWARDS, load_samples
+from marble.evaluation.prompts import DATASETS, DEFAULT_BATCH_SIZE, DEFAULT_REWARDS, dataset_file, load_samples
 from marble.evaluation.results import (
     ResultsError,
     average_scores,
     check_same_run,
+    current_rows,
     identity,
+    prompt_set_digest,
     json_safe,
     read_results,
 )
@@ -76,9 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model_type", choices=MODEL_TYPES, default="sd3",
                    help="sd3: StableDiffusion3Pipeline (LoRAs load here); generic: the folder's own "
                         "diffusers text-to-image pipeline (SD-XL, FLUX.1, SD3.5-L base rows)")
-    p.add_argument("--model_path", default=DEFAULT_MODEL, help="base model: hub id, folder or random:tiny")
+    p.add_argument("--model_path", default=DEFAULT_MODEL,
+                   help="base model: hub id, folder or random:tiny (default: a marble run's own base, else SD3.5 M)")
     p.add_argument("--dataset", required=True, choices=DATASETS)
-    p.add_argument("--data_dir", default=DEFAULT_DATA_DIR, help="raw prompt files (DIR/<dataset>/...)")
+    p.add_argument("--data_dir", default=DEFAULT_DATA_DIR,
+                   help="raw prompt files (DIR/<dataset>/...; default: a marble run's project raw_dir, else dataset)")
     p.add_argument("--guidance_scale", type=float, default=1.0)
     p.add_argument("--num_inference_steps", type=int, default=40)
     p.add_argument("--mixed_precision", choices=("no", "fp16", "bf16"), default="no")
@@ -137,6 +145,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.lora_hf_path, args.checkpoint_path = args.checkpoint_path, None
     args.save_images = args.save_images or args.no_score
     return args
+
+
+def given_flags(argv: list[str]) -> set[str]:
+    """The options this command line sets itself (a run's own record fills the others)."""
+    parser = build_parser()
+    for action in parser._actions:  # noqa: SLF001 - argparse has no public way to drop defaults
+        action.default = argparse.SUPPRESS
+        action.required = False
+    return set(vars(parser.parse_known_args(argv)[0]))
 
 
 def reward_names(args) -> list[str]:
@@ -255,8 +272,7 @@ def finish(args, samples, names, record, timing) -> dict:
     from marble.evaluation.runner import RESULTS_FILE
 
     output_dir = Path(args.output_dir)
-    rows = read_results(output_dir / RESULTS_FILE)
-    current = [rows[s.sample_id] for s in samples if s.sample_id in rows]
+    current = current_rows(read_results(output_dir / RESULTS_FILE), samples)  # made for today's prompts
     averages = average_scores(current, [] if args.no_score else names)
     write_json(output_dir / "average_scores.json", json_safe(averages))
     write_image_prompts(output_dir, current, args.image_format)
@@ -298,6 +314,21 @@ def main(argv: list[str] | None = None) -> int:
     from marble.evaluation.identity import content_identity
     from marble.runtime import distributed as dist
 
+    from marble.evaluation.preflight import path_problem
+    from marble.evaluation.run_record import RunRecordError
+    from marble.workflow.run_defaults import fill_from_run
+
+    try:  # a marble run folder: its base, prompts and protocol fill the flags not given
+        for note in fill_from_run(args, given_flags(argv)):
+            if os.environ.get("RANK", "0") == "0":  # once, not per torchrun rank
+                print(f"marble evaluate: {note}", file=sys.stderr)
+    except RunRecordError as exc:
+        print(f"marble evaluate: {exc}", file=sys.stderr)
+        return 2
+    problem = path_problem(args)
+    if problem is not None:
+        print(f"marble evaluate: {problem}", file=sys.stderr)
+        return 2
     names = reward_names(args)
     options = merged_reward_options(args.reward_options)
     try:
@@ -320,7 +351,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"marble evaluate: {message}", file=sys.stderr)
             dist.cleanup()
             return 2
-        record = {"identity": run_identity, "flags": flags, "rewards": names,
+        # The prompts by content (rows are matched to them by prompt_id, results.same_prompt).
+        prompts = {"file": str(dataset_file(args.data_dir, args.dataset)), "digest": prompt_set_digest(samples)}
+        record = {"identity": run_identity, "flags": flags, "rewards": names, "prompts": prompts,
                   "lora": str(lora) if lora else None, "world_size": info.world_size, "argv": argv}
         return evaluate_and_finish(args, info, samples, names, options, lora, record)
     finally:
@@ -359,8 +392,9 @@ def evaluate_and_finish(args, info, samples, names, options, lora, record) -> in
                 raise
             print(f"marble evaluate: {message}", file=sys.stderr)
             return 2
-        print(json.dumps({k: v for k, v in averages.items()
-                          if not k.startswith(("n_", "nan_", "na_", "failed_"))}, indent=1, default=str))
+        # Strict JSON: an undefined mean (NaN) is null (json.dumps would print NaN).
+        print(json.dumps(json_safe({k: v for k, v in averages.items()
+                                    if not k.startswith(("n_", "nan_", "na_", "failed_"))}), indent=1, allow_nan=False))
     failed = dist.broadcast_object(warn_failed(averages, names, Path(args.output_dir)) if info.is_main else None)
     dist.cleanup()
     return EXIT_INCOMPLETE if failed and not args.allow_failed_requests else 0

@@ -207,6 +207,40 @@ def test_interrupted_run_resumes(tiny_model_dir, raw_dir, tmp_path, count_genera
     assert same_scores(ref, full)  # resumed == uninterrupted
 
 
+def test_an_edited_prompt_is_regenerated_and_scored(tiny_model_dir, raw_dir, tmp_path, count_generated, capsys):
+    """Rows are keyed by sample_id, a position in the prompt file: a prompt rewritten in place
+    (or another --data_dir) kept the old row, and the rerun reported the old prompt's scores
+    with nothing generated. Now the row must have been made for the prompt's content."""
+    from marble.evaluation.results import read_results
+
+    raw = tmp_path / "raw"
+    shutil.copytree(raw_dir, raw)
+    out = tmp_path / "edit"
+    first = run_eval(tiny_model_dir, raw, out, "ocr", "--limit", 3)
+    info = json.loads((out / "run_info.json").read_text())
+    lines = (raw / "ocr" / "test.txt").read_text().splitlines()
+    lines[1] = 'a neon sign that says "new"'  # quoted: text contrast now applies to it
+    (raw / "ocr" / "test.txt").write_text("\n".join(lines) + "\n")
+    edited = run_eval(tiny_model_dir, raw, out, "ocr", "--limit", 3)
+    assert count_generated == [2, 1, 1]  # the first run's two batches, then the edited prompt alone
+    assert read_results(out / "evaluation_results.jsonl")[1]["prompt"] == 'a neon sign that says "new"'
+    fresh = run_eval(tiny_model_dir, raw, tmp_path / "fresh", "ocr", "--limit", 3)
+    # The summary is the new prompts', as a first run gives it (the edited prompt was generated in
+    # a batch of its own: a pixel may move by a level, runner's docstring), text contrast included.
+    assert first["n_toy_text_contrast"] == 2 and edited["n_toy_text_contrast"] == fresh["n_toy_text_contrast"] == 3
+    assert all(edited[k] == pytest.approx(fresh[k], abs=2e-3) for k in TOY.split(",")), (edited, fresh)
+    assert json.loads((out / "run_info.json").read_text())["prompts"]["digest"] != info["prompts"]["digest"]
+    # Saved images of the old prompt are never rescored as the new one's.
+    lines[0] = "a lighthouse at night"
+    (raw / "ocr" / "test.txt").write_text("\n".join(lines) + "\n")
+    argv = ["--model_path", str(tiny_model_dir), "--dataset", "ocr", "--data_dir", str(raw), "--output_dir",
+            str(out), "--resolution", "64", "--num_inference_steps", "3", "--batch_size", "2",
+            "--rewards", TOY, "--limit", "3", "--skip_generation"]
+    capsys.readouterr()
+    assert evaluate.main(argv) == 2
+    assert "rerun without --skip_generation" in capsys.readouterr().err
+
+
 def test_changed_flags_refuse_to_mix(tiny_model_dir, raw_dir, tmp_path, capsys):
     out = tmp_path / "mix"
     run_eval(tiny_model_dir, raw_dir, out, "ocr", "--limit", 1)

@@ -241,3 +241,31 @@ def test_ours_beside_published_numbers(tmp_path):
     bad.write_text("rows: {x: {run: a, values: {Pickscore: 1}}}\n")
     with pytest.raises(ValueError, match="bad.yaml: row 'x': unknown metric"):
         published.load_published(bad)
+
+
+def test_a_prompt_file_edited_in_place_reruns_its_evaluation(tmp_path):
+    """The evaluation's input was the prompt folder, which an edit in place does not redate:
+    `snakemake` said "Nothing to be done" over the old prompts' scores. A digest of each prompt
+    file stands in for it (marble.workflow.prompt_digest)."""
+    work = copy_workflow(tmp_path / "repo")
+    prompts = work / "data/raw-tiny/pickscore/test.txt"
+    prompts.parent.mkdir(parents=True)
+    prompts.write_text("a castle at dawn\na red apple\n")
+    _placeholders(work, {"marble": 4})  # every input dated an hour back, the prompts included
+    _set(work, runs={"marble": {"preset": "tiny", "max_steps": 4}}, eval={"datasets": ["pickscore"]})
+    rules, outputs = _planned(work, "eval_only")
+    assert set(rules) == {"evaluate_ckpt", "eval_summary", "eval_only"}, rules  # the digest: written as it read
+    files = [f for line in outputs for f in line.split(", ")]
+    for n, out in enumerate(files):  # the planned jobs as done, in order: outputs newer than inputs
+        (work / out).parent.mkdir(parents=True, exist_ok=True)
+        (work / out).write_text("{}")
+        os.utime(work / out, (time.time() + n, time.time() + n))
+    assert _planned(work, "eval_only")[0] == []
+    prompts.write_text("a castle at dawn\na green apple\n")  # in place: the folder keeps its date
+    rules, outputs = _planned(work, "eval_only")
+    assert "evaluate_ckpt" in rules and any(o.endswith("/pickscore/average_scores.json") for o in outputs)
+    digest = work / "results/prompts/pickscore.sha256"
+    assert digest.read_text().startswith("sha256:")
+    digest.unlink()  # as on a fresh checkout, where the prompts come after the DAG: the rule writes it
+    (work / "data/raw-tiny/pickscore").rename(work / "data/raw-tiny/later")
+    assert "prompt_digest" in _planned(work, "eval_only")[0]

@@ -19,3 +19,5 @@ DEFAULT_REWARDS: dict[str, list[str]] = {
 }
 # Per-rank batch sizes of the reference script (docs/algorithm.md §10).
 DEFAULT_BATCH_SIZE = {"geneval": 14, "ocr": 16, "pickscore": 16, "drawbench": 5}
+# Each benchmark's prompt file under DIR/<dataset>/ (the reference's raw layout).
+PROMPT_FILES = {"geneval": "test_metadata.jsonl", "ocr": "test.txt", "pickscore": "test.txt", "drawbench": "test.txt"}

@@ -16,7 +16,12 @@ from pathlib import Path
 
 from marble.data.assemble import read_geneval, read_text_prompts
 from marble.data.records import prompt_id as make_prompt_id
-from marble.evaluation.datasets import DATASETS, DEFAULT_BATCH_SIZE, DEFAULT_REWARDS  # noqa: F401  (re-exported)
+from marble.evaluation.datasets import (  # noqa: F401  (re-exported)
+    DATASETS,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_REWARDS,
+    PROMPT_FILES,
+)
 from marble.runtime.seeds import stable_seed
 
 
@@ -33,8 +38,7 @@ class EvalSample:
 def dataset_file(data_dir: str | Path, dataset: str) -> Path:
     if dataset not in DATASETS:
         raise ValueError(f"unknown dataset {dataset!r} (choose from {', '.join(DATASETS)})")
-    name = "test_metadata.jsonl" if dataset == "geneval" else "test.txt"
-    return Path(data_dir) / dataset / name
+    return Path(data_dir) / dataset / PROMPT_FILES[dataset]
 
 
 def _require(path: Path) -> Path:

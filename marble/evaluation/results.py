@@ -9,6 +9,7 @@ naming those whose (remote) request failed: missing, not scored, so the next run
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -81,6 +82,25 @@ def check_row(path: Path, lineno: int, row: dict, previous: dict | None) -> None
     if not legacy and row.get("rev", 1) != want:
         raise ResultsError(f"{path}:{lineno}: sample {sid} appears again as revision {row.get('rev', 1)}, "
                            f"expected {want}: a duplicated or edited line; remove it or rerun into a new --output_dir")
+
+
+def same_prompt(row: dict | None, prompt_id: str, prompt: str) -> bool:
+    """The row was made for this prompt: its content key (prompt_id, a hash of source, text and
+    metadata) and text. Rows are keyed by sample_id, a position in the prompt file: a prompt
+    edited in place, or another --data_dir, keeps the ids, so a row of the old prompt must not
+    stand for the new one (it is regenerated, and never averaged in)."""
+    return row is not None and row.get("prompt_id") == prompt_id and row.get("prompt") == prompt
+
+
+def current_rows(rows: dict[int, dict], samples) -> list[dict]:
+    """The rows of `samples` (EvalSample-like) made for their current prompts, in sample order."""
+    return [rows[s.sample_id] for s in samples if same_prompt(rows.get(s.sample_id), s.prompt_id, s.prompt)]
+
+
+def prompt_set_digest(samples) -> str:
+    """sha256 of the evaluated prompts' content keys in order: what run_info.json records."""
+    text = "\n".join(f"{s.sample_id}\t{s.prompt_id}" for s in samples)
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def is_scored(row: dict, rewards: Iterable[str]) -> bool:

@@ -28,7 +28,7 @@ from marble.config import RewardSpec
 from marble.data.records import compute_masks
 from marble.evaluation import images as image_io
 from marble.evaluation.prompts import EvalSample, batches, sample_seed, shard
-from marble.evaluation.results import is_scored, json_scores, read_results
+from marble.evaluation.results import ResultsError, is_scored, json_scores, read_results, same_prompt
 from marble.models import load_pipeline
 from marble.models.loading import cast_pipeline
 from marble.models.encode import decode_latents
@@ -64,6 +64,20 @@ def load_eval_pipeline(model_path: str, mixed_precision: str, device, lora: str 
         cast_pipeline(pipe, DTYPES[mixed_precision], device)  # the VAE stays fp32, as in marble mode
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+def load_base(args, device, lora):
+    """The evaluation's pipeline; a hub id that neither the cache nor the hub holds is one line
+    (diffusers raises a bare OSError, errno unset: not a disk error) naming --model_path."""
+    try:
+        return load_eval_pipeline(args.model_path, args.mixed_precision, device, lora,
+                                  getattr(args, "model_type", "sd3"), getattr(args, "numerics", "marble"))
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError) or exc.errno is not None:
+            raise
+        first = str(exc).split(". ")[0][:200]
+        raise FileNotFoundError(f"base model {args.model_path} not found: not a folder here, and the hub "
+                                f"did not give it ({first}); pass --model_path a model folder") from None
 
 
 @torch.no_grad()
@@ -167,8 +181,11 @@ def process_batch(pipe, rewards, batch, previous: dict[int, dict], args, output_
     # run whose earlier pass generated this sample (e.g. --no_score, or fewer rewards).
     # Only lossless files are reused on resume: a JPEG would score differently from the
     # in-memory image an uninterrupted run scores.
+    current = {s.sample_id: same_prompt(previous.get(s.sample_id), s.prompt_id, s.prompt) for s in batch}
+    if args.skip_generation:
+        stale_images(batch, previous, current, output_dir, fmt)
     reuse = args.skip_generation or (fmt == "png" and all(
-        i in previous and image_io.image_path(output_dir, i, fmt).is_file() for i in ids))
+        current[i] and image_io.image_path(output_dir, i, fmt).is_file() for i in ids))
     if reuse:
         images = image_io.load_images(ids, output_dir, fmt)
     else:
@@ -184,25 +201,37 @@ def process_batch(pipe, rewards, batch, previous: dict[int, dict], args, output_
     rows = []
     for sample, new_scores, new_failed in zip(batch, scores, failed):
         old = previous.get(sample.sample_id, {})
+        kept = old if current[sample.sample_id] else {}  # a row of another prompt: nothing of it is kept
         path = image_io.image_path(output_dir, sample.sample_id, fmt)
         rows.append({
             # The next revision of a rescored sample (results.read_results: a repeat without it is an edit).
             "sample_id": sample.sample_id, "rev": old.get("rev", 1) + 1 if old else 1,
             "prompt_id": sample.prompt_id, "prompt": sample.prompt,
             "metadata": dict(sample.metadata),
-            "scores": {**(old.get("scores") or {}), **json_scores(new_scores)},
+            "scores": {**(kept.get("scores") or {}), **json_scores(new_scores)},
             "not_applicable": [] if args.no_score else not_applicable(rewards, sample),
             # A failed request is stored as missing (null, named here), never as a score.
-            "failed": merged_failed(old, new_scores, new_failed),
+            "failed": merged_failed(kept, new_scores, new_failed),
             "image_path": str(path) if path.is_file() else None,
         })
     return rows, timing
 
 
+def stale_images(batch, previous: dict[int, dict], current: dict[int, bool], output_dir: Path, fmt: str) -> None:
+    """--skip_generation rescored saved images: refuse those a row says were made for another prompt."""
+    for sample in batch:
+        row = previous.get(sample.sample_id)
+        if row is not None and not current[sample.sample_id]:
+            raise ResultsError(
+                f"{image_io.image_path(output_dir, sample.sample_id, fmt)} was generated for the prompt "
+                f"{row.get('prompt')!r}, but sample {sample.sample_id} is now {sample.prompt!r} (the prompt file "
+                "changed): rerun without --skip_generation to generate it")
+
+
 def pending_samples(samples: list[EvalSample], previous: dict[int, dict], reward_names, args):
     def done(s: EvalSample) -> bool:
         row = previous.get(s.sample_id)
-        if row is None:
+        if not same_prompt(row, s.prompt_id, s.prompt):  # absent, or made for an edited prompt
             return False
         return args.no_score or is_scored(row, reward_names)
 
@@ -235,9 +264,7 @@ def run(samples: list[EvalSample], reward_names: list[str], reward_options: dict
                                   cuda=info.device.type == "cuda")
     totals["numerics"] = precision_setup(info.device, args.mixed_precision)
     totals["numerics"]["mode"] = getattr(args, "numerics", "marble")
-    pipe = None if args.skip_generation else load_eval_pipeline(
-        args.model_path, args.mixed_precision, info.device, lora, getattr(args, "model_type", "sd3"),
-        getattr(args, "numerics", "marble"))
+    pipe = None if args.skip_generation else load_base(args, info.device, lora)
     specs = [RewardSpec(name=name, options=dict(reward_options.get(name, {}))) for name in reward_names]
     rewards = {} if args.no_score else build_scorers(specs, scorer_device)
     totals["scorers"] = describe_scorers(rewards)

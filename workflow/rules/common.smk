@@ -12,6 +12,7 @@ from marble.workflow import claim as wf_claim
 from marble.workflow import configs as wf_configs
 from marble.workflow import evaluation as wf_eval
 from marble.workflow import plan as wf_plan
+from marble.workflow import prompt_digest as wf_prompts
 from marble.workflow import runs as wf_runs
 from marble.workflow import slurm as wf_slurm
 
@@ -44,6 +45,10 @@ except WorkflowError as err:  # one line, naming the config file that sets the b
 MODE = config["mode"]
 MODEL_DIR = config["model_dir"]
 RAW_DIR = config["raw_dir"]
+# Each benchmark's prompt file by content: the evaluations' input (an edit in place leaves the
+# folder's date alone), brought up to date whenever this file is read (marble.workflow.prompt_digest).
+PROMPT_DIGESTS = wf_prompts.DIGEST_DIR
+wf_prompts.sync_digests(RAW_DIR, PROMPT_DIGESTS)
 DATASET_DIR = f"data/datasets/{config['dataset']['name']}"
 # Inside the dataset folder, so DVC tracks tables and their embeddings as one output.
 EMBED_DIR = f"{DATASET_DIR}/embeddings"

@@ -12,6 +12,7 @@ rule evaluate_ckpt:
         unpack(eval_inputs),
         model=lambda wc: row_model_dir(wc.run),
         raw=RAW_DIR,
+        prompts=lambda wc: f"{PROMPT_DIGESTS}/{wc.dataset}.sha256",
         rewards=REWARD_INPUT,
         judge=lambda wc: judge_input(wc.dataset),
     output:
@@ -41,10 +42,27 @@ rule evaluate_ckpt:
 
 localrules:
     eval_summary,
+    prompt_digest,
     fetch_hub_lora,
     fetch_hub_model,
     paper_comparison,
     table1,
+
+
+# The digest standing in for a prompt file (written here when missing; the Snakefile rewrites it
+# when the file changes, so an edited prompt reruns its evaluations: marble.workflow.prompt_digest).
+rule prompt_digest:
+    input:
+        raw=RAW_DIR,
+    output:
+        f"{PROMPT_DIGESTS}/{{dataset}}.sha256",
+    log:
+        "logs/eval/prompt_digest_{dataset}.log",
+    conda:
+        MARBLE_ENV
+    shell:
+        "python -m marble.workflow.prompt_digest {input.raw:q} {wildcards.dataset} --out {output:q}"
+        " > {log:q} 2>&1"
 
 
 # A public LoRA named `hf:owner/repo[@revision]` in eval.checkpoints, fetched where
