@@ -92,7 +92,7 @@ def check_embed_cache(cfg: RunConfig) -> None:
     """The cache must encode prompts with this model's text encoders at this sequence length."""
     if not cfg.data.embed_cache:
         return
-    from marble.data.embed_cache import INDEX, model_identity
+    from marble.data.embed_cache import INDEX, identity_mismatch, model_identity
 
     index_path = Path(cfg.data.embed_cache) / INDEX
     try:
@@ -100,7 +100,12 @@ def check_embed_cache(cfg: RunConfig) -> None:
     except (OSError, ValueError) as exc:
         raise TrainError(f"`data.embed_cache` = {cfg.data.embed_cache!r}: {index_path} unreadable "
                          f"({type(exc).__name__}); rebuild it with `marble data embed`") from None
-    want = {"model": model_identity(cfg.model.path), "max_sequence_length": cfg.model.max_sequence_length}
+    encoders = model_identity(cfg.model.path)
+    if index.get("model") != encoders:  # by content: another base's encoders of the same shapes too
+        raise TrainError(f"`data.embed_cache` = {cfg.data.embed_cache!r} "
+                         f"{identity_mismatch(index.get('model'), cfg.model.path, encoders)} (`model.path`); "
+                         "rebuild it with `marble data embed` into an empty --out")
+    want = {"max_sequence_length": cfg.model.max_sequence_length}
     for key, value in want.items():
         if index.get(key) != value:
             raise TrainError(f"`data.embed_cache` = {cfg.data.embed_cache!r} was built for {key} "
