@@ -69,3 +69,46 @@ def test_a_folder_written_before_a_key_existed_resumes_at_its_default_only():
     assert config_differences(old, to_dict(load_config("tiny"))) == []
     changed = to_dict(load_config("tiny", overrides=["balancer.full_solve=recompute"]))
     assert config_differences(old, changed) == ["balancer.full_solve"]
+
+
+def test_run_identity_is_the_result_keys_base_table_and_seed():
+    from marble.training.run_dir import run_identity
+
+    inputs = {"model.path": {"path": "m", "fingerprint": "tree:ab"},
+              "data.train": {"path": "t", "fingerprint": "sha256:cd"}}
+    cfg = load_config("tiny")
+    ident = run_identity(cfg, inputs)
+    assert ident["base"] == "tree:ab" and ident["train_table"] == "sha256:cd" and ident["seed"] == 42
+    # how long / how often, and where the inputs lie: the same run
+    moved = {k: {**v, "path": "/elsewhere/" + v["path"]} for k, v in inputs.items()}
+    assert run_identity(load_config("tiny", overrides=["train.max_steps=99", "train.save_every=3"]), moved) == ident
+    assert run_identity(load_config("tiny", overrides=["train.lr=0.5"]), inputs)["config"] != ident["config"]
+    assert run_identity(load_config("tiny_gdpo"), inputs)["config"] != ident["config"]
+    assert run_identity(load_config("tiny", overrides=["train.seed=7"]), inputs)["seed"] == 7
+    assert run_identity(cfg, {"model.path": {"ref": "random:tiny"}})["base"] == "random:tiny"
+
+
+def test_a_folder_with_checkpoints_but_no_identity_file_is_refused_with_the_fix(tmp_path):
+    import json
+
+    from marble.training.run_dir import IDENTITY_FILES, check_run_dir
+
+    cfg = load_config("tiny")
+    ckpt = tmp_path / "checkpoints" / "checkpoint-000010"
+    ckpt.mkdir(parents=True)
+    (ckpt / "COMPLETE").write_text("{}")
+    for present in ([], ["config.yaml"], ["inputs.json"]):
+        for name in IDENTITY_FILES:
+            (tmp_path / name).unlink(missing_ok=True)
+        for name in present:
+            (tmp_path / name).write_text(dump_yaml(cfg) if name == "config.yaml" else "{}")
+        with pytest.raises(TrainError) as err:
+            check_run_dir(tmp_path, cfg)
+        message = str(err.value)
+        assert "\n" not in message and "--adopt-checkpoint" in message and "--fresh" in message
+        assert all(f"no {name}" in message for name in IDENTITY_FILES if name not in present), message
+        check_run_dir(tmp_path, cfg, adopt=True)  # the named migration
+    (ckpt / "identity.json").write_text(json.dumps({"config": "sha256:aa"}))
+    check_run_dir(tmp_path, cfg)  # the checkpoint names its run: resume compares it on load
+    (tmp_path / "checkpoints").rename(tmp_path / "elsewhere")
+    check_run_dir(tmp_path, cfg)  # no checkpoints: a new run

@@ -117,16 +117,17 @@ def check_embed_cache(cfg: RunConfig) -> None:
                          "rebuild it with `marble data embed` into an empty --out")
 
 
-def preflight(cfg: RunConfig, out_dir: Path, resume: bool = True) -> dict[str, dict]:
+def preflight(cfg: RunConfig, out_dir: Path, resume: bool = True, adopt: bool = False) -> dict[str, dict]:
     """Every check, no write; returns the inputs' fingerprints (marble.training.inputs).
     `resume=False` (`--fresh`: the folder is set aside, not resumed) skips the folder's
-    identity; every input is still checked, so a bad one moves nothing."""
+    identity; every input is still checked, so a bad one moves nothing. `adopt`
+    (`--adopt-checkpoint`): checkpoints without identity files are taken as this run's."""
     check_rewards(cfg)
     check_model_folder(cfg)
     check_table(cfg)
     check_embed_cache(cfg)
     if resume:
-        check_run_dir(Path(out_dir), cfg)
+        check_run_dir(Path(out_dir), cfg, adopt)
     now = current_inputs(cfg)
     if resume:
         check_inputs(Path(out_dir), now)
