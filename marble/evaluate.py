@@ -77,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sd3: StableDiffusion3Pipeline (LoRAs load here); generic: the folder's own "
                         "diffusers text-to-image pipeline (SD-XL, FLUX.1, SD3.5-L base rows)")
     p.add_argument("--model_path", default=DEFAULT_MODEL, help="base model: hub id, folder or random:tiny")
+    p.add_argument("--allow_other_base", action="store_true",
+                   help="evaluate a LoRA on a base other than the one its run recorded (refused otherwise)")
     p.add_argument("--dataset", required=True, choices=DATASETS)
     p.add_argument("--data_dir", default=DEFAULT_DATA_DIR, help="raw prompt files (DIR/<dataset>/...)")
     p.add_argument("--guidance_scale", type=float, default=1.0)
@@ -307,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"{Path(args.data_dir) / args.dataset}: no prompts to evaluate (an empty prompt file)")
         # By content: the base model's and the LoRA's fingerprints (a LoRA of a marble
         # run must come from this base); paths relative to the project.
-        base, lora_id = content_identity(args.model_path, lora, checkpoint)
+        base, lora_id = content_identity(args.model_path, lora, checkpoint, args.allow_other_base)
     except (CheckpointError, FileNotFoundError, ValueError) as exc:
         print(f"marble evaluate: {exc}", file=sys.stderr)
         return 2

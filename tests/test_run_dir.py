@@ -112,3 +112,18 @@ def test_a_folder_with_checkpoints_but_no_identity_file_is_refused_with_the_fix(
     check_run_dir(tmp_path, cfg)  # the checkpoint names its run: resume compares it on load
     (tmp_path / "checkpoints").rename(tmp_path / "elsewhere")
     check_run_dir(tmp_path, cfg)  # no checkpoints: a new run
+
+
+def test_an_output_dir_that_is_a_file_is_one_line_before_anything_loads(tmp_path, capsys):
+    from marble.train import main as train_main
+    from marble.training.preflight import preflight
+
+    (tmp_path / "afile").write_text("x")
+    for out, needle in ((tmp_path / "afile", "is a file"), (tmp_path / "afile" / "run", "lies under")):
+        with pytest.raises(TrainError, match=f"--output-dir {out} {needle}"):
+            preflight(load_config("tiny"), out)  # the first check: no table or model read
+        with pytest.raises(SystemExit) as exc:
+            train_main(["--preset", "tiny", "--output-dir", str(out), "--set", "model.path=random:tiny",
+                        "--set", f"data.train={tmp_path / 'afile'}"])
+        err = capsys.readouterr().err.strip()
+        assert exc.value.code == 2 and len(err.splitlines()) == 1 and needle in err, err

@@ -173,6 +173,20 @@ def _shown(value) -> str:
     return repr(value)
 
 
+def check_not_legacy(info_path: Path, old: dict, new_identity: dict) -> None:
+    """Refuse results of a marble from before content identities: their run_info names the base
+    model and the LoRA by path, which said nothing of what the path held when they were scored
+    (a base replaced since reported the old score as current). Rebuilt, never adopted."""
+    legacy = [k for k in ("model_path", "checkpoint")
+              if isinstance(old.get(k), str) and isinstance(new_identity.get(k), dict)]
+    if legacy:
+        shown = ", ".join(f"{k} {old[k]!r}" for k in legacy)
+        raise ResultsError(
+            f"{info_path.parent} holds results of an earlier marble, whose identity named {shown} by path, "
+            "not by content: they may be of another base or LoRA than the path holds now. Move the folder "
+            "aside and rerun this `marble evaluate` command to rebuild them, or use another --output_dir")
+
+
 def check_same_run(info_path: str | Path, new_identity: dict) -> None:
     """Refuse to append to results made with other image-changing arguments."""
     info_path = Path(info_path)
@@ -182,6 +196,7 @@ def check_same_run(info_path: str | Path, new_identity: dict) -> None:
         old = json.loads(info_path.read_text(encoding="utf-8")).get("identity", {})
     except json.JSONDecodeError as exc:
         raise ResultsError(f"{info_path}: invalid JSON: {exc}") from exc
+    check_not_legacy(info_path, old, new_identity)
     diffs = [f"{k}: {_shown(old.get(k))} -> {_shown(new_identity.get(k))}"
              for k in IDENTITY_KEYS if not same_value(old.get(k), new_identity.get(k))]
     if diffs:

@@ -216,7 +216,8 @@ class Trainer:
         """The checkpoint's diffusers-format export: the EMA weights of "default"."""
         with self.ema.swapped():
             ema_state = adapter_state(self.pipe.transformer, "default")
-        save_lora_diffusers(self.pipe.transformer, folder, "default", ema_state)
+        save_lora_diffusers(self.pipe.transformer, folder, "default", ema_state,
+                            provenance=self.checkpoints.identity)
 
     def save(self) -> Path:
         """Checkpoint on the main rank (all ranks hold identical state); others wait. Then the
