@@ -220,14 +220,14 @@ class Trainer:
                             provenance=self.checkpoints.identity)
 
     def save(self) -> Path:
-        """Checkpoint on the main rank (all ranks hold identical state); others wait. Then the
-        identity files again: a restore that replaced or removed them is undone at once. A
-        file lost under the run since the last checkpoint stops it, after this checkpoint
-        (check_folder)."""
+        """Checkpoint on the main rank (all ranks hold identical state); others wait. The
+        identity files first, again: a restore that replaced or removed them is undone at once.
+        A file lost under the run since the last checkpoint stops it, after this checkpoint."""
         lost = self._lost_files()
+        if self.info.is_main:  # before the checkpoint: its marker vouches that they are written
+            self.write_identity_files()
         path = self.checkpoints.save(self.step)
         if self.info.is_main:
-            self.write_identity_files()
             self.watch.expect("checkpoint", path)
         self._stop_if_lost(lost)
         return path
