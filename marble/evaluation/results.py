@@ -173,6 +173,19 @@ def _shown(value) -> str:
     return repr(value)
 
 
+def check_results_have_identity(info_path: Path) -> None:
+    """Results without their run_info.json (deleted, or a partial restore) say nothing of the
+    base, LoRA and prompts they were scored with: rebuilt, never adopted (run_info.json is
+    written before the first row, so a folder with rows and without it lost it)."""
+    from marble.evaluation.summary import RESULTS_FILE  # summary imports this module
+
+    if (info_path.parent / RESULTS_FILE).is_file():
+        raise ResultsError(
+            f"{info_path.parent} holds {RESULTS_FILE} but no {info_path.name}, which says what they were "
+            "scored with: restore it, or move the folder aside and rerun this `marble evaluate` command to "
+            "rebuild them")
+
+
 def check_not_legacy(info_path: Path, old: dict, new_identity: dict) -> None:
     """Refuse results of a marble from before content identities: their run_info names the base
     model and the LoRA by path, which said nothing of what the path held when they were scored
@@ -191,6 +204,7 @@ def check_same_run(info_path: str | Path, new_identity: dict) -> None:
     """Refuse to append to results made with other image-changing arguments."""
     info_path = Path(info_path)
     if not info_path.is_file():
+        check_results_have_identity(info_path)
         return
     try:
         old = json.loads(info_path.read_text(encoding="utf-8")).get("identity", {})

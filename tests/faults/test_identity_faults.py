@@ -269,7 +269,7 @@ def test_an_evaluation_identity_compares_content_not_paths(tmp_path):
         check_same_run(info, replaced)
 
 
-@pytest.mark.fault("results folder of the previous format (base and LoRA named by path)")
+@pytest.mark.fault("results folder of the previous format (base and LoRA named by path), or without run_info")
 def test_results_of_the_path_identity_format_are_refused_with_the_rebuild(tmp_path):
     info = tmp_path / "run_info.json"
     base = {"dataset": "ocr", "seed": 42}
@@ -280,6 +280,10 @@ def test_results_of_the_path_identity_format_are_refused_with_the_rebuild(tmp_pa
                                            r"rerun this `marble evaluate` command to rebuild") as err:
         check_same_run(info, now)  # the same path spelled: adopted before, whatever it holds now
     assert "\n" not in str(err.value)
+    info.unlink()  # results whose identity file went
+    (tmp_path / "evaluation_results.jsonl").write_text('{"sample_id": 0, "rev": 1, "scores": {"toy": 0.5}}\n')
+    with pytest.raises(ResultsError, match=r"holds evaluation_results.jsonl but no run_info.json.*rebuild"):
+        check_same_run(info, now)
 
 
 def eval_argv(raw, out, *extra):
