@@ -127,3 +127,36 @@ def test_an_output_dir_that_is_a_file_is_one_line_before_anything_loads(tmp_path
                         "--set", f"data.train={tmp_path / 'afile'}"])
         err = capsys.readouterr().err.strip()
         assert exc.value.code == 2 and len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_preflight_refuses_a_checkpoint_of_another_run_before_writing(tmp_path, monkeypatch):
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    from marble.data.records import PromptRecord, to_frame
+    from marble.training.inputs import current_inputs
+    from marble.training.preflight import preflight
+    from marble.training.run_dir import run_identity
+
+    monkeypatch.setenv("MARBLE_HASH_CACHE", str(tmp_path / "hashes.json"))
+    (tmp_path / "model" / "transformer").mkdir(parents=True)
+    (tmp_path / "model" / "model_index.json").write_text("{}")
+    save_file({"w": torch.zeros(4)}, str(tmp_path / "model" / "transformer" / "w.safetensors"))
+    to_frame([PromptRecord.make("a cat", "pickscore")], {"toy_brightness": [True]}).to_parquet(tmp_path / "t.parquet")
+    sets = [f"model.path={tmp_path / 'model'}", f"data.train={tmp_path / 't.parquet'}",
+            "rewards=[{name: toy_brightness}]"]
+    other = load_config("tiny", overrides=[*sets, "train.lr=0.5"])  # another preset's run, copied in
+    run = tmp_path / "run"
+    ckpt = run / "checkpoints" / "checkpoint-000010"
+    ckpt.mkdir(parents=True)
+    (ckpt / "COMPLETE").write_text("{}")
+    (ckpt / "identity.json").write_text(json.dumps(run_identity(other, current_inputs(other))))
+    cfg = load_config("tiny", overrides=sets)
+    with pytest.raises(TrainError, match=r"checkpoint-000010 is a checkpoint of another run: config sha256:\w+ "
+                                         r"in the checkpoint, sha256:\w+ in this run\. .*--adopt-checkpoint"):
+        preflight(cfg, run)
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints"]  # nothing written
+    preflight(cfg, run, adopt=True)
+    preflight(other, run)  # its own run: resumes

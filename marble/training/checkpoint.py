@@ -51,7 +51,7 @@ from marble.training.checkpoint_format import (
     remove_stale_temporaries,
     usable_checkpoints,
 )
-from marble.training.run_dir import ADOPT_FLAG, identity_differences
+from marble.training.run_dir import ADOPT_FLAG, identity_differences, identity_refusal
 
 # What callers of the manager use beside it (resume's errors, the folder of a step, the
 # verdict on a folder, the cleanup before a resume): the rest of the format is imported
@@ -396,6 +396,4 @@ class CheckpointManager:
         if self.adopt:
             log.warning("%s is another run's checkpoint (%s); adopted (%s)", path, "; ".join(diffs), ADOPT_FLAG)
             return
-        raise CheckpointError(
-            f"{path} is a checkpoint of another run: {'; '.join(diffs)}. Resume it in its own run "
-            f"folder, train into another --output-dir, or pass {ADOPT_FLAG} to continue from it on purpose")
+        raise CheckpointError(identity_refusal(path, diffs))

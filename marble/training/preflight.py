@@ -18,7 +18,7 @@ from pathlib import Path
 from marble.config import RunConfig, stage_config
 from marble.runtime.fingerprint import mismatched
 from marble.training.inputs import check_inputs, current_inputs
-from marble.training.run_dir import TrainError, check_run_dir
+from marble.training.run_dir import TrainError, check_checkpoint_identities, check_run_dir, run_identity
 
 
 def check_rewards(cfg: RunConfig) -> None:
@@ -161,4 +161,5 @@ def preflight(cfg: RunConfig, out_dir: Path, resume: bool = True, adopt: bool = 
     now = current_inputs(cfg)
     if resume:
         check_inputs(Path(out_dir), now)
+        check_checkpoint_identities(Path(out_dir), run_identity(cfg, now), adopt)
     return now

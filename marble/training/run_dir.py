@@ -127,6 +127,27 @@ def identity_differences(saved: dict, now: dict) -> list[str]:
 IDENTITY_FILES = ("config.yaml", "inputs.json")
 
 
+def identity_refusal(path: Path, diffs: list[str]) -> str:
+    """The one line refusing checkpoint `path` of another run identity (the manager's and preflight's)."""
+    return (f"{path} is a checkpoint of another run: {'; '.join(diffs)}. Resume it in its own run "
+            f"folder, train into another --output-dir, or pass {ADOPT_FLAG} to continue from it on purpose")
+
+
+def check_checkpoint_identities(out_dir: Path, identity: dict, adopt: bool = False) -> None:
+    """Before anything is written (preflight): every checkpoint of the folder that records a run
+    identity must record this one (the manager checks the one it loads again)."""
+    if adopt:
+        return
+    for _, path in reversed(list_checkpoints(out_dir)):
+        try:
+            saved = read_identity(path)
+        except CheckpointError:
+            continue  # damaged: resume skips it with a warning naming it
+        diffs = identity_differences(saved, identity) if saved is not None else []
+        if diffs:
+            raise TrainError(identity_refusal(path, diffs))
+
+
 def check_identity_files(out_dir: Path, adopt: bool = False) -> None:
     """Refuse a run folder that holds checkpoints but lost config.yaml or inputs.json (a partial
     restore, `dvc checkout --force` under a running trainer): without them nothing said which
