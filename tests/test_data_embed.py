@@ -130,3 +130,14 @@ def test_a_cache_of_another_bases_encoders_switched_on_at_resume_is_refused(tmp_
     assert "\n" not in str(err.value) and "marble data embed" in str(err.value)
     with pytest.raises(TrainError, match="built by an earlier marble.*rebuild it with `marble data embed`"):
         preflight(load_config("tiny", overrides=sets + [f"data.embed_cache={tmp_path / 'old'}"]), run)
+
+
+def test_a_run_recorded_with_a_name_and_size_cache_identity_resumes_on_a_rebuilt_cache():
+    from marble.training.inputs import input_differences
+
+    base = {"model.path": {"path": "m", "fingerprint": "tree:1"}}
+    old = {**base, "data.embed_cache": {"path": "c", "model": "local:sd3:0123", "max_sequence_length": 32}}
+    rebuilt = {**base, "data.embed_cache": {"path": "c", "model": "encoders:sha256:ab", "max_sequence_length": 32}}
+    assert input_differences(old, rebuilt) == []
+    other = {**base, "data.embed_cache": {"path": "c", "model": "encoders:sha256:cd", "max_sequence_length": 32}}
+    assert input_differences(rebuilt, other) and "data.embed_cache" in input_differences(rebuilt, other)[0]
