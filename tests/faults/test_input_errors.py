@@ -48,8 +48,11 @@ def test_string_keys_stay_strings():
 
 
 def run_folder(path, cfg):
+    """A run folder's identity files as the trainer writes them (inputs.json: none of the
+    tiny preset's inputs exist here, so an empty record; check_run_dir reads only its keys)."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.yaml").write_text(dump_yaml(cfg))
+    (path / "inputs.json").write_text("{}")
     return path
 
 
