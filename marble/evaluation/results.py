@@ -19,6 +19,8 @@ from marble.rewards.geneval_rules import per_tag_means
 from marble.runtime.io import read_jsonl
 
 GENEVAL_DETAIL_KEYS = ("accuracy", "strict_accuracy")
+# The results file of an evaluation folder (marble.evaluation.runner writes it; summary reads it).
+RESULTS_FILE = "evaluation_results.jsonl"
 # Arguments that change the images; a resume with any of them changed would mix two runs.
 IDENTITY_KEYS = (
     "dataset", "model_path", "checkpoint", "lora_hf_path", "num_inference_steps",
@@ -177,8 +179,6 @@ def check_results_have_identity(info_path: Path) -> None:
     """Results without their run_info.json (deleted, or a partial restore) say nothing of the
     base, LoRA and prompts they were scored with: rebuilt, never adopted (run_info.json is
     written before the first row, so a folder with rows and without it lost it)."""
-    from marble.evaluation.summary import RESULTS_FILE  # summary imports this module
-
     if (info_path.parent / RESULTS_FILE).is_file():
         raise ResultsError(
             f"{info_path.parent} holds {RESULTS_FILE} but no {info_path.name}, which says what they were "
