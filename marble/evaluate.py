@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "diffusers text-to-image pipeline (SD-XL, FLUX.1, SD3.5-L base rows)")
     p.add_argument("--model_path", default=DEFAULT_MODEL,
                    help="base model: hub id, folder or random:tiny (default: a marble run's own base, else SD3.5 M)")
+    p.add_argument("--allow_other_base", action="store_true",
+                   help="evaluate a LoRA on a base other than the one its run recorded (refused otherwise)")
     p.add_argument("--dataset", required=True, choices=DATASETS)
     p.add_argument("--data_dir", default=DEFAULT_DATA_DIR,
                    help="raw prompt files (DIR/<dataset>/...; default: a marble run's project raw_dir, else dataset)")
@@ -338,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"{Path(args.data_dir) / args.dataset}: no prompts to evaluate (an empty prompt file)")
         # By content: the base model's and the LoRA's fingerprints (a LoRA of a marble
         # run must come from this base); paths relative to the project.
-        base, lora_id = content_identity(args.model_path, lora, checkpoint)
+        base, lora_id = content_identity(args.model_path, lora, checkpoint, args.allow_other_base)
     except (CheckpointError, FileNotFoundError, ValueError) as exc:
         print(f"marble evaluate: {exc}", file=sys.stderr)
         return 2

@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start over: a run already in --output-dir is renamed aside to "
                         ".<name>.replaced-<UTC time> (printed; nothing deleted) instead of resumed "
                         "or refused. For one start: a rerun with --fresh starts over again")
+    p.add_argument("--adopt-checkpoint", action="store_true",
+                   help="resume from the run folder's checkpoint although it records another run's "
+                        "identity (config digest, base, table, seed) or none (a folder without "
+                        "config.yaml/inputs.json, or from before identities): a deliberate warm start")
     return p
 
 
@@ -121,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             check_data_path(cfg)
             check_balancer(cfg)
             # Every input read and the folder's identity checked before anything is written.
-            preflight(cfg, args.output_dir, resume=not args.fresh)
+            preflight(cfg, args.output_dir, resume=not args.fresh, adopt=args.adopt_checkpoint)
             if _is_global_rank0():
                 lock = run_lock.acquire(args.output_dir)
         except (ConfigError, TrainError, run_lock.RunLockError) as exc:
@@ -160,7 +164,8 @@ def _train(args: argparse.Namespace, cfg: RunConfig, stop) -> dict:
 
     try:
         return run_training(cfg, args.output_dir, device=args.device,
-                            progress=not args.no_progress, stop=stop, fresh=args.fresh)
+                            progress=not args.no_progress, stop=stop, fresh=args.fresh,
+                            adopt=args.adopt_checkpoint)
     except (TrainError, CheckpointError, EmbedCacheError, ModelNotFoundError) as exc:
         print(f"marble train: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

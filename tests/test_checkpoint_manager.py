@@ -115,3 +115,35 @@ def test_a_state_that_does_not_fit_names_itself(tmp_path):
     with pytest.raises(CheckpointError,
                        match=r"state 'scaler' does not fit .*lacks a fp16 GradScaler"):
         Run(tmp_path, scaler=scaler).manager.resume()
+
+
+def test_a_checkpoint_of_another_run_identity_is_refused_naming_both(tmp_path, caplog):
+    mine = {"config": "sha256:aa", "base": "tree:11", "train_table": "sha256:22", "seed": 42}
+    run = Run(tmp_path)
+    run.manager.identity = {**mine, "config": "sha256:bb"}  # another preset's run wrote it
+    run.train_step()
+    path = run.manager.save(1)
+    assert "identity.json" in (path / "COMPLETE").read_text()  # under the marker's hashes
+    later = Run(tmp_path)
+    later.manager.identity = mine
+    with pytest.raises(CheckpointError) as err:
+        later.manager.resume()
+    message = str(err.value)
+    assert "\n" not in message and "another run" in message and "--adopt-checkpoint" in message
+    assert "config sha256:bb in the checkpoint, sha256:aa in this run" in message
+    assert later.step == 0  # nothing restored
+    later.manager.adopt = True  # the named override: a deliberate warm start
+    assert later.manager.resume() == path and later.step == 1
+    same = Run(tmp_path)
+    same.manager.identity = {**mine, "config": "sha256:bb"}
+    assert same.manager.resume() == path and same.step == 1
+
+
+def test_a_checkpoint_from_before_identities_resumes_with_a_warning(tmp_path, caplog):
+    old = Run(tmp_path)  # identity None: what a marble before identities wrote
+    path = old.manager.save(0)
+    assert not (path / "identity.json").exists()
+    later = Run(tmp_path)
+    later.manager.identity = {"config": "sha256:aa", "base": "tree:11", "train_table": None, "seed": 1}
+    assert later.manager.resume() == path
+    assert "records no run identity" in caplog.text

@@ -61,3 +61,83 @@ def test_cache_matches_encoding_and_second_run_encodes_nothing(tiny_model_dir, t
     e16, _ = EmbeddingCache(root / "cache16").lookup(sample[:5])
     assert e16.dtype == torch.float16
     torch.testing.assert_close(e16.float(), ref_embeds[:5], rtol=1e-2, atol=1e-2)
+
+
+def fake_base(root, encoder_bytes: bytes):
+    """A base model folder whose text encoder weights are `encoder_bytes` (same names and sizes
+    across calls with equal-length bytes): what model_identity sees, nothing loads it."""
+    from safetensors.torch import save_file
+
+    (root / "transformer").mkdir(parents=True)
+    (root / "model_index.json").write_text("{}")
+    save_file({"w": torch.zeros(8)}, str(root / "transformer" / "w.safetensors"))
+    (root / "text_encoder").mkdir()
+    (root / "text_encoder" / "config.json").write_text('{"hidden_size": 8}')
+    save_file({"w": torch.frombuffer(bytearray(encoder_bytes), dtype=torch.uint8).float()},
+              str(root / "text_encoder" / "model.safetensors"))
+    return root
+
+
+def test_model_identity_is_the_encoders_weights_not_their_names_and_sizes(tmp_path, monkeypatch):
+    from marble.data.embed_cache import model_identity
+
+    monkeypatch.setenv("MARBLE_HASH_CACHE", str(tmp_path / "hashes.json"))
+    a = fake_base(tmp_path / "a" / "sd3", b"\x01" * 16)
+    b = fake_base(tmp_path / "b" / "sd3", b"\x02" * 16)  # another base: same folder name, names, sizes
+    weights = "text_encoder/model.safetensors"
+    assert (a / weights).stat().st_size == (b / weights).stat().st_size
+    assert model_identity(str(a)) != model_identity(str(b))
+    # the content, not the place: a copy elsewhere under another name is the same encoders
+    import shutil
+
+    shutil.copytree(a, tmp_path / "moved")
+    assert model_identity(str(tmp_path / "moved")) == model_identity(str(a))
+    # the transformer's weights are not the encoders': a LoRA-merged base keeps its caches
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.ones(8)}, str(a / "transformer" / "w.safetensors"))
+    assert model_identity(str(a)) == model_identity(str(tmp_path / "moved"))
+    assert model_identity("random:tiny") == "random:tiny"
+
+
+def test_a_cache_of_another_bases_encoders_switched_on_at_resume_is_refused(tmp_path, monkeypatch):
+    from marble.config import dump_yaml, load_config
+    from marble.data.embed_cache import model_identity
+    from marble.data.records import PromptRecord, to_frame
+    from marble.training.inputs import current_inputs, write_inputs
+    from marble.training.preflight import preflight
+    from marble.training.run_dir import TrainError
+
+    monkeypatch.setenv("MARBLE_HASH_CACHE", str(tmp_path / "hashes.json"))
+    base = fake_base(tmp_path / "base", b"\x01" * 16)
+    other = fake_base(tmp_path / "o" / "base", b"\x02" * 16)  # same folder name, names and sizes
+    to_frame([PromptRecord.make("a cat", "pickscore")], {"toy_brightness": [True]}).to_parquet(tmp_path / "t.parquet")
+    sets = [f"model.path={base}", f"data.train={tmp_path / 't.parquet'}", "rewards=[{name: toy_brightness}]"]
+    cfg = load_config("tiny", overrides=sets)
+    run = tmp_path / "run"  # a run started without a cache
+    run.mkdir()
+    (run / "config.yaml").write_text(dump_yaml(cfg))
+    write_inputs(run, current_inputs(cfg))
+    for name, built_for in (("own", model_identity(str(base))), ("foreign", model_identity(str(other))),
+                            ("old", "local:base:0123456789abcdef")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "index.json").write_text(json.dumps(
+            {"format": 1, "model": built_for, "max_sequence_length": 32, "dtype": "float32",
+             "shards": [], "entries": {}, "checksums": {}}))
+    preflight(load_config("tiny", overrides=sets + [f"data.embed_cache={tmp_path / 'own'}"]), run)
+    with pytest.raises(TrainError, match=r"was built for text encoders 'encoders:sha256:\w+', .* holds") as err:
+        preflight(load_config("tiny", overrides=sets + [f"data.embed_cache={tmp_path / 'foreign'}"]), run)
+    assert "\n" not in str(err.value) and "marble data embed" in str(err.value)
+    with pytest.raises(TrainError, match="built by an earlier marble.*rebuild it with `marble data embed`"):
+        preflight(load_config("tiny", overrides=sets + [f"data.embed_cache={tmp_path / 'old'}"]), run)
+
+
+def test_a_run_recorded_with_a_name_and_size_cache_identity_resumes_on_a_rebuilt_cache():
+    from marble.training.inputs import input_differences
+
+    base = {"model.path": {"path": "m", "fingerprint": "tree:1"}}
+    old = {**base, "data.embed_cache": {"path": "c", "model": "local:sd3:0123", "max_sequence_length": 32}}
+    rebuilt = {**base, "data.embed_cache": {"path": "c", "model": "encoders:sha256:ab", "max_sequence_length": 32}}
+    assert input_differences(old, rebuilt) == []
+    other = {**base, "data.embed_cache": {"path": "c", "model": "encoders:sha256:cd", "max_sequence_length": 32}}
+    assert input_differences(rebuilt, other) and "data.embed_cache" in input_differences(rebuilt, other)[0]

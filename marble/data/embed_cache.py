@@ -1,7 +1,8 @@
 """Prompt-embedding cache: each unique prompt is encoded once by the three text encoders.
 
 Layout of a cache folder:
-  index.json                 model identity, max_sequence_length, shapes, key -> [shard, row]
+  index.json                 model identity (the text encoders' weights by sha256, model_identity),
+                             max_sequence_length, shapes, key -> [shard, row]
   shard-00000.safetensors    `prompt_embeds` [n, L, D] and `pooled` [n, Dp], one row per key
 A key is sha1(model identity NUL max_sequence_length NUL prompt). Shards are written
 atomically and the index, which records each shard's sha256 (`checksums`), is rewritten
@@ -27,7 +28,7 @@ from tqdm.auto import tqdm
 from marble.data.records import load_table
 from marble.models import load_pipeline
 from marble.models.encode import encode_prompts
-from marble.runtime.fingerprint import HashCache, mismatched
+from marble.runtime.fingerprint import HashCache, fingerprint, mismatched
 from marble.runtime.io import atomic_path, write_json
 
 INDEX = "index.json"
@@ -38,22 +39,37 @@ def prompt_key(prompt: str, max_sequence_length: int, model_id: str) -> str:
     return hashlib.sha1(f"{model_id}\0{max_sequence_length}\0{prompt}".encode("utf-8")).hexdigest()
 
 
-def model_identity(model: str) -> str:
-    """A string that changes when the text encoders or tokenizers change.
+# The identity's prefix: by the encoders' content. A cache of an earlier marble ("local:<folder
+# name>:<hash of file names and sizes>") identified another base's encoders of the same shapes as
+# these, so it is refused (rebuilt), never reused.
+CONTENT_PREFIX = "encoders:sha256:"
 
-    Local folder: sha1 over the names, sizes and (for json/txt files) contents of the
-    text encoder and tokenizer files. Hub id: the id itself (pin a revision upstream).
+
+def model_identity(model: str, cache: HashCache | None = None) -> str:
+    """A string that changes when the text encoders' or tokenizers' content changes.
+
+    Local folder: sha256 over each `text_encoder*` / `tokenizer*` subfolder's content
+    fingerprint (marble.runtime.fingerprint: every file's sha256, weights included, served
+    by the hash cache while the files are unchanged, so a start re-hashes nothing). Not the
+    folder's name or path: a moved project keeps its caches. Hub id: the id itself (pin a
+    revision upstream).
     """
     path = Path(model).expanduser()
     if not path.is_dir():
         return str(model)
-    digest = hashlib.sha1()
-    for sub in sorted(p for p in path.iterdir() if p.name.startswith(("text_encoder", "tokenizer"))):
-        for f in sorted(x for x in sub.rglob("*") if x.is_file()):
-            digest.update(f"{f.relative_to(path)}\0{f.stat().st_size}\0".encode())
-            if f.suffix in (".json", ".txt", ".model"):
-                digest.update(f.read_bytes())
-    return f"local:{path.name}:{digest.hexdigest()[:16]}"
+    cache = cache if cache is not None else HashCache()
+    digest = hashlib.sha256()
+    for sub in sorted(p for p in path.iterdir() if p.is_dir() and p.name.startswith(("text_encoder", "tokenizer"))):
+        digest.update(f"{sub.name}\0{fingerprint(sub, cache)}\n".encode())
+    return f"{CONTENT_PREFIX}{digest.hexdigest()}"
+
+
+def identity_mismatch(built_for, model: str, wanted: str) -> str:
+    """Why a cache built for `built_for` does not serve `model` (identity `wanted`)."""
+    if isinstance(built_for, str) and built_for.startswith("local:"):
+        return (f"was built by an earlier marble, whose identity ({built_for!r}) named the text encoders' "
+                f"files and sizes, not their weights; it may hold another base's embeddings")
+    return f"was built for text encoders {built_for!r}, {model!r} holds {wanted!r}"
 
 
 def unique_prompts(tables: Iterable[str | Path]) -> list[str]:
@@ -127,12 +143,15 @@ class EmbeddingCache:
         return torch.cat(embeds), torch.cat(pooled)
 
 
-def _load_index(out: Path, model_id: str, max_sequence_length: int, dtype: str) -> dict:
+def _load_index(out: Path, model_id: str, max_sequence_length: int, dtype: str, model: str = "") -> dict:
     path = out / INDEX
     if not path.is_file():
         return {"format": FORMAT_VERSION, "model": model_id, "max_sequence_length": max_sequence_length,
                 "dtype": dtype, "shards": [], "entries": {}}
     index = json.loads(path.read_text(encoding="utf-8"))
+    if index.get("model") != model_id and model_id.startswith(CONTENT_PREFIX):
+        raise ValueError(f"{path}: the cache {identity_mismatch(index.get('model'), model, model_id)}; "
+                         "use another --out folder")
     for key, want in (("model", model_id), ("max_sequence_length", max_sequence_length), ("dtype", dtype)):
         if index.get(key) != want:
             raise ValueError(
@@ -160,7 +179,7 @@ def build_cache(
     """
     out = Path(out)
     model_id = model_identity(model)
-    index = _load_index(out, model_id, max_sequence_length, dtype)
+    index = _load_index(out, model_id, max_sequence_length, dtype, model)
     prompts = unique_prompts(tables)
     todo = [p for p in prompts if prompt_key(p, max_sequence_length, model_id) not in index["entries"]]
     stats = {"unique": len(prompts), "encoded": len(todo), "cached": len(prompts) - len(todo)}

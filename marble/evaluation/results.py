@@ -20,6 +20,8 @@ from marble.rewards.geneval_rules import per_tag_means
 from marble.runtime.io import read_jsonl
 
 GENEVAL_DETAIL_KEYS = ("accuracy", "strict_accuracy")
+# The results file of an evaluation folder (marble.evaluation.runner writes it; summary reads it).
+RESULTS_FILE = "evaluation_results.jsonl"
 # Arguments that change the images; a resume with any of them changed would mix two runs.
 IDENTITY_KEYS = (
     "dataset", "model_path", "checkpoint", "lora_hf_path", "num_inference_steps",
@@ -193,15 +195,42 @@ def _shown(value) -> str:
     return repr(value)
 
 
+def check_results_have_identity(info_path: Path) -> None:
+    """Results without their run_info.json (deleted, or a partial restore) say nothing of the
+    base, LoRA and prompts they were scored with: rebuilt, never adopted (run_info.json is
+    written before the first row, so a folder with rows and without it lost it)."""
+    if (info_path.parent / RESULTS_FILE).is_file():
+        raise ResultsError(
+            f"{info_path.parent} holds {RESULTS_FILE} but no {info_path.name}, which says what they were "
+            "scored with: restore it, or move the folder aside and rerun this `marble evaluate` command to "
+            "rebuild them")
+
+
+def check_not_legacy(info_path: Path, old: dict, new_identity: dict) -> None:
+    """Refuse results of a marble from before content identities: their run_info names the base
+    model and the LoRA by path, which said nothing of what the path held when they were scored
+    (a base replaced since reported the old score as current). Rebuilt, never adopted."""
+    legacy = [k for k in ("model_path", "checkpoint")
+              if isinstance(old.get(k), str) and isinstance(new_identity.get(k), dict)]
+    if legacy:
+        shown = ", ".join(f"{k} {old[k]!r}" for k in legacy)
+        raise ResultsError(
+            f"{info_path.parent} holds results of an earlier marble, whose identity named {shown} by path, "
+            "not by content: they may be of another base or LoRA than the path holds now. Move the folder "
+            "aside and rerun this `marble evaluate` command to rebuild them, or use another --output_dir")
+
+
 def check_same_run(info_path: str | Path, new_identity: dict) -> None:
     """Refuse to append to results made with other image-changing arguments."""
     info_path = Path(info_path)
     if not info_path.is_file():
+        check_results_have_identity(info_path)
         return
     try:
         old = json.loads(info_path.read_text(encoding="utf-8")).get("identity", {})
     except json.JSONDecodeError as exc:
         raise ResultsError(f"{info_path}: invalid JSON: {exc}") from exc
+    check_not_legacy(info_path, old, new_identity)
     diffs = [f"{k}: {_shown(old.get(k))} -> {_shown(new_identity.get(k))}"
              for k in IDENTITY_KEYS if not same_value(old.get(k), new_identity.get(k))]
     if diffs:

@@ -22,10 +22,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from marble.evaluation.results import ResultsError, read_results
+from marble.evaluation.results import RESULTS_FILE, ResultsError, read_results
 from marble.runtime.io import write_text
 
-RESULTS_FILE = "evaluation_results.jsonl"  # marble.evaluation.runner's (which imports torch)
 
 # (column, candidate keys in order, datasets in order of preference, scale, decimals)
 PAPER_METRICS = [

@@ -179,12 +179,19 @@ def lora_config_dict(transformer, adapter: str = TRAINABLE) -> dict:
     return json.loads(json.dumps(config, default=lambda o: sorted(o) if isinstance(o, set) else str(o)))
 
 
+# The safetensors metadata key of a LoRA's provenance (its run's identity: the base model's
+# fingerprint, config digest, seed): a LoRA copied out of its run still says which base it
+# belongs to, and evaluation refuses it on another (marble.evaluation.identity).
+PROVENANCE_KEY = "marble_provenance"
+
+
 def save_lora_diffusers(transformer, out_dir: str | os.PathLike, adapter: str = TRAINABLE,
-                        state: dict[str, Tensor] | None = None) -> Path:
+                        state: dict[str, Tensor] | None = None, provenance: dict | None = None) -> Path:
     """Write `pytorch_lora_weights.safetensors` that `pipe.load_lora_weights(out_dir)` loads.
 
     `state` (adapter_state format) overrides the live weights, e.g. EMA weights. The
-    rank/alpha go in the file's metadata, so diffusers scales by alpha/r as we do.
+    rank/alpha go in the file's metadata, so diffusers scales by alpha/r as we do;
+    `provenance` (JSON) goes there too, under PROVENANCE_KEY.
     """
     from diffusers import StableDiffusion3Pipeline
 
@@ -195,7 +202,38 @@ def save_lora_diffusers(transformer, out_dir: str | os.PathLike, adapter: str = 
         StableDiffusion3Pipeline.save_lora_weights(
             tmp, transformer_lora_layers=weights,
             transformer_lora_adapter_metadata=lora_config_dict(transformer, adapter))
+        if provenance is not None:
+            _add_metadata(tmp / DIFFUSERS_LORA_FILE, {PROVENANCE_KEY: json.dumps(provenance, sort_keys=True)})
     return out
+
+
+def _add_metadata(path: Path, extra: dict[str, str]) -> None:
+    """Rewrite a safetensors file with `extra` added to its header metadata (diffusers'
+    save_lora_weights takes no metadata of ours; a LoRA is megabytes, so a rewrite is cheap)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(path), framework="pt") as fh:
+        tensors = {k: fh.get_tensor(k) for k in fh.keys()}
+        metadata = dict(fh.metadata() or {})
+    save_file(tensors, str(path), metadata={**metadata, **extra})
+
+
+def lora_provenance(folder: str | os.PathLike) -> dict | None:
+    """The provenance a diffusers LoRA folder's weights file records (save_lora_diffusers),
+    None for a LoRA without one (another tool's, or marble's before it recorded one)."""
+    from safetensors import safe_open
+
+    path = Path(folder) / DIFFUSERS_LORA_FILE
+    if not path.is_file():
+        return None
+    with safe_open(str(path), framework="pt") as fh:
+        text = (fh.metadata() or {}).get(PROVENANCE_KEY)
+    try:
+        value = json.loads(text) if text else None
+    except ValueError:
+        raise LoraMismatchError(f"LoRA {path}: its {PROVENANCE_KEY} metadata is not JSON") from None
+    return value if isinstance(value, dict) else None
 
 
 def _peft_weights_file(folder: Path) -> Path | None:

@@ -18,6 +18,7 @@ truncated copy, a full disk on a sync, bit rot) or an empty marker is caught on 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -35,6 +36,7 @@ from marble.runtime.io import atomic_path, fsync_tree
 from marble.training.checkpoint_format import (
     ADAPTERS_FILE,
     COMPLETE,
+    IDENTITY_FILE,
     LORA_DIR,
     OPTIMIZER_FILE,
     STATE_FILE,
@@ -45,9 +47,11 @@ from marble.training.checkpoint_format import (
     damaged_files,
     list_checkpoints,
     marker_text,
+    read_identity,
     remove_stale_temporaries,
     usable_checkpoints,
 )
+from marble.training.run_dir import ADOPT_FLAG, identity_differences, identity_refusal
 
 # What callers of the manager use beside it (resume's errors, the folder of a step, the
 # verdict on a folder, the cleanup before a resume): the rest of the format is imported
@@ -141,11 +145,13 @@ def save_checkpoint(
     optimizer_state: dict | None = None,
     write_lora: Callable[[Path], None] | None = None,
     keep: int | None = 3,
+    identity: dict | None = None,
 ) -> Path:
     """Write one checkpoint folder atomically, then prune to the newest `keep`.
 
     `write_lora(folder)` writes the diffusers-format LoRA (the trainer passes a closure
-    over `save_lora_diffusers` with the EMA state).
+    over `save_lora_diffusers` with the EMA state). `identity`: the run's
+    (marble.training.run_dir.run_identity), written as IDENTITY_FILE under the marker's hashes.
     """
     ckpt_dir = Path(ckpt_dir)
     with atomic_path(ckpt_dir) as tmp:
@@ -157,6 +163,9 @@ def save_checkpoint(
         if optimizer_state is not None:
             torch.save(optimizer_state, tmp / OPTIMIZER_FILE)
         torch.save(state, tmp / STATE_FILE)
+        if identity is not None:
+            (tmp / IDENTITY_FILE).write_text(json.dumps(identity, indent=1, sort_keys=True) + "\n",
+                                             encoding="utf-8")
         # Every file and folder on disk before the marker that vouches for them: after a
         # node crash a marker never names a zero-length file.
         fsync_tree(tmp)
@@ -298,14 +307,17 @@ class CheckpointManager:
     `states` maps a name to a Stateful; "adapters" and "optimizer" get files of their own
     (STATE_FILES), every other one is a key of state.pt. `write_lora(folder)` writes the
     diffusers-format export. On several ranks (all holding identical state) rank 0 writes
-    and chooses; `is_main` says which rank this is.
+    and chooses; `is_main` says which rank this is. `identity`: this run's (run_dir.run_identity),
+    recorded in every checkpoint; a checkpoint recording another is refused on load unless
+    `adopt` (marble train --adopt-checkpoint: a deliberate warm start from another run).
     """
 
     def __init__(self, run_dir: str | Path, states: Mapping[str, Stateful],
                  write_lora: Callable[[Path], None] | None = None, keep: int | None = 3,
-                 is_main: bool = True):
+                 is_main: bool = True, identity: dict | None = None, adopt: bool = False):
         self.run_dir, self.states = Path(run_dir), dict(states)
         self.write_lora, self.keep, self.is_main = write_lora, keep, is_main
+        self.identity, self.adopt = identity, adopt
 
     def save(self, step: int) -> Path:
         """Checkpoint `step` on the main rank (the others wait): every registered state."""
@@ -315,7 +327,7 @@ class CheckpointManager:
             own = {name: state.pop(name, None) for name in STATE_FILES}
             save_checkpoint(path, state, adapters=own["adapters"],
                             optimizer_state=own["optimizer"], write_lora=self.write_lora,
-                            keep=self.keep)
+                            keep=self.keep, identity=self.identity)
         dist.barrier()
         return path
 
@@ -345,6 +357,7 @@ class CheckpointManager:
     def load(self, path: str | Path) -> None:
         """Restore every registered state from `path`; a CheckpointError naming the folder
         and the states when one is missing or the folder holds one nobody restores."""
+        self.check_identity(Path(path))
         # CPU first: RNG states must stay CPU tensors; the optimizer, adapters and EMA
         # move their tensors to their own device on load.
         ckpt = load_checkpoint(path, map_location="cpu")
@@ -365,3 +378,22 @@ class CheckpointManager:
             except (KeyError, ValueError, TypeError, RuntimeError) as exc:
                 raise CheckpointError(f"{path}: state {name!r} does not fit this run "
                                       f"({type(exc).__name__}: {exc})") from exc
+
+    def check_identity(self, path: Path) -> None:
+        """Refuse a checkpoint recording another run's identity (one line naming both); one
+        from before identities resumes with a warning (its folder's config.yaml and inputs.json
+        were checked by preflight)."""
+        if self.identity is None:
+            return
+        saved = read_identity(path)
+        if saved is None:
+            log.warning("%s records no run identity (written before marble recorded one); resuming "
+                        "on the run folder's config.yaml and inputs.json", path)
+            return
+        diffs = identity_differences(saved, self.identity)
+        if not diffs:
+            return
+        if self.adopt:
+            log.warning("%s is another run's checkpoint (%s); adopted (%s)", path, "; ".join(diffs), ADOPT_FLAG)
+            return
+        raise CheckpointError(identity_refusal(path, diffs))

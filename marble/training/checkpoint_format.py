@@ -14,6 +14,11 @@ Layout of `RUN/checkpoints/checkpoint-{step:06d}/` (the names below are the cons
   state.pt               STATE_FILE: every other registered state by name (step, epoch,
                          rng, sampler, balancer, ema, scaler, ...), tensors and primitives
                          only, so it loads with `torch.load(weights_only=True)`
+  identity.json          IDENTITY_FILE: the run's identity (marble.training.run_dir.run_identity:
+                         config digest, base and table fingerprints, seed); resume refuses a
+                         checkpoint of another run, evaluation one of another base. Checkpoints
+                         written before it have none (they resume: the run folder's config.yaml
+                         and inputs.json vouch for them)
   COMPLETE               written last, after every file and folder is fsynced
 
 A checkpoint is *usable* when its `COMPLETE` marker parses as
@@ -40,6 +45,7 @@ LORA_DIR = "lora"
 ADAPTERS_FILE = "adapters.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 STATE_FILE = "state.pt"
+IDENTITY_FILE = "identity.json"
 # The registered states that have a file of their own; every other one is a key of STATE_FILE.
 STATE_FILES = {"adapters": ADAPTERS_FILE, "optimizer": OPTIMIZER_FILE}
 MARKER_FORMAT = 2
@@ -108,6 +114,21 @@ def read_marker(ckpt_dir: str | Path) -> dict[str, str]:
         raise CheckpointError(f"{marker}: not a format-{MARKER_FORMAT} marker with the sha256 "
                               "of every file")
     return hashes
+
+
+def read_identity(ckpt_dir: str | Path) -> dict | None:
+    """The run identity a checkpoint records, None for one written before identities; a
+    CheckpointError naming the file when it is not a JSON object."""
+    path = Path(ckpt_dir) / IDENTITY_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: unreadable or not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: not a JSON object (a run identity)")
+    return data
 
 
 # Hashing a paper-size checkpoint takes seconds and the workflow asks many times per

@@ -13,8 +13,8 @@ content) resumes. Entries:
 
 A hub id or `random:` model is recorded as `ref` (the id and revision): its content is
 the hub's at that revision. The embedding cache is recorded by what it encodes (model
-identity, sequence length), not by its shards: it is appendable (`marble data embed`
-adds prompts of other tables), and each shard is verified against its recorded sha256
+identity: the text encoders' weights by sha256; sequence length), not by its shards: it
+is appendable (`marble data embed` adds prompts of other tables), and each shard is verified against its recorded sha256
 when read (marble.data.embed_cache).
 """
 
@@ -100,12 +100,20 @@ def input_differences(saved: dict[str, dict], now: dict[str, dict]) -> list[str]
     out = []
     for key in sorted(set(saved) | set(now)):
         old, new = saved.get(key), now.get(key)
-        if key == "data.embed_cache" and (old is None or new is None):
+        if key == "data.embed_cache" and (old is None or new is None or _legacy_cache(old)):
             continue
         if old is None or new is None or _content(old) != _content(new):
             out.append(f"{key} ({(new or old).get('path') or (new or old).get('ref')}): "
                        f"{_describe(old)} when the run started, {_describe(new)} now")
     return out
+
+
+def _legacy_cache(entry: dict) -> bool:
+    """A cache recorded by its encoders' file names and sizes (marble before content identities):
+    not comparable with today's; the cache in use now was checked against the base's encoders
+    (preflight.check_embed_cache, by content, also for a cache switched on at resume) and the
+    base against inputs.json, so the run resumes and its inputs.json is rewritten."""
+    return str(entry.get("model") or "").startswith("local:")
 
 
 def _describe(entry: dict | None) -> str:

@@ -138,6 +138,18 @@ class MetricsLog:
         write_text(self.path, "".join(x + "\n" for x in self._lines))
         self._size = self.path.stat().st_size
 
+    def restore(self) -> bool:
+        """Write back the lines this run holds when the file is gone or changed (a file
+        deleted under a live run); whether it was written."""
+        if not self.enabled or self._lines is None:
+            return False
+        size = self.path.stat().st_size if self.path.is_file() else -1
+        if size == self._size and self._tail_matches():
+            return False
+        write_text(self.path, "".join(x + "\n" for x in self._lines))
+        self._size = self.path.stat().st_size
+        return True
+
     def _tail_matches(self) -> bool:
         if not self._lines:
             return True

@@ -18,7 +18,7 @@ from pathlib import Path
 from marble.config import RunConfig, stage_config
 from marble.runtime.fingerprint import mismatched
 from marble.training.inputs import check_inputs, current_inputs
-from marble.training.run_dir import TrainError, check_run_dir
+from marble.training.run_dir import TrainError, check_checkpoint_identities, check_run_dir, run_identity
 
 
 def check_rewards(cfg: RunConfig) -> None:
@@ -36,7 +36,8 @@ def check_rewards(cfg: RunConfig) -> None:
 
 def check_table(cfg: RunConfig) -> None:
     """data.train, and data.test when the held-out evaluation reads it (train.eval_every > 0)."""
-    _check_one_table("data.train", cfg.data.train, "assemble it with `marble data assemble`")
+    table = _check_one_table("data.train", cfg.data.train, "assemble it with `marble data assemble`")
+    check_reward_coverage(cfg, table)
     if cfg.train.eval_every > 0:
         _check_one_table("data.test", cfg.data.test,
                          f"train.eval_every = {cfg.train.eval_every} evaluates on it; assemble it, "
@@ -57,6 +58,23 @@ def _check_one_table(key: str, path: str, hint: str) -> None:
                          f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
     if len(table) == 0:
         raise TrainError(f"`{key}` = {path!r} holds no prompts (an empty table)")
+    return table
+
+
+def check_reward_coverage(cfg: RunConfig, table) -> None:
+    """A reward of the run (or of a stage) whose `applies__<reward>` column is false on every row
+    of the training table would train on nothing but NaN-masked rows for it: an error at start,
+    not a run whose metrics say `reward/<name>` NaN hours later. (A reward without a column is
+    scored everywhere: nothing to check.)"""
+    from marble.data.records import reward_masks
+
+    names = dict.fromkeys(n for k in range(len(cfg.stages)) for n in stage_config(cfg, k).reward_names)
+    names = list(dict.fromkeys([*cfg.reward_names, *names]))
+    for name, mask in reward_masks(table, names).items():
+        if not any(mask):
+            raise TrainError(f"reward {name!r} applies to no prompt of `data.train` = {cfg.data.train!r} "
+                             f"(its applies__{name} column is false on all {len(mask)} rows); train on a table "
+                             "assembled with prompts it scores, or drop the reward")
 
 
 def unreadable_weights(folder: Path) -> str | None:
@@ -92,7 +110,7 @@ def check_embed_cache(cfg: RunConfig) -> None:
     """The cache must encode prompts with this model's text encoders at this sequence length."""
     if not cfg.data.embed_cache:
         return
-    from marble.data.embed_cache import INDEX, model_identity
+    from marble.data.embed_cache import INDEX, identity_mismatch, model_identity
 
     index_path = Path(cfg.data.embed_cache) / INDEX
     try:
@@ -100,7 +118,12 @@ def check_embed_cache(cfg: RunConfig) -> None:
     except (OSError, ValueError) as exc:
         raise TrainError(f"`data.embed_cache` = {cfg.data.embed_cache!r}: {index_path} unreadable "
                          f"({type(exc).__name__}); rebuild it with `marble data embed`") from None
-    want = {"model": model_identity(cfg.model.path), "max_sequence_length": cfg.model.max_sequence_length}
+    encoders = model_identity(cfg.model.path)
+    if index.get("model") != encoders:  # by content: another base's encoders of the same shapes too
+        raise TrainError(f"`data.embed_cache` = {cfg.data.embed_cache!r} "
+                         f"{identity_mismatch(index.get('model'), cfg.model.path, encoders)} (`model.path`); "
+                         "rebuild it with `marble data embed` into an empty --out")
+    want = {"max_sequence_length": cfg.model.max_sequence_length}
     for key, value in want.items():
         if index.get(key) != value:
             raise TrainError(f"`data.embed_cache` = {cfg.data.embed_cache!r} was built for {key} "
@@ -112,17 +135,31 @@ def check_embed_cache(cfg: RunConfig) -> None:
                          "rebuild it with `marble data embed` into an empty --out")
 
 
-def preflight(cfg: RunConfig, out_dir: Path, resume: bool = True) -> dict[str, dict]:
+def check_output_dir(out_dir: Path) -> None:
+    """The run folder, or the nearest of its parents that exists, must be a folder: a file there
+    failed only once the model loaded (FileExistsError from mkdir, ENOTDIR from the lock)."""
+    for path in (Path(out_dir), *Path(out_dir).parents):
+        if path.exists() or path.is_symlink():
+            if not path.is_dir():
+                what = "is a file" if path == Path(out_dir) else f"lies under {path}, a file"
+                raise TrainError(f"--output-dir {out_dir} {what}, not a folder; give a run folder's path")
+            return
+
+
+def preflight(cfg: RunConfig, out_dir: Path, resume: bool = True, adopt: bool = False) -> dict[str, dict]:
     """Every check, no write; returns the inputs' fingerprints (marble.training.inputs).
     `resume=False` (`--fresh`: the folder is set aside, not resumed) skips the folder's
-    identity; every input is still checked, so a bad one moves nothing."""
+    identity; every input is still checked, so a bad one moves nothing. `adopt`
+    (`--adopt-checkpoint`): checkpoints without identity files are taken as this run's."""
+    check_output_dir(Path(out_dir))
     check_rewards(cfg)
     check_model_folder(cfg)
     check_table(cfg)
     check_embed_cache(cfg)
     if resume:
-        check_run_dir(Path(out_dir), cfg)
+        check_run_dir(Path(out_dir), cfg, adopt)
     now = current_inputs(cfg)
     if resume:
         check_inputs(Path(out_dir), now)
+        check_checkpoint_identities(Path(out_dir), run_identity(cfg, now), adopt)
     return now

@@ -12,12 +12,11 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from marble.config import RunConfig, dump_yaml, to_dict
+from marble.config import RunConfig, to_dict
 from marble.runtime import distributed as dist
-from marble.runtime.io import write_json, write_text
+from marble.runtime.io import write_json
 from marble.runtime.provenance import write_provenance
 from marble.training.checkpoint import latest_checkpoint
-from marble.training.inputs import write_inputs
 from marble.training.outcome import failed_run_reason
 from marble.training.preflight import preflight
 from marble.training.run_dir import TrainError, set_aside
@@ -68,7 +67,8 @@ def _train_loop(trainer: Trainer, cfg: RunConfig, progress: bool,
 
 
 def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
-                 progress: bool = True, stop: StopRequest | None = None, fresh: bool = False) -> dict:
+                 progress: bool = True, stop: StopRequest | None = None, fresh: bool = False,
+                 adopt: bool = False) -> dict:
     """Train (or resume) to cfg.train.max_steps; write DIR/train_summary.json; return it.
 
     SIGUSR1/SIGTERM stop the run early (marble.training.stopping): the step in flight finishes, a
@@ -76,28 +76,29 @@ def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
     `stop`: an already active StopRequest (`marble train` installs it before loading);
     without one the handlers are installed here, before the model loads.
     `fresh`: a run already in `out_dir` is renamed aside once all loaded (run_dir.set_aside).
+    `adopt`: resume from a checkpoint of another run identity, or without one (`--adopt-checkpoint`).
     """
     out_dir = Path(out_dir)
     # Validate, then write: every input and the folder's identity (config and input
     # content) are checked before config.yaml is replaced (marble.training.preflight).
-    inputs = preflight(cfg, out_dir, resume=not fresh)
+    inputs = preflight(cfg, out_dir, resume=not fresh, adopt=adopt)
     info = dist.init_distributed(device)
     start = time.perf_counter()
     with contextlib.ExitStack() as scope:
         if stop is None:
             stop = scope.enter_context(StopRequest())
-        trainer = Trainer(cfg, out_dir, device=device, progress=progress)
+        trainer = Trainer(cfg, out_dir, device=device, progress=progress, inputs=inputs, adopt=adopt)
         if info.is_main:  # once the model, table and rewards loaded: a failed start writes nothing
             if fresh and (aside := set_aside(out_dir)):  # before the ranks' resume collective
                 print(f"marble train: --fresh: the run that was in {out_dir} is kept as {aside}")
             out_dir.mkdir(parents=True, exist_ok=True)
-            write_text(out_dir / "config.yaml", dump_yaml(cfg))
-            write_inputs(out_dir, inputs)
+            trainer.write_identity_files()  # and again at every checkpoint
             write_provenance(out_dir, to_dict(cfg))  # this attempt's code and libraries
         try:
             resumed, requeue = _train_loop(trainer, cfg, progress and info.is_main, stop)
         finally:
             trainer.close()
+    trainer.check_folder()  # a file lost after the last checkpoint: no summary of a damaged run
     last = latest_checkpoint(out_dir)
     summary = {
         "final_step": trainer.step, "epoch": trainer.epoch,

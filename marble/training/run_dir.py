@@ -12,6 +12,8 @@ one atomic rename, nothing deleted.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,6 +22,7 @@ import yaml
 
 from marble.config import RunConfig, dump_yaml
 from marble.runtime.io import fsync_dir
+from marble.training.checkpoint_format import CheckpointError, list_checkpoints, read_identity
 
 # Keys that may differ between a run folder's config.yaml and a resumed invocation:
 # they change how long / how often, not what is computed.
@@ -38,6 +41,11 @@ PATH_KEYS = {"model.path", "data.train", "data.test", "data.embed_cache"}
 
 # What every refusal of a run folder offers besides restoring it (marble train's flag).
 FRESH_HINT = "--fresh to keep this run aside (renamed, not deleted) and start over"
+
+
+# The named override of a checkpoint-identity refusal (`marble train`'s flag): continuing a
+# run from a checkpoint of another run is sometimes meant (a warm start), never silent.
+ADOPT_FLAG = "--adopt-checkpoint"
 
 
 class TrainError(RuntimeError):
@@ -85,10 +93,91 @@ def config_differences(saved: dict, wanted: dict, by_content: frozenset = frozen
             and comparable(k, a.get(k, "<absent>")) != comparable(k, b.get(k, "<absent>"))]
 
 
-def check_run_dir(out_dir: Path, cfg: RunConfig) -> None:
-    """Refuse a run folder whose config.yaml disagrees with `cfg` on keys that matter."""
+def config_digest(cfg: RunConfig) -> str:
+    """sha256 of the keys that determine the result: every key but RESULT_NEUTRAL_KEYS and the
+    PATH_KEYS (compared by content instead: the base's and the table's fingerprints), and only
+    those away from their default, so a key added to marble later (its default is the
+    behaviour before it) leaves the digest of an older run unchanged."""
+    flat, defaults = flat_config(yaml.safe_load(dump_yaml(cfg))), _defaults()
+    missing = object()
+    kept = {k: v for k, v in flat.items() if k not in RESULT_NEUTRAL_KEYS and k not in PATH_KEYS
+            and defaults.get(k, missing) != v}
+    return "sha256:" + hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def run_identity(cfg: RunConfig, inputs: dict[str, dict]) -> dict:
+    """What a checkpoint records of its run: the config digest, the base model's and the
+    training table's content fingerprints (marble.training.inputs entries; a hub id or
+    `random:` model by its reference) and the seed."""
+    def content(key: str):
+        entry = inputs.get(key) or {}
+        return entry.get("fingerprint") or entry.get("ref")
+
+    return {"config": config_digest(cfg), "base": content("model.path"),
+            "train_table": content("data.train"), "seed": int(cfg.train.seed)}
+
+
+def identity_differences(saved: dict, now: dict) -> list[str]:
+    """`key: <saved> in the checkpoint, <now> in this run` for each field that differs."""
+    return [f"{k} {saved.get(k, '<absent>')} in the checkpoint, {now.get(k, '<absent>')} in this run"
+            for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
+
+
+# A run folder's identity files (config.yaml: marble.training.run; inputs.json: marble.training.inputs).
+IDENTITY_FILES = ("config.yaml", "inputs.json")
+
+
+def identity_refusal(path: Path, diffs: list[str]) -> str:
+    """The one line refusing checkpoint `path` of another run identity (the manager's and preflight's)."""
+    return (f"{path} is a checkpoint of another run: {'; '.join(diffs)}. Resume it in its own run "
+            f"folder, train into another --output-dir, or pass {ADOPT_FLAG} to continue from it on purpose")
+
+
+def check_checkpoint_identities(out_dir: Path, identity: dict, adopt: bool = False) -> None:
+    """Before anything is written (preflight): every checkpoint of the folder that records a run
+    identity must record this one (the manager checks the one it loads again)."""
+    if adopt:
+        return
+    for _, path in reversed(list_checkpoints(out_dir)):
+        try:
+            saved = read_identity(path)
+        except CheckpointError:
+            continue  # damaged: resume skips it with a warning naming it
+        diffs = identity_differences(saved, identity) if saved is not None else []
+        if diffs:
+            raise TrainError(identity_refusal(path, diffs))
+
+
+def check_identity_files(out_dir: Path, adopt: bool = False) -> None:
+    """Refuse a run folder that holds checkpoints but lost config.yaml or inputs.json (a partial
+    restore, `dvc checkout --force` under a running trainer): without them nothing said which
+    run the checkpoints belong to, and a resume with another config adopted them. Checkpoints
+    that record their run's identity are compared on load instead (CheckpointManager);
+    `adopt` (ADOPT_FLAG) takes identity-less ones as this config's run: the migration of a
+    folder from before identities."""
+    missing = [name for name in IDENTITY_FILES if not (Path(out_dir) / name).is_file()]
+    found = list_checkpoints(out_dir) if missing else []
+    if not found or adopt:
+        return
+    try:
+        recorded = read_identity(found[-1][1])
+    except CheckpointError:
+        recorded = None
+    if recorded is not None:
+        return
+    raise TrainError(
+        f"{out_dir} holds {len(found)} checkpoint(s) but no {' and no '.join(missing)}: nothing says "
+        f"which run they belong to. Restore the folder's files (e.g. `dvc checkout` of its stage), "
+        f"pass {ADOPT_FLAG} to take its checkpoints as this config's run, or {FRESH_HINT}")
+
+
+def check_run_dir(out_dir: Path, cfg: RunConfig, adopt: bool = False) -> None:
+    """Refuse a run folder whose config.yaml disagrees with `cfg` on keys that matter, or that
+    holds checkpoints without its identity files (check_identity_files)."""
+    check_identity_files(Path(out_dir), adopt)
     saved_path = Path(out_dir) / "config.yaml"
     if not saved_path.is_file():
+        check_max_steps(out_dir, cfg)
         return
     try:
         saved = yaml.safe_load(saved_path.read_text(encoding="utf-8")) or {}
@@ -125,14 +214,30 @@ def content_checked_keys(out_dir: Path) -> frozenset:
 
 def check_max_steps(out_dir: Path, cfg: RunConfig) -> None:
     """A run folder already past `train.max_steps` is an error, not a silent "done"."""
-    from marble.training.checkpoint import list_checkpoints  # torch: not at the CLI's startup
-
     steps = [step for step, _ in list_checkpoints(out_dir)]
     if steps and steps[-1] > cfg.train.max_steps:
         raise TrainError(
             f"{out_dir}: its last checkpoint is step {steps[-1]}, past `train.max_steps` = "
             f"{cfg.train.max_steps}; give max_steps >= {steps[-1]}, another --output-dir, or "
             f"{FRESH_HINT}")
+
+
+class FolderWatch:
+    """What the trainer wrote into its run folder and expects to find there: a file deleted
+    under a running trainer (`dvc checkout --force` of a `persist: true` output, a cleanup
+    script) is named by `lost()`, so the run stops non-zero instead of finishing as a folder
+    without its identity, its logs or the checkpoint it resumes from."""
+
+    def __init__(self, out_dir: Path):
+        self.out_dir, self.names = Path(out_dir), {}
+
+    def expect(self, role: str, path: Path) -> None:
+        """`role` (one file per role: the newest checkpoint replaces the previous one) is at `path`."""
+        self.names[role] = Path(path)
+
+    def lost(self) -> list[str]:
+        return [str(p.relative_to(self.out_dir)) if p.is_relative_to(self.out_dir) else str(p)
+                for _, p in sorted(self.names.items()) if not p.exists()]
 
 
 def set_aside(out_dir: Path, now: datetime | None = None) -> Path | None:

@@ -110,15 +110,17 @@ def test_a_moved_project_resumes(tmp_path, monkeypatch):
     assert inputs["data.train"]["fingerprint"].startswith("sha256:")
 
 
-def _no_training(cfg, out_dir, device=None, progress=True, stop=None, fresh=False):  # run_training's signature
+def _no_training(cfg, out_dir, device=None, progress=True, stop=None, fresh=False,
+                 adopt=False):  # run_training's signature
     return {"final_step": 0, "rank": 0}
 
 
-@pytest.mark.fault("failed starts (unknown reward, empty or damaged table, not a model folder)")
+@pytest.mark.fault("failed starts (unknown reward, empty, damaged or uncovered table, not a model folder)")
 @pytest.mark.parametrize("bad,needle", [
     ("rewards=[{name: toy_brightnes}]", "`rewards[0].name` = 'toy_brightnes' is not a reward"),
     ("table:empty", "holds no prompts"),
     ("table:damaged", "is not a readable parquet table"),
+    ("table:uncovered", "reward 'toy_brightness' applies to no prompt of `data.train`"),
     ("model:nofolder", "is not a diffusers model folder"),
     ("model:damaged", "w.safetensors: not a readable safetensors file"),
 ])
@@ -131,6 +133,10 @@ def test_a_failed_start_is_one_line_writes_nothing_and_the_fix_runs(tmp_path, ca
     elif bad == "table:empty":
         to_frame([], {"toy_brightness": []}).to_parquet(tmp_path / "empty.parquet")
         sets[1] = f"data.train={tmp_path / 'empty.parquet'}"
+    elif bad == "table:uncovered":  # the reward's mask is false on every row
+        rows = [PromptRecord.make("a cat", "pickscore")]
+        to_frame(rows, {"toy_brightness": [False]}).to_parquet(tmp_path / "uncovered.parquet")
+        sets[1] = f"data.train={tmp_path / 'uncovered.parquet'}"
     elif bad == "table:damaged":
         (tmp_path / "bad.parquet").write_bytes(b"PAR1 not really")
         sets[1] = f"data.train={tmp_path / 'bad.parquet'}"
@@ -261,6 +267,23 @@ def test_an_evaluation_identity_compares_content_not_paths(tmp_path):
     replaced = {**moved, "model_path": {"path": "models/m", "fingerprint": "tree:9"}}
     with pytest.raises(ResultsError, match=r"model_path: path /old/models/m, fingerprint tree:1 -> .*tree:9"):
         check_same_run(info, replaced)
+
+
+@pytest.mark.fault("results folder of the previous format (base and LoRA named by path), or without run_info")
+def test_results_of_the_path_identity_format_are_refused_with_the_rebuild(tmp_path):
+    info = tmp_path / "run_info.json"
+    base = {"dataset": "ocr", "seed": 42}
+    models = tmp_path / "models" / "m"
+    info.write_text(json.dumps({"identity": identity({**base, "model_path": str(models), "checkpoint": None})}))
+    now = identity({**base, "model_path": {"path": str(models), "fingerprint": "tree:9"}, "checkpoint": None})
+    with pytest.raises(ResultsError, match=r"earlier marble, whose identity named model_path .* by path.*"
+                                           r"rerun this `marble evaluate` command to rebuild") as err:
+        check_same_run(info, now)  # the same path spelled: adopted before, whatever it holds now
+    assert "\n" not in str(err.value)
+    info.unlink()  # results whose identity file went
+    (tmp_path / "evaluation_results.jsonl").write_text('{"sample_id": 0, "rev": 1, "scores": {"toy": 0.5}}\n')
+    with pytest.raises(ResultsError, match=r"holds evaluation_results.jsonl but no run_info.json.*rebuild"):
+        check_same_run(info, now)
 
 
 def eval_argv(raw, out, *extra):

@@ -79,6 +79,20 @@ def test_content_identity_end_to_end(tiny_model_dir, tmp_path, capsys, monkeypat
     assert evaluate.main(eval_argv(model, run, raw, tmp_path / "e1")) == 2
     fault_trials.record("trained on base" in one_line(capsys) and not (tmp_path / "e1").exists(),
                         "LoRA evaluated on another base")
+    # Copied out of its run, the checkpoint folder (its identity.json) and its lora/ alone (the
+    # weights' metadata) still name their base: refused on the replaced one, in one line.
+    ckpt = sorted((run / "checkpoints").glob("checkpoint-*"))[-1]
+    shutil.copytree(ckpt, tmp_path / "out" / "ckpt")
+    shutil.copytree(ckpt / "lora", tmp_path / "out" / "lora")
+    for name, where in (("ckpt", "identity.json"), ("lora", "its weights' metadata")):
+        assert evaluate.main(eval_argv(model, tmp_path / "out" / name, raw, tmp_path / f"e-{name}")) == 2
+        line = one_line(capsys)
+        fault_trials.record("trained on base" in line and where in line and "--allow_other_base" in line
+                            and not (tmp_path / f"e-{name}").exists(), f"{name} copied out of its run, other base")
+    # The named override: evaluated on this base on purpose.
+    assert evaluate.main(eval_argv(model, tmp_path / "out" / "lora", raw, tmp_path / "e-any")
+                         + ["--allow_other_base"]) == 0
+    capsys.readouterr()
     # On its own base at another path (a moved model folder): evaluates; the rerun is done.
     assert evaluate.main(eval_argv(tiny_model_dir, run, raw, tmp_path / "e2")) == 0
     info = json.loads((tmp_path / "e2" / "run_info.json").read_text())

@@ -48,8 +48,11 @@ def test_string_keys_stay_strings():
 
 
 def run_folder(path, cfg):
+    """A run folder's identity files as the trainer writes them (inputs.json: none of the
+    tiny preset's inputs exist here, so an empty record; check_run_dir reads only its keys)."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.yaml").write_text(dump_yaml(cfg))
+    (path / "inputs.json").write_text("{}")
     return path
 
 
@@ -120,7 +123,8 @@ def test_disk_full_during_a_checkpoint_is_one_line_from_marble_train(mount_tmpfs
     disk = mount_tmpfs("size=256k")
     table = a_table(tmp_path)
 
-    def run_training(cfg, out_dir, device=None, progress=True, stop=None, fresh=False):  # the real signature
+    def run_training(cfg, out_dir, device=None, progress=True, stop=None, fresh=False,
+                     adopt=False):  # the real signature
         checkpoint.save_checkpoint(checkpoint.checkpoint_dir(out_dir, 1), {"w": torch.zeros(1 << 18)}, keep=None)
 
     monkeypatch.setattr("marble.training.run.run_training", run_training)

@@ -24,6 +24,7 @@ import torch
 from safetensors import safe_open
 from test_resume import ROOT, args, table_path  # noqa: F401  (table_path: a fixture)
 
+from marble.runtime.fingerprint import fingerprint
 from marble.train import main as train_main
 from marble.training.checkpoint_format import (
     damaged_files,
@@ -71,6 +72,11 @@ def metric_rows(run: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir, table_path, tmp_path_factory):
     run = tmp_path_factory.mktemp("reference") / "run"
+    # The inputs' digests in the hash cache first: a cold cache's writes (tens of os.replace and
+    # fsync events) are the reference's alone, so a moment drawn among its last events lay past
+    # the end of every killed run, which found the cache warm (and ended "not killed").
+    for path in (tiny_model_dir, table_path):
+        fingerprint(path)
     events, names = count_events("train", run_args(tiny_model_dir, table_path, run))
     return {"run": run, "events": events, "names": names,
             "contents": checkpoint_contents(run), "metrics": metric_rows(run)}
