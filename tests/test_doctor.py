@@ -169,7 +169,9 @@ def test_a_job_shape_the_partition_cannot_hold_is_named_with_slurms_reason(tmp_p
     the 1-GPU jobs fit; the row names the job, its shape and SLURM's words."""
     _stub(tmp_path, "sinfo", 'echo "gpu gpu:h100:8"')
     _stub(tmp_path, "sacctmgr", "echo proj42")
-    _stub(tmp_path, "scontrol", 'echo "Slurmctld(primary) at ctl is UP"')
+    # (time limits: tests/test_slurm_limits.py; here no partition has one)
+    _stub(tmp_path, "scontrol", 'case "$1" in show) echo "PartitionName=gpu Default=YES MaxTime=UNLIMITED";; '
+          '*) echo "Slurmctld(primary) at ctl is UP";; esac')
     _stub(tmp_path, "sbatch", 'echo "$*" >> "$0.calls"; case "$*" in *--nodes=2*) '
           'echo "sbatch: error: Batch job submission failed: Requested node configuration is '
           'not available" >&2; exit 1;; esac; echo "sbatch: Job 3 to start at now" >&2')
