@@ -276,12 +276,21 @@ def gated_rows(config: dict, root: Path) -> list[Check]:
                   f"({', '.join(gated)})")]
 
 
-def disk_row(config: dict, root: Path, downloads_pending: bool = False) -> Check:
-    need_gb, parts = checks.disk_estimate(config, root)
+def disk_row(config: dict, root: Path, downloads_pending: bool = False, via_dvc: bool | None = None) -> Check:
+    """`via_dvc` (default: whether this runs inside a DVC stage, which sets DVC_STAGE): the
+    path the target takes; only `dvc repro` / `dvc exp run` add DVC's cache copies."""
+    if via_dvc is None:
+        via_dvc = bool(os.environ.get("DVC_STAGE"))
+    need_gb, parts = checks.disk_estimate(config, root, via_dvc)
     target = root / "data"
     probe = target if target.exists() else root
     free_gb = shutil.disk_usage(probe).free / 2**30
     detail = f"{free_gb:.0f} GB free at {probe}; needs ~{need_gb:.1f} GB ({parts})"
+    if not via_dvc and (root / ".dvc").is_dir():
+        # Said, not counted: Snakemake alone never writes DVC's cache.
+        extra = checks.disk_estimate(config, root, via_dvc=True)[0] - need_gb
+        if extra > 0:
+            detail += f"; through `dvc repro` / `dvc exp run` ~{extra:.1f} GB more (DVC's cache copies)"
     fix = "free space, or put data/ and results/ on a larger filesystem"
     if free_gb < need_gb - checks.guessed_gb(parts):
         return Check("disk", FAIL, detail, fix)

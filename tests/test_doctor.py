@@ -268,7 +268,7 @@ def test_key_owner_takes_the_last_layer_that_sets_the_key():
     assert key_owner(layers, ["eval", "limit"]) is None  # a schema default
 
 
-def test_disk_estimate_adds_what_evaluation_writes_and_dvc_copies(tmp_path, monkeypatch):
+def test_disk_estimate_adds_what_evaluation_writes_and_dvc_copies_only_through_dvc(tmp_path, monkeypatch):
     """Hub models still to fetch, LoRAs, evaluation outputs and DVC's cache copies are in the
     estimate; a model folder that exists but does not verify still counts as to download;
     before the downloads a shortfall made only of guessed parts is a warning."""
@@ -282,14 +282,26 @@ def test_disk_estimate_adds_what_evaluation_writes_and_dvc_copies(tmp_path, monk
         assert part in parts, parts
     assert "DVC cache" not in parts
     (root / ".dvc").mkdir()
-    need_dvc, parts_dvc = checks.disk_estimate(config, root)
+    # `snakemake --profile slurm all` in a DVC repository never writes DVC's cache ...
+    assert checks.disk_estimate(config, root) == (need, parts)
+    # ... `dvc repro` / `dvc exp run` (their stages run Snakemake with DVC_STAGE set) do.
+    need_dvc, parts_dvc = checks.disk_estimate(config, root, via_dvc=True)
     assert "DVC cache copies" in parts_dvc and need_dvc == pytest.approx(2 * need, rel=1e-3)
     assert checks.guessed_gb(parts_dvc) > 0
     counted = need_dvc - checks.guessed_gb(parts_dvc)
     usage = type("Usage", (), {"free": (counted + 1) * 2**30})
     monkeypatch.setattr(doctor.shutil, "disk_usage", lambda _: usage)
+    monkeypatch.setenv("DVC_STAGE", "train")
     assert doctor.disk_row(config, root, downloads_pending=True).status == "warn"
     assert doctor.disk_row(config, root).status == "FAIL"
+    # Room for the outputs but not their copies: through DVC a failure, Snakemake alone fits;
+    # its row says what DVC would add.
+    usage.free = (need + 1) * 2**30
+    assert doctor.disk_row(config, root).status == "FAIL"
+    monkeypatch.delenv("DVC_STAGE")
+    row = doctor.disk_row(config, root)
+    assert row.status == "ok" and "DVC cache" not in row.detail.split(";")[1]
+    assert f"through `dvc repro` / `dvc exp run` ~{need_dvc - need:.1f} GB more" in row.detail
 
 
 def test_local_jobs_skip_slurm_even_where_a_daemon_answers(monkeypatch):
