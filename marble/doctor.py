@@ -145,6 +145,13 @@ def _judge_env_row(server: str) -> Check:
     if proc is not None and proc.returncode == 0:
         return Check("unifiedreward server", OK, f"environment starts ({' '.join(probe[:4])}): "
                      "sglang imports; started by the workflow per job")
+    if proc is None and shutil.which(probe[0]) is None:
+        # Name the missing program itself (conda, or the venv's python), not "not found".
+        return Check("unifiedreward server", FAIL, f"`{probe[0]}` is not installed here (not on PATH): the judge's "
+                     f"server command cannot start: {server}"[:200],
+                     "install conda (e.g. Miniforge) and create the judge's environment: conda env create -n "
+                     "marble-sglang -f workflow/envs/sglang.yaml; or, without conda, build the venv of "
+                     "workflow/envs/sglang.txt and point eval.unifiedreward.server at its python (docs/cluster.md)")
     why = "not found" if proc is None else (proc.stderr.strip().splitlines() or ["failed"])[-1]
     return Check("unifiedreward server", FAIL, f"{' '.join(probe)}: {why}"[:200],
                  "create the judge's environment: conda env create -n marble-sglang -f "
@@ -249,9 +256,12 @@ def hub_rows(config: dict) -> list[Check]:
     """Every hub reference evaluation fetches names a commit (else its fetch fails the run)."""
     refs = checks.hub_references(config)
     unpinned = checks.unpinned_hub_references(config)
+    # `marble hub lock` pins every placeholder at once (the config's lock file); a hand-picked
+    # commit and dropping the row stay the alternatives.
     rows = [Check(f"hub pin {key}", FAIL, f"{ref}: not a 40-hex commit, the fetch refuses it",
-                  f"put the repo's commit after @ (`git ls-remote https://huggingface.co/"
-                  f"{checks.parse_hub_ref(ref)[0]} HEAD`), or {checks.without_it(key)}")
+                  f"`marble hub lock --configfile <your config files>` writes today's commit of every "
+                  f"{hub_lock.PLACEHOLDER} to the lock file; or put the repo's commit after @ (`git ls-remote "
+                  f"https://huggingface.co/{checks.parse_hub_ref(ref)[0]} HEAD`), or {checks.without_it(key)}")
             for key, ref in unpinned.items()]
     if refs and not unpinned:
         rows.append(Check("hub pins", OK, f"{len(refs)} hub references, each at a commit"))

@@ -148,6 +148,7 @@ def test_unpinned_hub_references_fail_the_preflight_naming_each_key():
     row = rows["hub pin eval.checkpoints.flowgrpo_ocr"]
     assert row.status == "FAIL" and "PIN-A-COMMIT" in row.detail
     assert "huggingface.co/jieliu/SD3.5M-FlowGRPO-Text HEAD" in row.fix
+    assert row.fix.startswith("`marble hub lock --configfile")  # pins every placeholder at once
     assert "eval.checkpoints.flowgrpo_ocr: null" in row.fix
     bad = {"eval": {"protocols": {"sdxl": {"model": "hf:stabilityai/sdxl@main"}}}}
     assert "eval.checkpoints.sdxl: null" in doctor.hub_rows(bad)[0].fix
@@ -243,6 +244,11 @@ def test_the_judges_environment_must_exist_and_import_sglang(tmp_path, monkeypat
     assert "workflow/envs/sglang.yaml" in row.fix
     _stub(tmp_path, "conda", "exit 0")
     assert doctor._unifiedreward_row({}, managed=server).status == "ok"
+    # No conda at all: named as such, with the way without it.
+    (tmp_path / "bin/conda").unlink()
+    row = doctor._unifiedreward_row({}, managed=server)
+    assert row.status == "FAIL" and "`conda` is not installed here" in row.detail
+    assert "install conda" in row.fix and "workflow/envs/sglang.txt" in row.fix
 
 
 def test_a_schema_error_names_the_file_that_sets_the_key(tmp_path):
