@@ -33,6 +33,7 @@ from marble.workflow import hub_lock
 from marble.workflow import slurm_capacity as capacity
 from marble.workflow.doctor_checks import FAIL, OK, SKIP, WARN, Check
 from marble.doctor_slurm import LOCAL_JOBS_ENV, local_rows, slurm_rows
+from marble.runtime import install
 from marble.workflow.preflight import read_snapshot
 
 __all__ = ["Check", "OK", "FAIL", "WARN", "SKIP", "main", "run_checks", "render"]
@@ -107,16 +108,16 @@ def _ocr_engine_row(options: dict) -> Check:
         return Check("ocr engine", FAIL, str(exc), "install the OCR environment (docs/cluster.md)")
     module = {"paddle": "paddleocr"}.get(backend, backend)
     if not importlib.util.find_spec(module):
-        return Check("ocr engine", FAIL, f"backend {backend!r}: {module} not installed",
-                     "pip install -c workflow/envs/constraints.txt -e "
-                     f"\".[{'paddle' if module == 'paddleocr' else 'ocr'}]\"")
+        fix = (f"on a GPU: {install.paddle_gpu()}; on a CPU: {install.extra('paddle')}"
+               if module == "paddleocr" else install.extra("ocr"))
+        return Check("ocr engine", FAIL, f"backend {backend!r}: {module} not installed", fix)
     detail = f"backend {backend}"
     if backend == "paddle" and options.get("use_gpu"):
         import paddle
 
         if not paddle.device.is_compiled_with_cuda():
             return Check("ocr engine", FAIL, "use_gpu but paddlepaddle is the CPU build",
-                         "install paddlepaddle-gpu (workflow/envs/paddleocr-gpu.txt)")
+                         f"install paddlepaddle-gpu: {install.paddle_gpu()}")
         detail += ", paddle GPU build"
     return Check("ocr engine", OK, detail)
 
@@ -159,16 +160,22 @@ def _judge_env_row(server: str) -> Check:
                  "at a venv's python, workflow/envs/sglang.txt)")
 
 
+# mmcv-full 1.7.2 has no wheel for current torch and PyPI's source build fails under build
+# isolation (`No module named 'pkg_resources'` with setuptools >= 81): the steps that work.
+MMCV_FIX = ("build mmcv-full 1.7.2 against this torch as workflow/envs/geneval.txt says: "
+            "pip install -c site-torch.txt \"setuptools<81\" wheel ninja, then TORCH_CUDA_ARCH_LIST=<your GPUs> "
+            "MMCV_WITH_OPS=1 FORCE_CUDA=1 pip install -c site-torch.txt --no-build-isolation --no-cache-dir "
+            "mmcv-full==1.7.2 (torch >= 2.14: the C++20 patch of `make test-geneval-mmdet` first)")
+
+
 def _mmcv_row() -> Check:
     try:
         import mmcv
         from mmcv import ops  # noqa: F401  (the compiled extension)
     except Exception as exc:  # ImportError, or the ops' undefined-symbol OSError
-        return Check("mmcv-full", FAIL, f"{type(exc).__name__}: {exc}"[:200],
-                     "build mmcv-full 1.7.2 against this torch (workflow/envs/geneval.txt)")
+        return Check("mmcv-full", FAIL, f"{type(exc).__name__}: {exc}"[:200], MMCV_FIX)
     if not mmcv.__version__.startswith("1.7"):
-        return Check("mmcv-full", FAIL, f"mmcv {mmcv.__version__}; GenEval's mmdet 2.x needs 1.7.x",
-                     "pip install mmcv-full==1.7.2 (workflow/envs/geneval.txt)")
+        return Check("mmcv-full", FAIL, f"mmcv {mmcv.__version__}; GenEval's mmdet 2.x needs 1.7.x", MMCV_FIX)
     return Check("mmcv-full", OK, f"mmcv {mmcv.__version__}, ops load")
 
 
@@ -194,8 +201,7 @@ def _torchvision_row() -> Check:
         torchvision.ops.nms(boxes, torch.tensor([1.0]), 0.5)  # fails on a mismatched pair
     except Exception as exc:
         return Check("torchvision", FAIL, f"{type(exc).__name__}: {exc}"[:200],
-                     "install the torchvision built for this torch: pip install -c site-torch.txt torchvision "
-                     "(docs/cluster.md; on the CPU: -c workflow/envs/constraints-clip.txt)")
+                     f"install the torchvision built for this torch: {install.torchvision(torch.__version__)}")
     return Check("torchvision", OK, f"torchvision {torchvision.__version__} pairs with torch")
 
 

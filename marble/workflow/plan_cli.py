@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from marble.runtime import install
 
 from marble.workflow.plan_log import BENCH_ENV, JSON_ENV
 
@@ -44,7 +45,7 @@ def snakemake_command(root: Path) -> str:
     beside = Path(sys.executable).parent / "snakemake"
     found = str(beside) if beside.is_file() else shutil.which("snakemake")
     if not found:
-        raise SystemExit("marble plan: snakemake is not installed (pip install -e '.[workflow]')")
+        raise SystemExit(f"marble plan: snakemake is not installed ({install.extra('workflow')})")
     return found
 
 
