@@ -142,3 +142,37 @@ def test_unreadable_limits_are_said_not_passed(tmp_path, monkeypatch):
     train = {r.name: r for r in doctor_slurm.capacity_rows(config)}["slurm fits train_run"]
     assert train.status == "warn" and "time limit not read" in train.detail
     assert "sacctmgr does not answer" in train.detail and "partition gpu" in train.detail
+
+
+@pytest.mark.slurm
+def test_a_one_hour_partition_of_the_localhost_slurm_fails_the_training_row(tmp_path):
+    """The real slurmctld: a partition created with MaxTime=60 beside the default one, the tiny
+    default's CPU training asking 2,880 min there. `sbatch --test-only` accepts it (`Job N to
+    start at ...`: EnforcePartLimits=NO, SLURM's default); the row fails naming the limit."""
+    import subprocess
+
+    from test_slurm import _slurm_ready
+
+    reason = _slurm_ready()
+    if reason:
+        pytest.skip(reason)
+    nodes = subprocess.run(["sinfo", "-h", "-o", "%N"], capture_output=True, text=True, check=True,
+                           timeout=60).stdout.split()[0]
+    part = "marble-short"
+    subprocess.run(["scontrol", "create", f"PartitionName={part}", f"Nodes={nodes}", "MaxTime=60",
+                    "State=UP"], check=True, timeout=60)
+    try:
+        site = {"cluster": {"partition": part, "gpu_partition": part, "account": None}}
+        config = doctor.load_workflow_config([], ROOT)  # the tiny default: CPU jobs only
+        config = {**config, "cluster": {**config["cluster"], **site["cluster"]},
+                  "train": {**config["train"], "runtime": 2880}}
+        rows = {r.name: r for r in doctor_slurm.capacity_rows(config)}
+    finally:
+        subprocess.run(["scontrol", "delete", f"PartitionName={part}"], check=False, timeout=60)
+    train = rows["slurm fits train_run"]
+    assert train.status == "FAIL" and f"2880 min > partition {part} MaxTime 60 min" in train.detail, train
+    assert "train.runtime: 60" in train.fix
+    # SLURM's own --test-only accepted it (EnforcePartLimits=NO): the row failed on the limit alone.
+    assert "to start at" in train.detail
+    report = rows.get("slurm fits report")
+    assert report is None or "MaxTime 60 min" in report.detail
