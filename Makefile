@@ -4,12 +4,22 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# torch is pinned to the version CI tests; the package itself needs torch>=2.1. On Linux PyPI's
-# torch==2.13.0 is the CUDA build: a CPU-only machine passes TORCH=torch==2.13.0+cpu and the
-# PyTorch CPU index (README.md); CI's wheelhouse (/opt/wheels) holds the +cpu wheel.
-# The install is docs/cluster.md's recipe with the CPU torch (workflow/envs/constraints-cpu.txt)
-# standing in for the site's build: torch first, then everything under the project's constraints.
-TORCH ?= torch==2.13.0
+# torch is pinned to the version CI tests (workflow/envs/constraints-cpu.txt); the package itself
+# needs torch>=2.1. On Linux PyPI's torch==2.13.0 is the CUDA build (15 nvidia wheels, ~3 GB): on
+# a machine without an NVIDIA GPU (no nvidia-smi) setup takes the +cpu build, from PyTorch's CPU
+# index or a local wheelhouse (CI's /opt/wheels, pip's find-links; an index that does not answer
+# only costs pip's retries); with nvidia-smi, PyPI's build. Both overridable:
+#   make setup TORCH=torch==2.13.0 TORCH_INDEX=
+# The install is docs/cluster.md's recipe with the CPU torch standing in for the site's build:
+# torch first, then everything under the project's constraints.
+TORCH_VERSION := $(shell sed -n 's/^torch==//p' workflow/envs/constraints-cpu.txt)
+ifeq ($(shell command -v nvidia-smi 2>/dev/null),)
+TORCH ?= torch==$(TORCH_VERSION)+cpu
+TORCH_INDEX ?= --extra-index-url https://download.pytorch.org/whl/cpu
+else
+TORCH ?= torch==$(TORCH_VERSION)
+TORCH_INDEX ?=
+endif
 EXTRAS ?= dev,workflow,ocr,zoo
 CONSTRAINTS ?= -c workflow/envs/constraints.txt
 
@@ -18,7 +28,7 @@ CONSTRAINTS ?= -c workflow/envs/constraints.txt
 $(BIN)/marble: pyproject.toml workflow/envs/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
-	$(BIN)/pip install "$(TORCH)"
+	$(BIN)/pip install $(TORCH_INDEX) "$(TORCH)"
 	$(BIN)/pip install $(CONSTRAINTS) -e ".[$(EXTRAS)]" "$(TORCH)"
 	touch $@
 

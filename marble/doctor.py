@@ -33,6 +33,7 @@ from marble.workflow import hub_lock
 from marble.workflow import slurm_capacity as capacity
 from marble.workflow.doctor_checks import FAIL, OK, SKIP, WARN, Check
 from marble.doctor_slurm import LOCAL_JOBS_ENV, local_rows, slurm_rows
+from marble.runtime import install
 from marble.workflow.preflight import read_snapshot
 
 __all__ = ["Check", "OK", "FAIL", "WARN", "SKIP", "main", "run_checks", "render"]
@@ -107,16 +108,16 @@ def _ocr_engine_row(options: dict) -> Check:
         return Check("ocr engine", FAIL, str(exc), "install the OCR environment (docs/cluster.md)")
     module = {"paddle": "paddleocr"}.get(backend, backend)
     if not importlib.util.find_spec(module):
-        return Check("ocr engine", FAIL, f"backend {backend!r}: {module} not installed",
-                     "pip install -c workflow/envs/constraints.txt -e "
-                     f"\".[{'paddle' if module == 'paddleocr' else 'ocr'}]\"")
+        fix = (f"on a GPU: {install.paddle_gpu()}; on a CPU: {install.extra('paddle')}"
+               if module == "paddleocr" else install.extra("ocr"))
+        return Check("ocr engine", FAIL, f"backend {backend!r}: {module} not installed", fix)
     detail = f"backend {backend}"
     if backend == "paddle" and options.get("use_gpu"):
         import paddle
 
         if not paddle.device.is_compiled_with_cuda():
             return Check("ocr engine", FAIL, "use_gpu but paddlepaddle is the CPU build",
-                         "install paddlepaddle-gpu (workflow/envs/paddleocr-gpu.txt)")
+                         f"install paddlepaddle-gpu: {install.paddle_gpu()}")
         detail += ", paddle GPU build"
     return Check("ocr engine", OK, detail)
 
@@ -145,6 +146,13 @@ def _judge_env_row(server: str) -> Check:
     if proc is not None and proc.returncode == 0:
         return Check("unifiedreward server", OK, f"environment starts ({' '.join(probe[:4])}): "
                      "sglang imports; started by the workflow per job")
+    if proc is None and shutil.which(probe[0]) is None:
+        # Name the missing program itself (conda, or the venv's python), not "not found".
+        return Check("unifiedreward server", FAIL, f"`{probe[0]}` is not installed here (not on PATH): the judge's "
+                     f"server command cannot start: {server}"[:200],
+                     "install conda (e.g. Miniforge) and create the judge's environment: conda env create -n "
+                     "marble-sglang -f workflow/envs/sglang.yaml; or, without conda, build the venv of "
+                     "workflow/envs/sglang.txt and point eval.unifiedreward.server at its python (docs/cluster.md)")
     why = "not found" if proc is None else (proc.stderr.strip().splitlines() or ["failed"])[-1]
     return Check("unifiedreward server", FAIL, f"{' '.join(probe)}: {why}"[:200],
                  "create the judge's environment: conda env create -n marble-sglang -f "
@@ -152,16 +160,22 @@ def _judge_env_row(server: str) -> Check:
                  "at a venv's python, workflow/envs/sglang.txt)")
 
 
+# mmcv-full 1.7.2 has no wheel for current torch and PyPI's source build fails under build
+# isolation (`No module named 'pkg_resources'` with setuptools >= 81): the steps that work.
+MMCV_FIX = ("build mmcv-full 1.7.2 against this torch as workflow/envs/geneval.txt says: "
+            "pip install -c site-torch.txt \"setuptools<81\" wheel ninja, then TORCH_CUDA_ARCH_LIST=<your GPUs> "
+            "MMCV_WITH_OPS=1 FORCE_CUDA=1 pip install -c site-torch.txt --no-build-isolation --no-cache-dir "
+            "mmcv-full==1.7.2 (torch >= 2.14: the C++20 patch of `make test-geneval-mmdet` first)")
+
+
 def _mmcv_row() -> Check:
     try:
         import mmcv
         from mmcv import ops  # noqa: F401  (the compiled extension)
     except Exception as exc:  # ImportError, or the ops' undefined-symbol OSError
-        return Check("mmcv-full", FAIL, f"{type(exc).__name__}: {exc}"[:200],
-                     "build mmcv-full 1.7.2 against this torch (workflow/envs/geneval.txt)")
+        return Check("mmcv-full", FAIL, f"{type(exc).__name__}: {exc}"[:200], MMCV_FIX)
     if not mmcv.__version__.startswith("1.7"):
-        return Check("mmcv-full", FAIL, f"mmcv {mmcv.__version__}; GenEval's mmdet 2.x needs 1.7.x",
-                     "pip install mmcv-full==1.7.2 (workflow/envs/geneval.txt)")
+        return Check("mmcv-full", FAIL, f"mmcv {mmcv.__version__}; GenEval's mmdet 2.x needs 1.7.x", MMCV_FIX)
     return Check("mmcv-full", OK, f"mmcv {mmcv.__version__}, ops load")
 
 
@@ -187,8 +201,7 @@ def _torchvision_row() -> Check:
         torchvision.ops.nms(boxes, torch.tensor([1.0]), 0.5)  # fails on a mismatched pair
     except Exception as exc:
         return Check("torchvision", FAIL, f"{type(exc).__name__}: {exc}"[:200],
-                     "install the torchvision built for this torch: pip install -c site-torch.txt torchvision "
-                     "(docs/cluster.md; on the CPU: -c workflow/envs/constraints-clip.txt)")
+                     f"install the torchvision built for this torch: {install.torchvision(torch.__version__)}")
     return Check("torchvision", OK, f"torchvision {torchvision.__version__} pairs with torch")
 
 
@@ -249,9 +262,12 @@ def hub_rows(config: dict) -> list[Check]:
     """Every hub reference evaluation fetches names a commit (else its fetch fails the run)."""
     refs = checks.hub_references(config)
     unpinned = checks.unpinned_hub_references(config)
+    # `marble hub lock` pins every placeholder at once (the config's lock file); a hand-picked
+    # commit and dropping the row stay the alternatives.
     rows = [Check(f"hub pin {key}", FAIL, f"{ref}: not a 40-hex commit, the fetch refuses it",
-                  f"put the repo's commit after @ (`git ls-remote https://huggingface.co/"
-                  f"{checks.parse_hub_ref(ref)[0]} HEAD`), or {checks.without_it(key)}")
+                  f"`marble hub lock --configfile <your config files>` writes today's commit of every "
+                  f"{hub_lock.PLACEHOLDER} to the lock file; or put the repo's commit after @ (`git ls-remote "
+                  f"https://huggingface.co/{checks.parse_hub_ref(ref)[0]} HEAD`), or {checks.without_it(key)}")
             for key, ref in unpinned.items()]
     if refs and not unpinned:
         rows.append(Check("hub pins", OK, f"{len(refs)} hub references, each at a commit"))
@@ -276,12 +292,21 @@ def gated_rows(config: dict, root: Path) -> list[Check]:
                   f"({', '.join(gated)})")]
 
 
-def disk_row(config: dict, root: Path, downloads_pending: bool = False) -> Check:
-    need_gb, parts = checks.disk_estimate(config, root)
+def disk_row(config: dict, root: Path, downloads_pending: bool = False, via_dvc: bool | None = None) -> Check:
+    """`via_dvc` (default: whether this runs inside a DVC stage, which sets DVC_STAGE): the
+    path the target takes; only `dvc repro` / `dvc exp run` add DVC's cache copies."""
+    if via_dvc is None:
+        via_dvc = bool(os.environ.get("DVC_STAGE"))
+    need_gb, parts = checks.disk_estimate(config, root, via_dvc)
     target = root / "data"
     probe = target if target.exists() else root
     free_gb = shutil.disk_usage(probe).free / 2**30
     detail = f"{free_gb:.0f} GB free at {probe}; needs ~{need_gb:.1f} GB ({parts})"
+    if not via_dvc and (root / ".dvc").is_dir():
+        # Said, not counted: Snakemake alone never writes DVC's cache.
+        extra = checks.disk_estimate(config, root, via_dvc=True)[0] - need_gb
+        if extra > 0:
+            detail += f"; through `dvc repro` / `dvc exp run` ~{extra:.1f} GB more (DVC's cache copies)"
     fix = "free space, or put data/ and results/ on a larger filesystem"
     if free_gb < need_gb - checks.guessed_gb(parts):
         return Check("disk", FAIL, detail, fix)

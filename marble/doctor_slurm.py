@@ -12,9 +12,10 @@ import shutil
 
 from marble.workflow import doctor_checks as checks
 from marble.workflow import slurm_capacity as capacity
+from marble.workflow import slurm_limits as limits
 from marble.workflow.doctor_checks import FAIL, OK, SKIP, WARN, Check
 
-__all__ = ["LOCAL_JOBS_ENV", "local_rows", "slurm_rows", "capacity_rows", "account_row"]
+__all__ = ["LOCAL_JOBS_ENV", "local_rows", "slurm_rows", "capacity_rows", "account_row", "TimeLimits"]
 
 LOCAL_JOBS_ENV = "MARBLE_LOCAL_JOBS"
 
@@ -60,20 +61,97 @@ def slurm_rows(config: dict) -> list[Check]:
 
 
 def capacity_rows(config: dict) -> list[Check]:
-    """Every job shape the workflow submits, asked of SLURM with `sbatch --test-only`."""
+    """Every job shape the workflow submits, asked of SLURM with `sbatch --test-only`, and its
+    minutes against the time limits it would meet (which --test-only does not check)."""
     rows = []
+    time_limits = TimeLimits(config["cluster"].get("account"))
     for name, res in capacity.job_shapes(config).items():
         proc = checks.run_probe(capacity.test_only_args(res))
         if proc is None:
-            rows.append(Check(f"slurm fits {name}", WARN, "sbatch --test-only did not answer"))
-            continue
-        fits, words = capacity.test_only_verdict(proc.returncode, proc.stderr + proc.stdout)
-        rows.append(Check(f"slurm fits {name}", OK if fits else FAIL,
-                          f"{capacity.describe(res)}: {words}",
-                          "" if fits else f"`sinfo -p <partition> -o '%D %c %m %G %l'` shows what a "
-                          f"partition holds; shrink the job ({capacity.SHAPE_KEYS[name]}) or use a partition "
-                          "that holds it (cluster.gpu_partition)"))
+            fits, words = None, "sbatch --test-only did not answer"
+        else:
+            fits, words = capacity.test_only_verdict(proc.returncode, proc.stderr + proc.stdout)
+        found, unread = time_limits.of(res.get("slurm_partition"))
+        in_time, time_words = limits.time_verdict(res["runtime"], found, unread)
+        fix = []
+        if fits is False:
+            fix.append(f"`sinfo -p <partition> -o '%D %c %m %G %l'` shows what a partition holds; shrink the "
+                       f"job ({capacity.SHAPE_KEYS[name]}) or use a partition that holds it (cluster.gpu_partition)")
+        if in_time is False:
+            fix.append(time_fix(name, limits.binding_limit(res["runtime"], found)[1]))
+        status = FAIL if False in (fits, in_time) else (WARN if None in (fits, in_time) else OK)
+        rows.append(Check(f"slurm fits {name}", status, f"{capacity.describe(res)}: {words}; {time_words}",
+                          "; ".join(fix)))
     return rows
+
+
+def time_fix(name: str, limit: int) -> str:
+    key = capacity.RUNTIME_KEYS[name]
+    if name == "train_run":
+        # A training longer than the limit still runs: it checkpoints at the limit and
+        # requeues itself (--signal=USR1 + scontrol requeue), as often as it needs.
+        return (f"set {key}: {limit} (or less): the training then checkpoints before each limit and requeues "
+                "itself until done (docs/cluster.md, 'Time limits'); or use a partition / QOS that allows it")
+    return f"set {key} to at most {limit} min, or use a partition / QOS that allows the job"
+
+
+class TimeLimits:
+    """The time limits a job meets, read once per doctor run: partitions from `scontrol show
+    partition` (else `sinfo`), the user's associations and QOS from `sacctmgr` (needs slurmdbd)."""
+
+    def __init__(self, account: str | None):
+        self.account = account
+        self.partitions, self.partition_source = self._partitions()
+        user = capacity.slurm_user()
+        assoc = checks.run_probe(["sacctmgr", "-nP", "show", "assoc", f"user={user}",
+                                  "format=account,partition,defaultqos,qos,maxwall"])
+        qos = checks.run_probe(["sacctmgr", "-nP", "show", "qos", "format=name,maxwall"])
+        self.assoc_text = assoc.stdout if assoc is not None and assoc.returncode == 0 else None
+        self.qos_wall = limits.parse_qos_maxwall(qos.stdout) if qos is not None and qos.returncode == 0 else None
+        self.user = user
+
+    @staticmethod
+    def _partitions() -> tuple[dict, str]:
+        proc = checks.run_probe(["scontrol", "show", "partition", "-o"])
+        parts = limits.parse_partitions(proc.stdout) if proc is not None and proc.returncode == 0 else {}
+        if parts:
+            return parts, "scontrol show partition"
+        parts = limits.parse_sinfo_limits(checks.run_out(["sinfo", "-h", "-o", "%P %l"]))
+        return parts, "sinfo"
+
+    def of(self, partition: str | None) -> tuple[list[tuple[str, int | None]], list[str]]:
+        """([(where, minutes or None)], [what could not be read]) for a job on `partition`."""
+        found, unread = [], []
+        name = partition or limits.default_partition(self.partitions)
+        fields = self.partitions.get(name or "")
+        qos_names = []
+        if fields is None:
+            unread.append(f"partition {partition or '(default)'}: not in `scontrol show partition` / `sinfo`")
+        else:
+            self._add(found, unread, f"partition {name} MaxTime", fields.get("MaxTime", ""))
+            qos_names += [q for q in [limits.partition_qos(fields)] if q]
+        if self.assoc_text is None:
+            unread.append("QOS and association MaxWall: sacctmgr does not answer (no slurmdbd?)")
+        else:
+            assocs = limits.parse_assoc(self.assoc_text, self.account, name)
+            if not assocs:
+                unread.append(f"QOS and association MaxWall: sacctmgr lists no association for {self.user}")
+            for assoc in assocs:
+                self._add(found, unread, f"association {assoc['account']} MaxWall", assoc["maxwall"])
+                qos_names.append(limits.job_qos(assoc))
+        for qos in dict.fromkeys(qos_names):
+            if self.qos_wall is None or qos not in self.qos_wall:
+                unread.append(f"QOS {qos}: MaxWall not readable with sacctmgr")
+            else:
+                self._add(found, unread, f"QOS {qos} MaxWall", self.qos_wall[qos])
+        return found, unread
+
+    @staticmethod
+    def _add(found: list, unread: list, where: str, text: str) -> None:
+        try:
+            found.append((where, limits.slurm_minutes(text)))
+        except ValueError:
+            unread.append(f"{where}: {text!r} is not a SLURM time")
 
 
 def account_row(account: str | None) -> Check:

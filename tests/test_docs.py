@@ -321,3 +321,17 @@ def test_no_doc_copies_an_overlay_config_for_dvc():
     copied = [(doc.name, name) for doc in [*DOCS, ROOT / "dvc.yaml"] for name in overlays
               if re.search(rf"cp\s+config/{re.escape(name)}\s+\S*config\.yaml", doc.read_text(encoding="utf-8"))]
     assert not copied, copied
+
+
+APPTAINER_ARGS_SPACED = re.compile(r"--(?:apptainer|singularity)-args\s+\S")
+
+
+def test_apptainer_args_take_their_value_with_an_equals_sign():
+    """Snakemake 9 parses `--apptainer-args "--nv"` as a second option and stops (`expected one
+    argument`): every doc and script gives `--apptainer-args="..."`."""
+    files = [*DOCS, ROOT / "slurm/README.md", *sorted((ROOT / "container").glob("*.sh")), ROOT / "Makefile"]
+    spaced = [(path.name, m.group(0)) for path in files if path.is_file()
+              for m in APPTAINER_ARGS_SPACED.finditer(path.read_text(encoding="utf-8"))]
+    assert not spaced, spaced
+    assert not APPTAINER_ARGS_SPACED.search('--sdm apptainer --apptainer-args="--nv"')
+    assert APPTAINER_ARGS_SPACED.search('--sdm apptainer --apptainer-args "--nv"')

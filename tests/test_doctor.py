@@ -148,6 +148,7 @@ def test_unpinned_hub_references_fail_the_preflight_naming_each_key():
     row = rows["hub pin eval.checkpoints.flowgrpo_ocr"]
     assert row.status == "FAIL" and "PIN-A-COMMIT" in row.detail
     assert "huggingface.co/jieliu/SD3.5M-FlowGRPO-Text HEAD" in row.fix
+    assert row.fix.startswith("`marble hub lock --configfile")  # pins every placeholder at once
     assert "eval.checkpoints.flowgrpo_ocr: null" in row.fix
     bad = {"eval": {"protocols": {"sdxl": {"model": "hf:stabilityai/sdxl@main"}}}}
     assert "eval.checkpoints.sdxl: null" in doctor.hub_rows(bad)[0].fix
@@ -169,7 +170,9 @@ def test_a_job_shape_the_partition_cannot_hold_is_named_with_slurms_reason(tmp_p
     the 1-GPU jobs fit; the row names the job, its shape and SLURM's words."""
     _stub(tmp_path, "sinfo", 'echo "gpu gpu:h100:8"')
     _stub(tmp_path, "sacctmgr", "echo proj42")
-    _stub(tmp_path, "scontrol", 'echo "Slurmctld(primary) at ctl is UP"')
+    # (time limits: tests/test_slurm_limits.py; here no partition has one)
+    _stub(tmp_path, "scontrol", 'case "$1" in show) echo "PartitionName=gpu Default=YES MaxTime=UNLIMITED";; '
+          '*) echo "Slurmctld(primary) at ctl is UP";; esac')
     _stub(tmp_path, "sbatch", 'echo "$*" >> "$0.calls"; case "$*" in *--nodes=2*) '
           'echo "sbatch: error: Batch job submission failed: Requested node configuration is '
           'not available" >&2; exit 1;; esac; echo "sbatch: Job 3 to start at now" >&2')
@@ -241,6 +244,11 @@ def test_the_judges_environment_must_exist_and_import_sglang(tmp_path, monkeypat
     assert "workflow/envs/sglang.yaml" in row.fix
     _stub(tmp_path, "conda", "exit 0")
     assert doctor._unifiedreward_row({}, managed=server).status == "ok"
+    # No conda at all: named as such, with the way without it.
+    (tmp_path / "bin/conda").unlink()
+    row = doctor._unifiedreward_row({}, managed=server)
+    assert row.status == "FAIL" and "`conda` is not installed here" in row.detail
+    assert "install conda" in row.fix and "workflow/envs/sglang.txt" in row.fix
 
 
 def test_a_schema_error_names_the_file_that_sets_the_key(tmp_path):
@@ -266,7 +274,7 @@ def test_key_owner_takes_the_last_layer_that_sets_the_key():
     assert key_owner(layers, ["eval", "limit"]) is None  # a schema default
 
 
-def test_disk_estimate_adds_what_evaluation_writes_and_dvc_copies(tmp_path, monkeypatch):
+def test_disk_estimate_adds_what_evaluation_writes_and_dvc_copies_only_through_dvc(tmp_path, monkeypatch):
     """Hub models still to fetch, LoRAs, evaluation outputs and DVC's cache copies are in the
     estimate; a model folder that exists but does not verify still counts as to download;
     before the downloads a shortfall made only of guessed parts is a warning."""
@@ -280,14 +288,26 @@ def test_disk_estimate_adds_what_evaluation_writes_and_dvc_copies(tmp_path, monk
         assert part in parts, parts
     assert "DVC cache" not in parts
     (root / ".dvc").mkdir()
-    need_dvc, parts_dvc = checks.disk_estimate(config, root)
+    # `snakemake --profile slurm all` in a DVC repository never writes DVC's cache ...
+    assert checks.disk_estimate(config, root) == (need, parts)
+    # ... `dvc repro` / `dvc exp run` (their stages run Snakemake with DVC_STAGE set) do.
+    need_dvc, parts_dvc = checks.disk_estimate(config, root, via_dvc=True)
     assert "DVC cache copies" in parts_dvc and need_dvc == pytest.approx(2 * need, rel=1e-3)
     assert checks.guessed_gb(parts_dvc) > 0
     counted = need_dvc - checks.guessed_gb(parts_dvc)
     usage = type("Usage", (), {"free": (counted + 1) * 2**30})
     monkeypatch.setattr(doctor.shutil, "disk_usage", lambda _: usage)
+    monkeypatch.setenv("DVC_STAGE", "train")
     assert doctor.disk_row(config, root, downloads_pending=True).status == "warn"
     assert doctor.disk_row(config, root).status == "FAIL"
+    # Room for the outputs but not their copies: through DVC a failure, Snakemake alone fits;
+    # its row says what DVC would add.
+    usage.free = (need + 1) * 2**30
+    assert doctor.disk_row(config, root).status == "FAIL"
+    monkeypatch.delenv("DVC_STAGE")
+    row = doctor.disk_row(config, root)
+    assert row.status == "ok" and "DVC cache" not in row.detail.split(";")[1]
+    assert f"through `dvc repro` / `dvc exp run` ~{need_dvc - need:.1f} GB more" in row.detail
 
 
 def test_local_jobs_skip_slurm_even_where_a_daemon_answers(monkeypatch):

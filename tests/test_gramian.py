@@ -130,7 +130,8 @@ def test_without_torchjd_the_error_names_the_install(monkeypatch):
     cfg = load_config("tiny", [], ["balancer.method=gramian", "balancer.weighting=mgda"])
     with pytest.raises(ConfigError) as err:
         build_balancer(cfg.balancer, cfg.reward_names)
-    assert 'pip install -e ".[zoo]"' in str(err.value) and "\n" not in str(err.value)
+    hint = 'pip install -c site-torch.txt -c workflow/envs/constraints.txt -e ".[zoo]"'  # keeps the site's torch
+    assert hint in str(err.value) and "\n" not in str(err.value)
 
 
 def test_nash_mtl_state_round_trips_through_a_checkpoint():

@@ -212,7 +212,7 @@ def test_marble_plan_runs_the_targets_dry_run_and_writes_json(tmp_path, capsys):
     assert plan_main(["--config", "config/paper.yaml", "--target", "rho_ablation", "--root", str(ROOT),
                       "--json", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert re.search(r"rho_ablation: 5 runs x 16 GPUs x \d+\.\d h = \d+ GPU-h", printed)
+    assert re.search(r"rho_ablation: 5 runs x 16 GPUs: rho_07 \d+\.\d h, .* = \d+ GPU-h", printed)
     plan = json.loads(out.read_text())
     trained = sorted(j["name"] for j in plan["jobs"] if j["rule"] == "train_run")
     assert trained == sorted(RHO_RUNS)  # the target's runs only: no weighted_sum, no sequential
@@ -227,12 +227,38 @@ def test_dry_run_of_paper_tables_plans_the_runs_and_prints_the_estimate():
     assert sorted(trained) == sorted(RHO_RUNS + ["weighted_sum", "sequential"])  # once each, no equal_alpha
     for rule in ("rho_ablation", "harmony", "cost", "paper_tables", "bench_step"):
         assert re.search(rf"^{rule}\s+1$", proc.stdout, re.MULTILINE), rule
-    assert re.search(r"rho_ablation: 5 runs x 16 GPUs x \d+\.\d h", proc.stderr)
+    assert re.search(r"rho_ablation: 5 runs x 16 GPUs: rho_07 \d+\.\d h", proc.stderr)
     assert re.search(r"paper tables, each run once: 7 runs, \d+ GPU-h", proc.stderr)
     assert re.search(r"training: 7 runs, \d+ GPU-h", proc.stderr)
     # The staged run: 1600 steps of 40-step rollouts cost more than the weighted sum's 1000.
     hours = dict(re.findall(r"    (\w+) \(\w+\): \d+ steps x 16 GPUs x [\d.]+ h = (\d+) GPU-h", proc.stderr))
     assert int(hours["sequential"]) > 1.5 * int(hours["weighted_sum"])
+
+
+def test_a_tables_line_adds_up_and_names_each_runs_hours(tmp_path):
+    """`table1: 3 runs x 16 GPUs x 40.7 h = 1185` multiplied the longest run's hours: the line
+    now gives each run's hours, and their sum x GPUs is the GPU-hours it prints."""
+    jobs = [("train_run", {"run": r}) for r in ("rho_07", "weighted_sum", "sequential")] + [("table1", {})]
+    result = plan_price.price(jobs, PAPER, tmp_path)
+    line = next(x for x in plan_format.format_plan(result).splitlines() if x.startswith("  table1:"))
+    hours = [float(h) for h in re.findall(r"(?:rho_07|weighted_sum|sequential) (\d+\.\d) h", line)]
+    gpu_h = int(re.search(r"= (\d+) GPU-h$", line).group(1))
+    assert len(hours) == 3 and len(set(hours)) > 1, line
+    assert abs(16 * sum(hours) - gpu_h) <= 16 * 0.05 * 3 + 1, line  # each hour rounded to 0.1
+    # Only the tables whose rule is listed: no rho_ablation or harmony line here.
+    assert set(result["tables"]) == {"table1"}
+
+
+def test_marble_plan_of_harmony_prints_only_harmony(capsys):
+    """`--target harmony` trains weighted_sum and rho_07 (its inputs) and prints only its own
+    table's line; `--configfile` is accepted like everywhere else (`--config` stays an alias)."""
+    assert plan_main(["--configfile", "config/paper.yaml", "--target", "harmony", "--root", str(ROOT)]) == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"^  harmony: 2 runs x 16 GPUs: rho_07 [\d.]+ h, weighted_sum [\d.]+ h = \d+ GPU-h$",
+                     printed, re.MULTILINE), printed
+    assert "training: 2 runs" in printed
+    for other in ("table1:", "rho_ablation:", "paper tables, each run once"):
+        assert other not in printed, printed
 
 
 def test_dry_run_of_eval_only_prices_evaluation_only():

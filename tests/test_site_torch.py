@@ -1,6 +1,7 @@
 """The install recipe keeps the site's torch (workflow/envs/site_torch.py): over a torch
-installed from a wheel file (a tiny fake one built here), its constraint file stops an eager
-upgrade from replacing it, where the same install without it does replace torch."""
+installed from a wheel file (a tiny fake one built here, then deleted), its constraint file (a
+version pin with the local tag) stops an eager upgrade from replacing it, where the same install
+without it does replace torch."""
 
 from __future__ import annotations
 
@@ -66,13 +67,18 @@ def test_the_recipe_keeps_a_torch_installed_from_a_wheel_file(tmp_path):
     assert _run([*pip, site_wheel]).returncode == 0
     pins = _run([python, ROOT / "workflow/envs/site_torch.py"])
     assert pins.returncode == 0, pins.stderr
-    assert pins.stdout.strip() == f"torch @ {site_wheel.as_uri()}"  # `pip freeze | grep ==` misses it
+    # The installed version with its local tag, not the wheel's path (which breaks once the file is gone).
+    assert pins.stdout.strip() == "torch==2.14.1+site"
     (tmp_path / "site-torch.txt").write_text(pins.stdout)
-    eager = [*pip, "--find-links", index, "--upgrade", "--upgrade-strategy", "eager",
-             "--force-reinstall", "needs_torch"]
+    site_wheel.unlink()  # the site's wheel deleted after the install: the pin still holds
+    eager = [*pip, "--find-links", index, "--upgrade", "--upgrade-strategy", "eager", "needs_torch"]
     kept = _run([*eager, "-c", tmp_path / "site-torch.txt"])
     assert kept.returncode == 0, kept.stderr
     assert _torch_version(python) == "2.14.1+site"
+    # A later extra's install (the recipe's step 3 shape) resolves beside it too.
+    again = _run([*pip, "--find-links", index, "-c", tmp_path / "site-torch.txt", "--force-reinstall",
+                  "--no-deps", "needs_torch"])
+    assert again.returncode == 0 and _torch_version(python) == "2.14.1+site", again.stderr
     # The control: the same install without the constraint replaces the site's torch.
     assert _run(eager).returncode == 0
     assert _torch_version(python) == "9.0.0"

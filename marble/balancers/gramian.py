@@ -7,8 +7,8 @@ gradient outside. Only the weights differ: `balancer.weighting` names a torchjd 
 (marble/balancers/weightings.py) that computes w from that Gramian instead of the min-norm
 QP. The schedule is `Marble`'s, inherited unchanged: solves during warm-up and every
 `amortize_every` steps, the EMA (rho = `alpha_ema`) of w cached and applied in between as
-sum_k w_k L_k with one backward. torchjd is optional (`pip install -e ".[zoo]"`); nothing
-it computes is re-implemented here.
+sum_k w_k L_k with one backward. torchjd is optional (the `zoo` extra: `INSTALL_HINT`, which
+keeps the site's torch); nothing it computes is re-implemented here.
 
 Weights off the simplex: the amortized objective sum_k w_k L_k is exact for any w with
 masked L_k (`exact_masking: true`); the reference's combined advantage (`false`) is only
@@ -29,11 +29,12 @@ from marble.balancers.common import MicroStep, reward_loss
 from marble.balancers.strategies import Marble
 from marble.balancers.weightings import WEIGHTINGS, unknown_weighting
 from marble.config import BalancerConfig, ConfigError
+from marble.runtime import install
 from marble.runtime.seeds import stable_seed
 
 __all__ = ["Gramian", "INSTALL_HINT", "gram_factor", "load_torchjd"]
 
-INSTALL_HINT = 'pip install -e ".[zoo]"'
+INSTALL_HINT = install.extra("zoo")
 
 
 def load_torchjd():

@@ -140,7 +140,8 @@ def _eval_section(b: Builder, inp: ReportInputs) -> pd.DataFrame | None:
             f"Missing: no evaluation summary at `{inp.eval_summary or '(not given: --eval-summary)'}`. "
             "Make it with `marble evaluate ...` per run and checkpoint, then `python -m "
             "marble.evaluation.summary --eval-dir results/eval --out-csv results/eval/summary.csv "
-            "--out-md results/eval/table.md` (or `snakemake eval_only`)."
+            "--out-md results/eval/table.md` (or `snakemake -c2 eval_only --configfile <your config>`, "
+            "`--profile slurm` on a cluster)."
         ))
         return None
     wide = tables.eval_table(summary)
@@ -230,7 +231,8 @@ def _rho_section(b: Builder, runs, trends, evals) -> None:
     if not groups:
         s.blocks.append(Text("Not applicable: no two MARBLE runs differ only in `balancer.alpha_ema` "
                              "(or `balancer.exact_masking`). Train the presets rho_01 / rho_03 / "
-                             "rho_05 / rho_07 / rho_09 (config/paper.yaml, `snakemake rho_ablation`) "
+                             "rho_05 / rho_07 / rho_09 (`snakemake --profile slurm rho_ablation "
+                             "--configfile config/paper.yaml site.yaml`) "
                              "to get this table. "
                              "Paper: rho = 0.7 is best on every metric (0.1 worst)."))
         return

@@ -20,6 +20,7 @@ from marble.rewards.base import ckpt_dir as resolve_ckpt_dir
 from marble.rewards.clip_family import load_clip, projected_features
 from marble.rewards.geneval_names import detector_class_names
 from marble.rewards.geneval_stub import OBJECT_NAMES, StubDetector, read_object_names
+from marble.runtime import install
 
 DETECTOR_CKPT = "mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco_20220504_001756-743b7d99.pth"
 DETECTOR_CONFIG = "mask2former/mask2former_swin-s-p4-w7-224_lsj_8x2_50e_coco.py"  # in mmdet 2.x's configs
@@ -191,9 +192,8 @@ def mmdet_config_path(relative: str) -> Path:
     try:
         import mmdet
     except ImportError as err:
-        raise ImportError("geneval needs mmdet 2.x: compile mmcv-full 1.x, then `pip install -c "
-                          "workflow/envs/constraints.txt -e \".[geneval]\"` (workflow/envs/geneval.txt), "
-                          "or pass detector_config=PATH") from err
+        raise ImportError(f"geneval needs mmdet 2.x: compile mmcv-full 1.x (workflow/envs/geneval.txt), then "
+                          f"`{install.extra('geneval')}`, or pass detector_config=PATH") from err
     root = Path(mmdet.__file__).parent
     for candidate in (root / ".mim" / "configs" / relative, root.parent / "configs" / relative):
         if candidate.is_file():

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from marble.rewards.base import CLIP_MEAN, CLIP_STD, Reward, require_file
 from marble.rewards.base import ckpt_dir as resolve_ckpt_dir
+from marble.runtime import install
 
 HPS_CKPT = "HPS_v2.1_compressed.pt"
 
@@ -20,9 +21,9 @@ def import_open_clip():
         import open_clip
     except ImportError as err:
         raise ImportError(
-            "hpsv2 needs open_clip and a torchvision matching torch: "
-            "`pip install -c workflow/envs/constraints-clip.txt -e \".[clip]\"` "
-            "(docs/rewards.md: install torch and torchvision as a pair)"
+            f"hpsv2 needs open_clip and a torchvision matching torch: first the pair "
+            f"(`{install.torchvision(torch.__version__)}`), then `{install.extra('clip')}` "
+            "(docs/rewards.md; on CI's CPU torch: `make` builds the clip venv)"
         ) from err
     return open_clip
 

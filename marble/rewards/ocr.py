@@ -24,6 +24,7 @@ import torch
 from marble.rewards.base import Reward, quoted_target, reference_quoted_target, to_uint8_hwc
 from marble.rewards.base import ckpt_dir as resolve_ckpt_dir
 from marble.rewards.paddle_models import model_dirs
+from marble.runtime import install
 
 log = logging.getLogger(__name__)
 BACKENDS = ("auto", "paddle", "rapidocr", "rapidocr_onnxruntime")
@@ -70,8 +71,8 @@ def resolve_backend(backend: str) -> str:
                         name, ENGINE_LABELS[name])
             return name
     raise ImportError(
-        "ocr backend 'auto' found none of paddleocr, rapidocr_onnxruntime, rapidocr: "
-        "`pip install -c workflow/envs/constraints.txt -e \".[ocr]\"` (in the repository)"
+        f"ocr backend 'auto' found none of paddleocr, rapidocr_onnxruntime, rapidocr: "
+        f"`{install.extra('ocr')}` (in the repository)"
     )
 
 
@@ -82,8 +83,7 @@ class _Rapid:
         try:
             from rapidocr import RapidOCR
         except ImportError as err:
-            raise ImportError("ocr backend 'rapidocr' needs "
-                              "`pip install -c workflow/envs/constraints.txt -e \".[ocr]\"` (rapidocr>=3)") from err
+            raise ImportError(f"ocr backend 'rapidocr' needs `{install.extra('ocr')}` (rapidocr>=3)") from err
         # No angle classifier, as the reference; "error" log level: empty images would warn per call.
         params = {"Global.use_cls": False, "Global.text_score": DROP_SCORE, "Global.log_level": "error"}
         self.engine = RapidOCR(params=params)
@@ -99,7 +99,7 @@ class _RapidOnnxruntime:
         try:
             from rapidocr_onnxruntime import RapidOCR
         except ImportError as err:
-            raise ImportError("ocr backend 'rapidocr_onnxruntime' needs `pip install rapidocr-onnxruntime`") from err
+            raise ImportError(f"ocr backend 'rapidocr_onnxruntime' needs `{install.extra('ocr')}`") from err
         self.engine = RapidOCR(text_score=DROP_SCORE, use_cls=False)
 
     def read(self, image: np.ndarray) -> str:
@@ -112,8 +112,8 @@ def require_paddleocr_2(version: str) -> None:
     if int(version.split(".")[0]) != 2:
         raise ImportError(
             f"ocr backend 'paddle' uses the PaddleOCR 2.x API of the reference (2.9.1); found paddleocr "
-            f"{version}: `pip install -c workflow/envs/constraints.txt -e \".[paddle]\"` "
-            "(paddleocr>=2.9.1,<3; docs/rewards.md)"
+            f"{version}: `{install.extra('paddle')}` (paddleocr>=2.9.1,<3, CPU paddle; on a GPU "
+            f"`{install.paddle_gpu()}`; docs/rewards.md)"
         )
 
 
@@ -123,9 +123,8 @@ class _Paddle:
             import paddleocr
             from paddleocr import PaddleOCR
         except ImportError as err:
-            raise ImportError("ocr backend 'paddle' needs "
-                              "`pip install -c workflow/envs/constraints.txt -e \".[paddle]\"` "
-                              "(see docs/rewards.md)") from err
+            raise ImportError(f"ocr backend 'paddle' needs `{install.extra('paddle')}` (CPU paddle; on a GPU "
+                              f"`{install.paddle_gpu()}`; see docs/rewards.md)") from err
         require_paddleocr_2(getattr(paddleocr, "__version__", "0"))
 
         # The reference's settings: English, no angle classifier, CPU; its default en models,

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from marble.config import load_config
+from marble.runtime import install
 from marble.tools.bench_flops import MetaAutocast, bench_flops, default_rows, meta_transformer
 from marble.workflow import flops as wf_flops
 
@@ -187,7 +188,7 @@ def needed(root: Path = ROOT) -> dict:
 
     rows = default_rows()
     if not any(r.startswith("zoo_") for r in rows):
-        raise SystemExit("the table counts the balancer zoo's rows: pip install -e '.[zoo]' first")
+        raise SystemExit(f"the table counts the balancer zoo's rows: {install.extra('zoo')} first")
     needs = {"micro_step": {}, "rollout": {}, "forward": {}, "vae_decode": {}, "encoder": set()}
 
     def trained(cfg, want=rows):

@@ -145,11 +145,12 @@ EVAL_GB = 1.0  # one evaluation (row x dataset): ~1000 PNGs and their scores, as
 GUESSED = "(guessed)"  # marks the parts of an estimate that are not counted from files
 
 
-def disk_estimate(config: dict, root: Path) -> tuple[float, str]:
+def disk_estimate(config: dict, root: Path, via_dvc: bool = False) -> tuple[float, str]:
     """(GB still to be written, what it is made of). A download counts as present only when
-    it verifies (manifest sizes and hashes), not because its folder exists; in a DVC
-    repository every output is written twice (the cache: most cluster filesystems have no
-    reflinks)."""
+    it verifies (manifest sizes and hashes), not because its folder exists. `via_dvc`: the
+    run goes through `dvc repro` / `dvc exp run`, which write every output twice in a DVC
+    repository (the cache: most cluster filesystems have no reflinks); Snakemake alone
+    (`snakemake --profile slurm all`) never writes DVC's cache."""
     if config.get("mode") != "paper":
         return 0.5, "tiny model, tables, runs, evaluations"
     parts: dict[str, float] = {}
@@ -166,7 +167,7 @@ def disk_estimate(config: dict, root: Path) -> tuple[float, str]:
             (count or PAPER_PROMPTS_GUESS) * row / 2**30
     parts["checkpoints"] = CHECKPOINT_GB * 3 * len(configured(config.get("runs")))  # keep_checkpoints 3
     parts.update(_evaluation_parts(config, root))
-    if (root / ".dvc").is_dir():  # DVC copies every output into its cache
+    if via_dvc and (root / ".dvc").is_dir():  # DVC copies every output into its cache
         guessed = sum(v for k, v in parts.items() if GUESSED in k)
         parts["DVC cache copies"] = sum(parts.values()) - guessed
         if guessed:

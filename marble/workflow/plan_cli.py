@@ -1,6 +1,6 @@
 """`marble plan`: what a target of the workflow would run, and what it costs.
 
-    marble plan --config config/paper.yaml [--target paper_tables] [--json plan.json]
+    marble plan --configfile config/paper.yaml [site.yaml] [--target paper_tables] [--json plan.json]
                 [--bench results/bench/step.json]
 
 Runs Snakemake's own dry run of the target (`snakemake -n TARGET --configfile ...` in the
@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from marble.runtime import install
 
 from marble.workflow.plan_log import BENCH_ENV, JSON_ENV
 
@@ -27,8 +28,10 @@ from marble.workflow.plan_log import BENCH_ENV, JSON_ENV
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="marble plan", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", type=Path, nargs="+", default=None,
-                   help="workflow config file(s), merged in order (default: config.yaml)")
+    # --configfile as in snakemake and `marble doctor`; --config, its first name, still works.
+    p.add_argument("--configfile", "--config", dest="config", type=Path, nargs="+", default=None,
+                   help="workflow config file(s), merged in order (default: config.yaml); "
+                        "--config is the same")
     p.add_argument("--target", default="all", help="the Snakemake target to price (default: all)")
     p.add_argument("--root", type=Path, default=Path.cwd(), help="the workflow folder")
     p.add_argument("--bench", type=Path, help="`marble bench step` JSON whose measured time "
@@ -42,7 +45,7 @@ def snakemake_command(root: Path) -> str:
     beside = Path(sys.executable).parent / "snakemake"
     found = str(beside) if beside.is_file() else shutil.which("snakemake")
     if not found:
-        raise SystemExit("marble plan: snakemake is not installed (pip install -e '.[workflow]')")
+        raise SystemExit(f"marble plan: snakemake is not installed ({install.extra('workflow')})")
     return found
 
 
@@ -50,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     for path in args.config or []:
         if not (args.root / path).is_file() and not path.is_file():
-            raise SystemExit(f"marble plan: --config {path}: no such file")
+            raise SystemExit(f"marble plan: --configfile {path}: no such file")
     configs = [str(p.resolve() if p.is_file() else args.root / p) for p in args.config or []]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "plan.json"

@@ -57,10 +57,14 @@ def _training_lines(train: list[wf_cost.JobCost], tables: dict) -> list[str]:
         rows = [by_name[n] for n in names if n in by_name]
         if rows:
             shown += [r.name for r in rows]
-            lines.append(f"  {table}: {len(rows)} runs x {_where(rows[0])} x "
-                         f"{_cost(max(r.wall_h for r in rows), rows)} ({', '.join(r.name for r in rows)})")
+            # Each run's own hours, then their sum: runs differ in length (sequential's 1600
+            # steps), so "3 runs x 40.7 h" of the longest did not add up to the GPU-hours.
+            each = ", ".join(f"{r.name} {duration(r.wall_h)}" for r in rows)
+            total = (f"{sum(r.gpu_h for r in rows):.0f} GPU-h" if rows[0].gpus else
+                     f"{duration(sum(r.wall_h for r in rows))} one after another on the CPU")
+            lines.append(f"  {table}: {len(rows)} runs x {_where(rows[0])}: {each} = {total}")
     once = [by_name[n] for n in dict.fromkeys(shown)]
-    if once:
+    if once and len(once) < len(shown):  # a run shared by two of the tables shown
         lines.append(f"  paper tables, each run once: {len(once)} runs, " + (
             f"{sum(r.gpu_h for r in once):.0f} GPU-h" if once[0].gpus else
             f"{duration(sum(r.wall_h for r in once))} one after another on the CPU"))

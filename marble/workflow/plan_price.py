@@ -175,6 +175,10 @@ def price(jobs: list[tuple[str, dict]], config: dict, root: Path, bench: dict | 
     rank = {name: i for i, name in enumerate(order)}
     priced.sort(key=lambda j: (j.rule != "train_run", j.rule, rank.get(j.detail.get("row", j.name), len(rank)),
                                j.name))
+    # Only the tables this target builds (their rule is among the listed jobs): `harmony`
+    # prints harmony's runs, not Table 1's or the ablation's.
+    runs = wf_runs.configured(config["runs"])
+    built = {t: names for t, names in wf_plan.table_runs(runs, config["mode"]).items() if other.get(t)}
+    missing = {t: presets for t, presets in wf_plan.missing_rows(runs, config["mode"]).items() if other.get(t)}
     return {"jobs": priced, "unpriced": unpriced, "other": other, "gpu": ctx.gpu, "cpu": ctx.cpu,
-            "tables": wf_plan.table_runs(wf_runs.configured(config["runs"]), config["mode"]),
-            "missing_rows": wf_plan.missing_rows(wf_runs.configured(config["runs"]), config["mode"])}
+            "tables": built, "missing_rows": missing}

@@ -39,6 +39,10 @@ SHAPE_KEYS = {
     "evaluate_ckpt": "eval.resources", "bench_step": "bench.resources",
     "embed_prompts": "dataset.embed_resources", "report": "report.resources",
 }
+# The key of each job's minutes (its --time).
+RUNTIME_KEYS = {"train_run": "train.runtime", "evaluate_ckpt": "eval.resources.runtime",
+                "bench_step": "bench.resources.runtime", "embed_prompts": "dataset.embed_resources.runtime",
+                "report": "report.resources.runtime"}
 
 
 def test_only_args(res: dict) -> list[str]:

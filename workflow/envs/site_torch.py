@@ -4,35 +4,31 @@
     pip install -c site-torch.txt -c workflow/envs/constraints.txt -e '.[workflow,ocr,clip]'
 
 Writes one pip constraint per installed package of the torch family (torch, torchvision,
-torchaudio, triton), exactly as pip would reinstall it: `torch @ file:///...whl` for a wheel
-file, `torch @ <url>` for a direct URL, `torch==2.14.1+cu128` for an index install (a site
-module or a conda environment with pip metadata reads the same). `pip freeze | grep ==` misses
-the first two, and a constraint that matches nothing lets pip replace the site's CUDA build
-with PyPI's newest torch. Exits 2, naming the fix, when torch imports but pip cannot see it
-(no dist-info: a module on PYTHONPATH, a venv without --system-site-packages): pip would then
-install a second torch beside it. Standard library only: it must run before anything else is
-installed.
+torchaudio, triton): its exact installed version with the local tag (`torch==2.14.1+cu128`,
+`torch==2.14.1+site`), however it came (a wheel file, a direct URL, an index, a site module or
+a conda environment with pip metadata). A version, never the wheel's path: `torch @
+file:///...whl` made every later pip call fail once the file was moved or deleted, while the
+installed torch satisfies the version pin without pip looking for the file. `pip freeze | grep
+==` misses wheel-file installs, and a constraint that matches nothing lets pip replace the
+site's CUDA build with PyPI's newest torch. Exits 2, naming the fix, when torch imports but
+pip cannot see it (no dist-info: a module on PYTHONPATH, a venv without
+--system-site-packages): pip would then install a second torch beside it. Standard library
+only: it must run before anything else is installed.
 """
 
 from __future__ import annotations
 
 import importlib.metadata as metadata
 import importlib.util
-import json
 import sys
 
 FAMILY = ("torch", "torchvision", "torchaudio", "triton")
 
 
 def constraint(dist: metadata.Distribution) -> str:
-    """The requirement line that reinstalls exactly this distribution."""
-    name = dist.metadata["Name"]
-    direct = dist.read_text("direct_url.json")
-    if direct:
-        info = json.loads(direct)
-        if "url" in info and "vcs_info" not in info and not info.get("dir_info", {}).get("editable"):
-            return f"{name} @ {info['url']}"
-    return f"{name}=={dist.version}"
+    """The requirement line only this distribution satisfies: its version with the local tag
+    (PEP 440: `==2.14.1+cu128` matches that build alone, not PyPI's 2.14.1)."""
+    return f"{dist.metadata['Name']}=={dist.version}"
 
 
 def main() -> int:

@@ -18,7 +18,9 @@ nnodes="${SLURM_STEP_NUM_TASKS:-${SLURM_NTASKS:-${SLURM_NNODES:-1}}}"
 nproc="${MARBLE_GPUS_PER_NODE:-0}"
 [ "$nproc" -gt 0 ] || nproc=1
 nodelist="${SLURM_JOB_NODELIST:-${SLURM_NODELIST:-}}"
-if [ -n "$nodelist" ]; then
+if [ -n "${MARBLE_RDZV_HOST:-}" ]; then
+    head_host="$MARBLE_RDZV_HOST"  # looked up outside a container (slurm/train.sbatch)
+elif [ -n "$nodelist" ]; then
     head_host="$(scontrol show hostnames "$nodelist" | head -n 1)"
 else
     head_host="$(hostname)"  # one node, started by the jobstep itself (no srun step)
