@@ -42,7 +42,7 @@ demo: setup
 	$(BIN)/marble report summary results/report
 
 # dvc.lock after a change to code, rules or params: `dvc repro` runs the demo's stages (the claim is
-# frozen: it runs only when named) and records every dependency's hash; commit dvc.lock with the
+# not a stage: it runs only when named) and records every dependency's hash; commit dvc.lock with the
 # change (tests/test_dvc_lock.py fails on a stale lock, as a package manager's lock check does).
 lock: setup
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro

@@ -255,7 +255,7 @@ def test_restore_on_a_clean_clone_plans_nothing_and_eval_exp_only_evaluates(tiny
     dvc(["pull"], clone)
     # Every output DVC tracks comes back from the remote byte for byte (the lock's outs).
     tracked = _lock_outs(origin)
-    assert {"results/eval", "results/report", "data/datasets/tiny", "results/claim"} <= set(tracked)
+    assert {"results/eval", "results/report", "data/datasets/tiny"} <= set(tracked)
     for out in tracked:
         assert _tree_sha(clone / out) == _tree_sha(origin / out), out
     assert (clone / ".dvc/plots/by_run.json").is_file()  # committed, not cache

@@ -19,8 +19,6 @@ STAGE_ENTRIES = {
     "train": ["marble.train", "marble.config", "marble.workflow"],
     "evaluate": ["marble.evaluate", "marble.evaluation.summary", "marble.config", "marble.workflow"],
     "report": ["marble.report", "marble.tools.bench", "marble.config"],
-    "claim": ["marble.train", "marble.report.claim_cli", "marble.tools.claim_cost",
-              "marble.tools.bench", "marble.config", "marble.workflow"],
 }
 DATA_OF = {"marble.config": "marble/presets"}  # files a module reads beside its code
 
