@@ -42,8 +42,11 @@ class DeviceProbe(Reward):
         raise NotImplementedError
 
 
+PROBE = registry.RewardDescriptor("probe", f"{__name__}:DeviceProbe", flops=0.0)
+
+
 def test_build_scorers_gives_the_device_only_where_asked(monkeypatch):
-    monkeypatch.setitem(registry.REGISTRY, "probe", f"{__name__}:DeviceProbe")
+    monkeypatch.setitem(registry.REGISTRY, "probe", PROBE)
     specs = [RewardSpec(name="probe", applies_to=["ocr"], options={"scale": 2.0}),
              RewardSpec(name="toy_brightness")]
     trained = registry.build_scorers(specs, device="cuda:3")  # training: train.reward_device
@@ -58,7 +61,7 @@ def test_build_scorers_gives_the_device_only_where_asked(monkeypatch):
 
 
 def test_build_masks_loads_nothing_and_honours_the_override(monkeypatch):
-    monkeypatch.setitem(registry.REGISTRY, "probe", f"{__name__}:DeviceProbe")
+    monkeypatch.setitem(registry.REGISTRY, "probe", PROBE)
     masks = registry.build_masks([RewardSpec(name="probe", applies_to=["geneval"])])
     assert not hasattr(masks["probe"], "device")  # the constructor (weights) never ran
     assert masks["probe"].applies("p", {"source": "geneval"})
