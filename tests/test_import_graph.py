@@ -366,7 +366,10 @@ def deferred_without_cause(src: Path, package: str) -> list[str]:
             for target, _ in _targets(node, module, files):
                 known = _known(target, files)
                 if known and known != module:
-                    if not heavy[known] - heavy[module]:
+                    # importing a module first runs its packages' __init__ (marble.balancers'
+                    # loads torch for marble.balancers.cadence)
+                    loaded = _with_packages(known, module, files) or [known]
+                    if not set().union(*(heavy[m] for m in loaded)) - heavy[module]:
                         found.append(f"{module}:{node.lineno}: {known} (defers nothing heavy)")
     return sorted(set(found))
 

@@ -15,10 +15,11 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from PIL import Image  # noqa: E402
 
+from marble.config_balancers import BALANCERS  # noqa: E402
 from marble.report.loading import ScoredImage, RunData  # noqa: E402
 
 DPI = 110
-STYLES = {"weighted_sum": "--", "equal_alpha": ":", "mgda": "-.", "marble": "-"}
+STYLES = {method: d.style for method, d in BALANCERS.items()}  # each balancer's descriptor
 
 
 def smooth(values: pd.Series, window: int) -> pd.Series:
