@@ -160,3 +160,22 @@ def test_a_reward_name_keys_at_most_three_files():
     # every listed file still uses a dataset name (a stale entry would hide a reward key)
     dataset_files = set().union(*(constants.get(n, set()) for n in DATASET_NAMED))
     assert dataset_files & DATASET_FILES == DATASET_FILES, sorted(DATASET_FILES - dataset_files)
+
+
+def test_the_requeue_exit_code_has_one_home():
+    """workflow/scripts/torchrun_slurm.sh reads EXIT_REQUEUE from marble.training.stopping; a
+    number of its own (`EXIT_REQUEUE=75`) could drift from what `marble train` exits with."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from marble.training.stopping import EXIT_REQUEUE
+
+    script = (Path(__file__).resolve().parents[1] / "workflow/scripts/torchrun_slurm.sh").read_text()
+    code = "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("#"))
+    assert not re.search(rf"\b{EXIT_REQUEUE}\b", code), "the wrapper spells the requeue code itself"
+    line = next(line for line in code.splitlines() if line.startswith("EXIT_REQUEUE="))
+    command = re.search(r"\$\((.*)\)", line).group(1).replace("python", sys.executable, 1)
+    out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(EXIT_REQUEUE)

@@ -192,13 +192,18 @@ def training_flops(cfg, table: dict, from_step: int = 0) -> dict[str, float]:
     return parts
 
 
+def checkpoint_gb(cfg, table: dict) -> float:
+    """GB of one checkpoint of run `cfg`: its counted LoRA parameters x CHECKPOINT_BYTES_PER_PARAM
+    (the one size model: the plan's write time and the doctor's disk estimate)."""
+    return lookup(table, "micro_step", wf_flops.micro_key(cfg))["lora_params"] * CHECKPOINT_BYTES_PER_PARAM / 1e9
+
+
 def checkpoint_seconds(cfg, table: dict, from_step: int = 0) -> tuple[float, int, float]:
     """(seconds, checkpoints, GB each) of the checkpoint writes after `from_step`."""
     t = cfg.train
-    lora = lookup(table, "micro_step", wf_flops.micro_key(cfg))["lora_params"]
     count = len({s for s in range(from_step + 1, t.max_steps + 1) if s % t.save_every == 0}
                 | ({t.max_steps} if t.max_steps > from_step else set()))
-    size = lora * CHECKPOINT_BYTES_PER_PARAM
+    size = checkpoint_gb(cfg, table) * 1e9
     return count * size / CHECKPOINT_WRITE_BPS, count, size / 1e9
 
 

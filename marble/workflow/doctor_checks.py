@@ -19,7 +19,9 @@ from marble.config import load_config
 from marble.evaluation.datasets import DEFAULT_REWARDS
 from marble.rewards import REGISTRY as REWARDS
 from marble.runtime.io import sha256_file
+from marble.workflow.cost import checkpoint_gb
 from marble.workflow.evaluation import HUB_MODEL_DIR, JUDGE, hub_models
+from marble.workflow.flops import load_table
 from marble.workflow.runs import configured
 
 # A row of the doctor's table and its statuses (marble.doctor and marble.doctor_slurm build them).
@@ -40,8 +42,6 @@ class Check:
 # the manifest (transformer, three text encoders, VAE) and the reward checkpoints group.
 MODEL_GB = {"paper": 20.0}
 REWARD_CKPTS_GB = 11.0
-# One training checkpoint of a paper run: LoRA (rank 32) + AdamW moments + EMA copy.
-CHECKPOINT_GB = 0.5
 # The embedding cache stores per prompt [77 CLIP + max_sequence_length T5 tokens, 4096]
 # plus the pooled [2048], in embed_dtype (fp16: 2 bytes).
 EMBED_WIDTH, CLIP_TOKENS, POOLED = 4096, 77, 2048
@@ -97,6 +97,16 @@ def configured_rewards(config: dict) -> dict[str, dict]:
         for name in chosen.get(dataset) or DEFAULT_REWARDS[dataset]:
             out.setdefault(name, dict((evaluation.get("reward_options") or {}).get(name, {})))
     return out
+
+
+def kept_checkpoints_gb(config: dict) -> float:
+    """GB the configured runs' kept checkpoints take: each run's checkpoint size (the plan's
+    model, marble.workflow.cost.checkpoint_gb) x its own `train.keep_checkpoints`."""
+    table, total = load_table(), 0.0
+    for spec in configured(config.get("runs")).values():
+        cfg = load_config(spec["preset"], [], list(spec.get("set") or []))
+        total += checkpoint_gb(cfg, table) * cfg.train.keep_checkpoints
+    return total
 
 
 def needs_torchvision(config: dict) -> bool:
@@ -167,7 +177,7 @@ def disk_estimate(config: dict, root: Path) -> tuple[float, str]:
         row = (tokens * EMBED_WIDTH + POOLED) * 2
         parts["embedding cache" + ("" if count else f" {GUESSED}")] = \
             (count or PAPER_PROMPTS_GUESS) * row / 2**30
-    parts["checkpoints"] = CHECKPOINT_GB * 3 * len(configured(config.get("runs")))  # keep_checkpoints 3
+    parts["checkpoints"] = kept_checkpoints_gb(config)
     parts.update(_evaluation_parts(config, root))
     if (root / ".dvc").is_dir():  # DVC copies every output into its cache
         guessed = sum(v for k, v in parts.items() if GUESSED in k)
