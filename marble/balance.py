@@ -41,7 +41,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 import numpy as np
 import torch
 
-from marble.balancers import METHODS, build_balancer
+from marble.balancers import METHODS, STRATEGIES, build_balancer
 from marble.balancers.common import add_into_grads, flat_grad, flat_zeros
 from marble.balancers.solve import combine, reduce_reward_grads
 from marble.balancers.weightings import weighting_names
@@ -99,8 +99,8 @@ class Balancer:
                  weighting_options: Mapping[str, Any] | None = None,
                  fixed_alphas: Sequence[float] | None = None,
                  reward_weights: Sequence[float] | None = None, grad_eps: float = 1e-12):
-        if method not in METHODS:
-            raise ValueError(f"unknown balancer {method!r}: expected one of {', '.join(METHODS)} "
+        if method not in STRATEGIES:  # live: a balancer added with marble.balancers.register counts
+            raise ValueError(f"unknown balancer {method!r}: expected one of {', '.join(STRATEGIES)} "
                              f"(gramian takes weighting= one of {', '.join(weighting_names())})")
         _check_ranges(solve_every=solve_every, warmup_steps=warmup_steps, rho=rho, grad_eps=grad_eps)
         if method == "gramian" and weighting not in weighting_names():

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import yaml
 
+from marble.config_balancers import BALANCERS
 from marble.config_parse import ConfigError, build, merge, read_yaml
 from marble.config_parse import declared_type as _declared_type
 from marble.config_parse import parse_override as _parse_override
@@ -101,8 +102,7 @@ class TrainConfig:
 
 @dataclass
 class BalancerConfig:
-    method: Literal["weighted_sum", "equal_alpha", "mgda", "marble", "gramian", "gdpo",
-                    "reward_sum"] = "marble"
+    method: str = "marble"  # a registered balancer (marble.config_balancers.BALANCERS; validate)
     # method gramian: the torchjd weighting solved on the Gram matrix, on MARBLE's schedule
     # (marble/balancers/weightings.py names them); its constructor options (e.g. {c: 0.5}).
     weighting: str | None = None
@@ -280,6 +280,8 @@ def validate(cfg: RunConfig, origin: str = "config") -> None:
             f"per epoch (sampling.batch_size x sampling.num_batches_per_epoch = "
             f"{s.batch_size * s.num_batches_per_epoch})"
         )
+    if b.method not in BALANCERS:  # the one list of methods: the balancers' descriptors
+        raise ConfigError(f"{origin}: `balancer.method` = {b.method!r} is not one of {', '.join(BALANCERS)}")
     if (b.method == "gramian") != (b.weighting is not None) or (
             b.weighting_options and b.method != "gramian"):
         raise ConfigError(f"{origin}: `balancer.weighting` (and `weighting_options`) go with "

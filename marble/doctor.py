@@ -26,6 +26,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from marble import rewards
 from marble.workflow import configs
 from marble.workflow import doctor_checks as checks
 from marble.workflow import evaluation as wf_eval
@@ -71,31 +72,32 @@ def reward_rows(config: dict) -> list[Check]:
     rows = []
     for name, options in checks.configured_rewards(config).items():
         rows.append(_reward_row(name, options))
-        if name == "ocr":
+        # The reward's own checks, named by its descriptor (marble.rewards.catalogue).
+        extra = checks.doctor_rows(name)
+        if "ocr_engine" in extra:
             rows.append(_ocr_engine_row(options))
-        if name == "unifiedreward":
+        if "judge" in extra:
             rows.append(_unifiedreward_row(options, checks.managed_judge(config)))
-        if name == "geneval" and checks.required_modules(name, options):
+        if "mmcv" in extra and checks.required_modules(name, options):
             rows.append(_mmcv_row())
     return rows
 
 
 def _reward_row(name: str, options: dict) -> Check:
-    from marble import rewards
-
     missing = [m for m in checks.required_modules(name, options) if not importlib.util.find_spec(m)]
-    extra = checks.REWARD_EXTRAS.get(name, "")
+    extra = checks.reward_extra(name)
     if missing:
         return Check(f"reward {name}", FAIL, f"missing module(s) {', '.join(missing)}",
                      f"install the {extra!r} environment (docs/cluster.md, workflow/envs/)")
     try:
         cls = rewards.reward_class(name)
-        if name.startswith("toy_"):
+        cheap = "build" in checks.doctor_rows(name)
+        if cheap:
             rewards.build(name, **options)  # cheap: proves the whole build path
     except Exception as exc:  # any import or build error is this row's failure
         return Check(f"reward {name}", FAIL, f"{type(exc).__name__}: {exc}"[:200],
                      f"install the {extra!r} environment (docs/cluster.md)")
-    built = "built" if name.startswith("toy_") else "imports"
+    built = "built" if cheap else "imports"
     return Check(f"reward {name}", OK, f"{cls.__module__}.{cls.__name__} {built}")
 
 
@@ -217,7 +219,7 @@ def _gpu_row(config: dict, torch) -> Check:
         return Check("gpu", FAIL, f"{torch.cuda.get_device_name()} is {arch}; torch built for "
                      f"{torch.cuda.get_arch_list()}", "install the site's CUDA build of torch")
     detail = f"{torch.cuda.get_device_name()} ({arch})"
-    if "geneval" in checks.configured_rewards(config):
+    if checks.needs_mmcv(config):
         err = checks.mmcv_cuda_kernel()
         if err:
             return Check("gpu", FAIL, f"{detail}; mmcv CUDA op: {err}"[:200],

@@ -87,7 +87,7 @@ def test_every_numeric_key_has_one_range_line():
     strings = ["train.reward_device"]  # enumerated, but a str (cuda:N): ranged too
     assert sorted(set(RANGES) - set(numeric)) == strings
     # the Literal keys are ranged by their type (test_wrong_type_and_bad_choice_are_named)
-    assert "balancer.method" in literal_keys(RunConfig) and not set(literal_keys(RunConfig)) & set(RANGES)
+    assert "balancer.full_solve" in literal_keys(RunConfig) and not set(literal_keys(RunConfig)) & set(RANGES)
 
 
 def _set(cfg, key: str, value) -> str:

@@ -335,3 +335,33 @@ def test_apptainer_args_take_their_value_with_an_equals_sign():
     assert not spaced, spaced
     assert not APPTAINER_ARGS_SPACED.search('--sdm apptainer --apptainer-args="--nv"')
     assert APPTAINER_ARGS_SPACED.search('--sdm apptainer --apptainer-args "--nv"')
+CITED_DOC = re.compile(r"(?<![\w/.-])docs/[\w./-]+\.md")
+
+
+def test_every_doc_the_code_cites_exists():
+    """A `docs/*.md` named in marble/, tests/ or workflow/ (a message users see, a why-comment)
+    is a file of this project; ../shared/docs is not the project's."""
+    missing = []
+    for folder in ("marble", "tests", "workflow"):
+        for path in sorted((ROOT / folder).rglob("*")):
+            if path.suffix not in (".py", ".smk", ".sh", ".yaml", ".rst") and path.name != "Snakefile":
+                continue
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                missing += [f"{path.relative_to(ROOT)}:{number}: {m.group()}" for m in CITED_DOC.finditer(line)
+                            if not (ROOT / m.group()).is_file()]
+    assert not missing, "\n".join(missing)
+
+
+@pytest.mark.parametrize("title, register, test", [
+    ("Add a reward", "marble.rewards.register", "tests/test_add_a_reward.py"),
+    ("Add a balancer", "marble.balancers.register", "tests/test_add_a_balancer.py"),
+])
+def test_architecture_says_how_to_add_a_reward_and_a_balancer(title, register, test):
+    """Each section names the registration its test adds a toy one through, and that test."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    match = re.search(rf"^## {title}\n(.*?)(?=^## )", text, re.S | re.M)
+    assert match, f"docs/ARCHITECTURE.md has no '## {title}' section"
+    section = match.group(1)
+    assert register in section and test in section, (title, section)
+    source = (ROOT / test).read_text(encoding="utf-8")
+    assert f"{register.split('.')[1]}.register(" in source  # the test goes through it

@@ -332,3 +332,19 @@ def test_in_a_container_without_the_slurm_client_it_warns(tmp_path, monkeypatch)
     (row,) = doctor.slurm_rows(config)
     assert row.status == doctor.WARN and "/project/images/marble.sif" in row.detail and "srun" in row.detail
     assert "docs/container.md" in row.fix
+
+
+def test_kept_checkpoints_are_the_plans_size_times_each_runs_keep():
+    """One checkpoint size model (marble.workflow.cost.checkpoint_gb, what the plan prices a
+    write with) times each run's own `train.keep_checkpoints` (not a hard-coded 3)."""
+    from marble.config import load_config
+    from marble.workflow import cost
+    from marble.workflow import doctor_checks as checks
+    from marble.workflow.flops import load_table
+
+    config = {"runs": {"a": {"preset": "tiny", "set": ["train.keep_checkpoints=1"]},
+                       "b": {"preset": "tiny", "set": ["train.keep_checkpoints=5"]}}}
+    cfg = load_config("tiny")
+    one = cost.checkpoint_gb(cfg, load_table())
+    assert one > 0 and cost.checkpoint_seconds(cfg, load_table())[2] == pytest.approx(one)
+    assert checks.kept_checkpoints_gb(config) == pytest.approx(6 * one)

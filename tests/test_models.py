@@ -231,11 +231,11 @@ def test_encode_decode_and_timesteps(adapted):
 
 
 def test_sd35m_config_matches_the_real_model_size():
-    """SD3.5 Medium's config on the meta device: 2.24 B transformer parameters (environment.md).
+    """SD3.5 Medium's config on the meta device: 2.24 B transformer parameters (docs/measurements.md).
 
     LoRA r=32 on the spec's `attn.*` targets: 23 blocks x 8 + the last block's 7 (no
     to_add_out) projections of 1536 x 1536, each 32 * (1536 + 1536) parameters = 18.78 M.
-    The dual-attention `attn2` modules are not matched (spec A.9); environment.md's 23.9 M
+    The dual-attention `attn2` modules are not matched (spec A.9); docs/measurements.md's 23.9 M
     counts them too (52 more projections).
     """
     from diffusers import SD3Transformer2DModel

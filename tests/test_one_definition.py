@@ -42,8 +42,11 @@ class DeviceProbe(Reward):
         raise NotImplementedError
 
 
+PROBE = registry.RewardDescriptor("probe", f"{__name__}:DeviceProbe", flops=0.0)
+
+
 def test_build_scorers_gives_the_device_only_where_asked(monkeypatch):
-    monkeypatch.setitem(registry.REGISTRY, "probe", f"{__name__}:DeviceProbe")
+    monkeypatch.setitem(registry.REGISTRY, "probe", PROBE)
     specs = [RewardSpec(name="probe", applies_to=["ocr"], options={"scale": 2.0}),
              RewardSpec(name="toy_brightness")]
     trained = registry.build_scorers(specs, device="cuda:3")  # training: train.reward_device
@@ -58,7 +61,7 @@ def test_build_scorers_gives_the_device_only_where_asked(monkeypatch):
 
 
 def test_build_masks_loads_nothing_and_honours_the_override(monkeypatch):
-    monkeypatch.setitem(registry.REGISTRY, "probe", f"{__name__}:DeviceProbe")
+    monkeypatch.setitem(registry.REGISTRY, "probe", PROBE)
     masks = registry.build_masks([RewardSpec(name="probe", applies_to=["geneval"])])
     assert not hasattr(masks["probe"], "device")  # the constructor (weights) never ran
     assert masks["probe"].applies("p", {"source": "geneval"})
@@ -110,3 +113,69 @@ def test_training_reads_the_masks_the_data_layer_writes():
     rewards = torch.tensor([[0.5, float("nan")], [0.1, 0.2], [0.3, 0.4]])
     mask = applicable_mask(table, ["ocr_only", "unmasked"], torch.tensor([2, 1, 0]), rewards)
     assert mask.tolist() == [[True, False], [False, True], [True, True]]
+
+
+# Reward names that are also the names of benchmark prompt sets and prompt sources (the data
+# layer's `source`, evaluation's datasets): there the string names a dataset, not the reward.
+# The files that use them so are listed and left out of the count (any other file counts
+# against the three); the list may not go stale.
+DATASET_NAMED = {"pickscore", "geneval", "ocr"}
+DATASET_FILES = {"marble/data/assemble.py", "marble/data/tiny_prompts.py", "marble/evaluation/datasets.py",
+                 "marble/evaluation/prompts.py", "marble/evaluation/results.py", "marble/evaluation/summary.py",
+                 "marble/report/table1.py", "marble/workflow/plan_price.py", "marble/doctor.py"}
+
+
+def _string_constants(root) -> dict[str, set[str]]:
+    """{string: files of marble/ where it is a constant}, docstrings left out."""
+    import ast
+
+    found: dict[str, set[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+                found.setdefault(node.value, set()).add(path.relative_to(root.parent).as_posix())
+    return found
+
+
+def test_a_reward_name_keys_at_most_three_files():
+    """Its scorer module, the catalogue of descriptors, at most one more: every other table that
+    keyed a reward by name (the doctor's modules and extras, the FLOPs, the evaluation sets, the
+    GPU check's sizes, ...) reads the descriptor (docs/ARCHITECTURE.md, "Add a reward")."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "marble"
+    constants = _string_constants(root)
+    over = {}
+    for name in registry.available():
+        files = constants.get(name, set())
+        if name in DATASET_NAMED:
+            files = files - DATASET_FILES
+        if len(files) > 3:
+            over[name] = sorted(files)
+    assert not over, over
+    # every listed file still uses a dataset name (a stale entry would hide a reward key)
+    dataset_files = set().union(*(constants.get(n, set()) for n in DATASET_NAMED))
+    assert dataset_files & DATASET_FILES == DATASET_FILES, sorted(DATASET_FILES - dataset_files)
+
+
+def test_the_requeue_exit_code_has_one_home():
+    """workflow/scripts/torchrun_slurm.sh reads EXIT_REQUEUE from marble.training.stopping; a
+    number of its own (`EXIT_REQUEUE=75`) could drift from what `marble train` exits with."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from marble.training.stopping import EXIT_REQUEUE
+
+    script = (Path(__file__).resolve().parents[1] / "workflow/scripts/torchrun_slurm.sh").read_text()
+    code = "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("#"))
+    assert not re.search(rf"\b{EXIT_REQUEUE}\b", code), "the wrapper spells the requeue code itself"
+    line = next(line for line in code.splitlines() if line.startswith("EXIT_REQUEUE="))
+    command = re.search(r"\$\((.*)\)", line).group(1).replace("python", sys.executable, 1)
+    out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(EXIT_REQUEUE)

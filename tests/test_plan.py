@@ -60,7 +60,7 @@ def test_gpu_hours_per_training_step_are_the_counted_flops_at_the_stated_utilisa
     micro = TABLE["micro_step"][wf_flops.micro_key(cfg)]["rows"]
     per_step = (72 * TABLE["rollout"][wf_flops.rollout_key(cfg)]["flops"]
                 + 72 * TABLE["vae_decode"]["sd3/512px"]["flops"]
-                + 72 * sum(wf_flops.SCORER_FLOPS[n] for n in cfg.reward_names)
+                + 72 * sum(wf_flops.scorer_flops(n) for n in cfg.reward_names)
                 + run_overhead(cfg, micro)["flops"] / 1000)
     assert 192 * micro["weighted_sum"] < run_overhead(cfg, micro)["flops"] / 1000 < 1.01 * 192 * micro["weighted_sum"]
     expected = per_step * 16 / (989e12 * 0.40) / 3600
@@ -69,7 +69,7 @@ def test_gpu_hours_per_training_step_are_the_counted_flops_at_the_stated_utilisa
     # at the rollout's per-step cost, decoded and scored: priced apart from the steps.
     per_image = (TABLE["rollout"][wf_flops.rollout_key(cfg)]["flops"] * 40 / 25
                  + TABLE["vae_decode"]["sd3/512px"]["flops"]
-                 + sum(wf_flops.SCORER_FLOPS[n] for n in cfg.reward_names))
+                 + sum(wf_flops.scorer_flops(n) for n in cfg.reward_names))
     heldout = 101 * 330 * per_image
     assert job.flops["held-out evaluation"] == pytest.approx(16 * heldout)
     heldout_h = heldout * 16 / (989e12 * 0.40) / 3600

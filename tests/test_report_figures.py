@@ -17,7 +17,8 @@ from marble.report import figures, glance
 from marble.report.build import ReportInputs, build_report
 from marble.report.cli import main
 from marble.report.loading import load_runs
-from marble.report.palette import _KNOWN, balancer_look, balancer_order, seed_styles
+from marble.config_balancers import BALANCERS
+from marble.report.palette import balancer_look, balancer_order, known_balancers, seed_styles
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLVE_STEPS = {2, 8}  # the MARBLE runs' full-solve steps (warm-up, then every N)
@@ -87,7 +88,8 @@ def test_training_curves_colour_by_balancer_style_by_seed_legend_below(runs, tmp
         assert ax.get_legend() is None  # one legend for the figure, below the panels
     (legend,) = fig.legends
     texts = [t.get_text() for t in legend.get_texts()]
-    assert texts == ["weighted sum", "equal alpha", "MARBLE", "seed 1", "seed 2"]  # not 12 run entries
+    labels = [BALANCERS[b].label for b in ("weighted_sum", "equal_alpha", "marble")]
+    assert texts == [*labels, "seed 1", "seed 2"]  # not 12 run entries
 
 
 def test_alpha_labels_say_what_each_balancer_did(runs, tmp_path, kept):
@@ -114,7 +116,8 @@ def test_the_worst_cosine_is_a_summary_per_balancer(runs, tmp_path, kept):
     assert_no_legend_over_data(fig)
     (ax,) = fig.axes
     labels = [t.get_text() for t in ax.get_xticklabels()]
-    assert labels == ["weighted sum", "equal alpha", "MARBLE"]  # one group per balancer, not a trace per run
+    # one group per balancer, not a trace per run
+    assert labels == [BALANCERS[b].label for b in ("weighted_sum", "equal_alpha", "marble")]
     assert not [line for line in ax.lines if len(line.get_xdata()) > 1 and line.get_linestyle() == "-"
                 and np.ptp(line.get_xdata()) > 1]  # no line drawn along the steps
     shares = {t.get_text() for t in ax.texts}
@@ -151,8 +154,9 @@ def test_the_verdict_figure_draws_each_answer_with_its_interval(runs, tmp_path, 
 
 
 def test_balancer_looks_are_distinct_and_stable():
-    colors = [balancer_look(b).color for b in _KNOWN]
-    assert len(set(colors)) == len(colors)
+    colors = [balancer_look(b).color for b in known_balancers()]
+    assert len(set(colors)) == len(colors) and "tab:gray" not in colors  # grey: only the unknown
+    assert balancer_look("weighted_sum").label == BALANCERS["weighted_sum"].label  # the descriptor's
     assert balancer_look("marble") == balancer_look("marble") and balancer_look("new_method").label == "new method"
     assert seed_styles([2, None, 1, 2]) == {1: "-", 2: "--", None: ":"}
     assert balancer_order(["marble", "zoo_x", "equal_alpha", "marble", "weighted_sum"]) == [

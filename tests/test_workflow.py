@@ -69,8 +69,9 @@ def test_tiny_bench_runs_after_the_evaluations():
     assert "rule bench_step" in paper.stdout and "rule eval_summary" not in paper.stdout
 
 
-def test_lint_clean():
-    proc = snakemake(["--lint"], ROOT)
+@pytest.mark.parametrize("configfile", [[], ["--configfile", "config/paper.yaml"]], ids=["tiny", "paper"])
+def test_lint_clean(configfile):
+    proc = snakemake(["--lint", *configfile], ROOT)
     assert "Congratulations, your workflow is in a good condition!" in proc.stdout + proc.stderr
 
 

@@ -35,8 +35,9 @@ from marble.balancers.advantage_level import GDPO, RewardSum
 from marble.balancers.gramian import Gramian
 from marble.balancers.strategies import MGDA, Balancer, EqualAlpha, Marble, WeightedSum
 from marble.config import BalancerConfig
+from marble.config_balancers import BALANCERS, BalancerDescriptor, register_descriptor
 
-__all__ = ["MicroStep", "Balancer", "build_balancer", "METHODS", "STRATEGIES", "reward_losses",
+__all__ = ["MicroStep", "Balancer", "build_balancer", "register", "METHODS", "STRATEGIES", "reward_losses",
            "reward_loss", "weighted_sum_loss", "amortized_loss"]
 
 STRATEGIES = {cls.method: cls for cls in (WeightedSum, EqualAlpha, MGDA, Marble, Gramian, GDPO,
@@ -44,8 +45,24 @@ STRATEGIES = {cls.method: cls for cls in (WeightedSum, EqualAlpha, MGDA, Marble,
 METHODS = tuple(STRATEGIES)
 
 
+def register(descriptor: BalancerDescriptor, strategy: type[Balancer]) -> None:
+    """Add a balancer: its descriptor (config validation, cost cadence, report) and the strategy
+    class that runs it (docs/ARCHITECTURE.md, "Add a balancer")."""
+    if strategy.method != descriptor.method:
+        raise ValueError(f"strategy {strategy.__name__}.method {strategy.method!r} is not the "
+                         f"descriptor's {descriptor.method!r}")
+    register_descriptor(descriptor)
+    STRATEGIES[descriptor.method] = strategy
+
+
+def unregister(method: str) -> None:
+    """Remove a balancer (tests that add a toy one take it out again)."""
+    STRATEGIES.pop(method, None)
+    BALANCERS.pop(method, None)
+
+
 def build_balancer(cfg: BalancerConfig, reward_names: Sequence[str], weights=None) -> Balancer:
     """The balancer named by `cfg.method` for these rewards (see the module docstring)."""
     if cfg.method not in STRATEGIES:
-        raise ValueError(f"balancer.method = {cfg.method!r}: expected one of {METHODS}")
+        raise ValueError(f"balancer.method = {cfg.method!r}: expected one of {tuple(STRATEGIES)}")
     return STRATEGIES[cfg.method](cfg, reward_names, weights)

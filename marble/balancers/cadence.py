@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from marble.balancers import build_balancer
-from marble.balancers.advantage_level import ADVANTAGE_LEVEL
 from marble.config import grad_accumulation, training_timesteps
+from marble.config_balancers import balancer_descriptor
 
 __all__ = ["micro_step_kinds", "kind_row", "run_overhead"]
 
@@ -56,15 +56,17 @@ def kind_row(method: str, full_solve_mode: str, full: bool, diagnostics: bool,
              weighting: str | None = None) -> str:
     """The `marble bench flops` row that prices a micro-step of this kind. A zoo balancer's
     plain micro-steps have rows of their own; its diagnostic ones run the same passes as
-    MARBLE's (gramian) or the weighted sum's (gdpo, reward_sum)."""
-    if method == "gramian" and not diagnostics and not (full and full_solve_mode != "retain"):
+    MARBLE's (gramian) or the weighted sum's (gdpo, reward_sum). The method's descriptor's
+    `cadence` decides; an unregistered method is a KeyError, never priced as another."""
+    cadence = balancer_descriptor(method).cadence
+    if cadence == "zoo" and not diagnostics and not (full and full_solve_mode != "retain"):
         return f"zoo_{weighting}_full" if full else f"zoo_{weighting}"
-    if method in ADVANTAGE_LEVEL:
+    if cadence == "advantage":
         return "weighted_sum_diag" if diagnostics else method
     if full:
         base = "mgda" if full_solve_mode == "retain" else "marble_recompute"
     else:
-        base = "weighted_sum" if method == "weighted_sum" else "marble"
+        base = "weighted_sum" if cadence == "weighted_sum" else "marble"
     return base + ("_diag" if diagnostics else "")
 
 

@@ -23,20 +23,14 @@ from pathlib import Path
 import pandas as pd
 
 from marble.evaluation.results import RESULTS_FILE, ResultsError, read_results
+from marble.rewards import descriptors
 from marble.runtime.io import write_text
 
 
-# (column, candidate keys in order, datasets in order of preference, scale, decimals)
-PAPER_METRICS = [
-    ("GenEval", ("geneval_overall", "accuracy", "geneval"), ("geneval",), 1.0, 2),
-    ("OCR", ("ocr",), ("ocr",), 1.0, 2),
-    ("PickScore", ("pickscore",), ("pickscore", "drawbench"), 26.0, 2),
-    ("CLIPScore", ("clipscore",), ("pickscore", "drawbench"), 1.0, 3),
-    ("HPSv2.1", ("hpsv2",), ("pickscore", "drawbench"), 1.0, 3),
-    ("Aesthetic", ("aesthetic",), ("pickscore", "drawbench"), 1.0, 2),
-    ("ImgRwd", ("imagereward",), ("pickscore", "drawbench"), 1.0, 2),
-    ("UniRwd", ("unifiedreward",), ("drawbench", "pickscore"), 5.0, 2),
-]
+# (column, candidate keys in order, datasets in order of preference, scale, decimals): each
+# reward's descriptor's `column` (marble.rewards.catalogue), left to right.
+_COLUMNS = sorted((d.column for d in descriptors() if d.column), key=lambda c: c.position)
+PAPER_METRICS = [(c.label, c.keys, c.datasets, c.scale, c.places) for c in _COLUMNS]
 PAPER_KEYS = {key for _, keys, _, _, _ in PAPER_METRICS for key in keys}
 # The reference's evaluation writes three GenEval aggregates and does not say which the paper
 # prints (issue 29): each is kept in average_scores.json; Table 1 takes the one selected
@@ -45,7 +39,7 @@ GENEVAL_AGGREGATES = {"task_mean": "geneval_overall", "image_accuracy": "accurac
                       "partial_credit": "geneval"}
 # The model-based columns: the MARBLE evaluation scores them on both prompt sets; Table 1 takes
 # one (eval.table1_prompts), the other set's numbers stay in the results.
-MODEL_COLUMNS = ("PickScore", "CLIPScore", "HPSv2.1", "Aesthetic", "ImgRwd")
+MODEL_COLUMNS = tuple(c.label for c in _COLUMNS if c.model_based)
 PROMPT_SETS = ("pickscore", "drawbench")
 
 

@@ -38,7 +38,7 @@ def _lora_layers(transformer) -> Iterator[tuple[str, nn.Module]]:
 
 def _fix_requires_grad(transformer) -> None:
     """Only "default" trains. peft's set_adapter / enable_adapters reset requires_grad
-    to the *active* adapter, so it is re-imposed after every switch (environment.md)."""
+    to the *active* adapter, so it is re-imposed after every switch (docs/measurements.md)."""
     for _, layer in _lora_layers(transformer):
         for adapter_name in list(layer.lora_A.keys()):
             trainable = adapter_name == TRAINABLE

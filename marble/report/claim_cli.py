@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from marble.config_balancers import BALANCERS
 from marble.report import claim_stats as cs
 from marble.report.claim_experiment import claim_verdict, measure_run
 from marble.report.claim_figures import write_figures
@@ -76,10 +77,10 @@ def collect(runs_dir: Path, benchmarks: Path | None):
     return measures, rewards, specialists, settings, cpu
 
 
-# Our exact min-norm QP (marble.maths.qp): the full-solve theorem is about these. torchjd's
-# MGDA weighting is Frank-Wolfe (about 1e-4 off the optimum), the other weightings are not
-# min-norm at all.
-MIN_NORM_METHODS = ("marble", "mgda")
+# Our exact min-norm QP (marble.maths.qp): the full-solve theorem is about these (a method's
+# descriptor's `min_norm`). torchjd's MGDA weighting is Frank-Wolfe (about 1e-4 off the
+# optimum), the other weightings are not min-norm at all.
+MIN_NORM_METHODS = tuple(m for m, d in BALANCERS.items() if d.min_norm)
 
 
 def build(args) -> dict:

@@ -10,6 +10,7 @@ import math
 
 import pandas as pd
 
+from marble.config_balancers import BALANCERS
 from marble.report.render import markdown_table
 
 PAPER = "published (MARBLE project page): weighted sum 80%, MARBLE 0%"
@@ -58,7 +59,8 @@ def anti_frame(v: dict) -> pd.DataFrame:
         s = v["arm_settings"].get(arm, {})
         method = s.get("method") or ""
         pub = published.get(method)
-        cached = method in ("marble", "gramian")  # a solve every N steps, an EMA'd weighting
+        # a solve every N steps, an EMA'd weighting (the method's descriptor)
+        cached = method in BALANCERS and BALANCERS[method].cached
         rows.append([s.get("amortize_every") if cached else "-",
                      s.get("alpha_ema") if cached else "-",
                      *(interval_text(a[k], True) for k in ("applied", "full_solve", "amortized",

@@ -2,27 +2,19 @@
 one line style per seed. A run's colour follows its balancer, never its position in the
 run list, so MARBLE is the same red in every panel and every report.
 
-`balancer_look` is the single place that maps a balancer (`RunData.balancer`, a
-`balancer.method`) to its look; a balancer registry can take its place without touching
-the figures."""
+The colour and the label are the balancer's descriptor's (marble.config_balancers): a
+balancer registered with `marble.balancers.register` is drawn without touching this file."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Known balancers, in the order figures list them (the baseline first, MARBLE last): MARBLE
-# red and the weighted sum blue; the rest from tab10's remaining colours, none shared.
-_KNOWN = {
-    "weighted_sum": ("tab:blue", "weighted sum"),
-    "equal_alpha": ("tab:green", "equal alpha"),
-    "mgda": ("tab:purple", "MGDA (full solve every step)"),
-    "gramian": ("tab:orange", "Gramian weighting"),
-    "gdpo": ("tab:brown", "GDPO"),
-    "reward_sum": ("tab:pink", "reward sum"),
-    "sequential": ("tab:olive", "sequential stages"),
-    "marble": ("tab:red", "MARBLE"),
-}
-_OTHER = "tab:gray"  # an unknown balancer (a new method): grey, labelled by its name
+from marble.config_balancers import BALANCERS
+
+# Table 1's staged row is a run kind, not a balancer method (marble.report.loading): its look.
+_STAGED = {"sequential": ("tab:olive", "sequential stages")}
+_BASELINE, _MARBLE = "weighted_sum", "marble"
+_OTHER = "tab:gray"  # an unregistered balancer (an old run's method): grey, labelled by its name
 SEED_STYLES = ("-", "--", ":", "-.")
 
 
@@ -32,17 +24,26 @@ class Look:
     label: str
 
 
+def known_balancers() -> list[str]:
+    """Every balancer a figure knows, in figure order: the baseline first, MARBLE last, the
+    others in registration order between them."""
+    middle = [m for m in [*BALANCERS, *_STAGED] if m not in (_BASELINE, _MARBLE)]
+    return [_BASELINE, *middle, _MARBLE]
+
+
 def balancer_look(balancer: str) -> Look:
     """The colour and the legend label of a balancer."""
-    if balancer in _KNOWN:
-        return Look(*_KNOWN[balancer])
+    if balancer in BALANCERS:
+        return Look(BALANCERS[balancer].color, BALANCERS[balancer].label)
+    if balancer in _STAGED:
+        return Look(*_STAGED[balancer])
     return Look(_OTHER, balancer.replace("_", " "))
 
 
 def balancer_order(balancers) -> list[str]:
-    """The distinct balancers in figure order: the known ones as listed above, then the rest
-    by name."""
-    known = list(_KNOWN)
+    """The distinct balancers in figure order: the known ones as `known_balancers`, then the
+    rest by name."""
+    known = known_balancers()
     return sorted(dict.fromkeys(balancers), key=lambda b: (known.index(b), "") if b in known else (len(known), b))
 
 

@@ -1,7 +1,10 @@
-"""Reward registry: `available()`, `build(name, **options)`, and `score_all`.
+"""Reward registry: one `RewardDescriptor` per reward (marble.rewards.catalogue), `available()`,
+`build(name, **options)`, and `score_all`.
 
 Entries are import paths, so heavy stacks (open_clip, mmdet, paddle, onnxruntime) load
-only when the reward that needs them is built.
+only when the reward that needs them is built. Importing the registry loads no torch: the
+workflow, the doctor and the cost model read the descriptors while Snakemake builds its DAG
+(`Reward`, `RewardServiceError`, `quoted_target` are re-exported lazily).
 """
 
 from __future__ import annotations
@@ -10,18 +13,52 @@ import importlib
 import inspect
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
-import torch
+from marble.rewards.catalogue import PAPER, TOY, Column, RewardDescriptor
 
-from marble.rewards.base import Reward, RewardServiceError, quoted_target
+if TYPE_CHECKING:
+    import torch
 
-# name -> "module:Class"
-REGISTRY: dict[str, str] = {}
+    from marble.rewards.base import Reward
+
+# name -> its descriptor: the one table keyed by a reward's name.
+REGISTRY: dict[str, RewardDescriptor] = {}
+_LAZY = ("Reward", "RewardServiceError", "quoted_target")  # marble.rewards.base imports torch
 
 
-def register(name: str, target: str) -> None:
-    REGISTRY[name] = target
+def __getattr__(attr: str):
+    if attr in _LAZY:
+        from marble.rewards import base
+
+        return getattr(base, attr)
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+
+
+def register(descriptor: RewardDescriptor) -> RewardDescriptor:
+    """Add a reward (its scorer module + this descriptor is all a new reward is); a name
+    registered twice is an error, not a silent replacement."""
+    if descriptor.name in REGISTRY and REGISTRY[descriptor.name] != descriptor:
+        raise ValueError(f"reward {descriptor.name!r} is already registered")
+    REGISTRY[descriptor.name] = descriptor
+    return descriptor
+
+
+def unregister(name: str) -> None:
+    """Remove a reward (tests that add a toy one take it out again)."""
+    REGISTRY.pop(name, None)
+
+
+def descriptor(name: str) -> RewardDescriptor:
+    """The descriptor of reward `name`; an unknown name is a KeyError naming the known ones."""
+    if name not in REGISTRY:
+        raise KeyError(f"unknown reward {name!r} (available: {', '.join(available())})")
+    return REGISTRY[name]
+
+
+def descriptors() -> list[RewardDescriptor]:
+    """Every registered reward, in registration order."""
+    return list(REGISTRY.values())
 
 
 def available() -> list[str]:
@@ -29,9 +66,7 @@ def available() -> list[str]:
 
 
 def reward_class(name: str) -> type[Reward]:
-    if name not in REGISTRY:
-        raise KeyError(f"unknown reward {name!r} (available: {', '.join(available())})")
-    module, cls = REGISTRY[name].split(":")
+    module, cls = descriptor(name).target.split(":")
     return getattr(importlib.import_module(module), cls)
 
 
@@ -44,6 +79,8 @@ def applicability(name: str, applies_to=None, options: Mapping | None = None) ->
     rule); the rest are scoring options and play no part in a mask. Use `build` for a
     reward that scores.
     """
+    from marble.rewards.base import Reward
+
     cls = reward_class(name)
     reward = cls.__new__(cls)
     Reward.__init__(reward, applies_to=applies_to)
@@ -66,6 +103,8 @@ def reward_device(setting: str, local_rank: int, cuda: bool | None = None) -> st
     when CUDA is there (`cuda`: the run trains on CUDA; default torch.cuda.is_available()),
     else cpu."""
     if setting == "auto":
+        import torch
+
         cuda = torch.cuda.is_available() if cuda is None else cuda
         setting = "cuda" if cuda else "cpu"
     return f"cuda:{local_rank}" if setting == "cuda" else setting
@@ -131,24 +170,16 @@ def score_all(
     return scores, seconds
 
 
-for _name, _target in {
-    "toy_brightness": "marble.rewards.toy:ToyBrightness",
-    "toy_saturation": "marble.rewards.toy:ToySaturation",
-    "toy_color_match": "marble.rewards.toy:ToyColorMatch",
-    "toy_text_contrast": "marble.rewards.toy:ToyTextContrast",
-    "pickscore": "marble.rewards.clip_family:PickScore",
-    "clipscore": "marble.rewards.clip_family:ClipScore",
-    "aesthetic": "marble.rewards.clip_family:Aesthetic",
-    "hpsv2": "marble.rewards.hpsv2:HPSv2",
-    "imagereward": "marble.rewards.imagereward:ImageRewardScorer",
-    "ocr": "marble.rewards.ocr:OCRReward",
-    "geneval": "marble.rewards.geneval:GenEvalReward",
-    "unifiedreward": "marble.rewards.unifiedreward:UnifiedReward",
-}.items():
-    register(_name, _target)
+for _descriptor in (*TOY, *PAPER):
+    register(_descriptor)
 
 __all__ = [
     "REGISTRY",
+    "Column",
+    "RewardDescriptor",
+    "descriptor",
+    "descriptors",
+    "unregister",
     "Reward",
     "RewardServiceError",
     "applicability",

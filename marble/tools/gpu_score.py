@@ -36,11 +36,12 @@ from pathlib import Path
 
 import torch
 
-# Training's five (sd35m preset), then evaluation's two: a timeout loses the last ones.
-PAPER_REWARDS = ("pickscore", "clipscore", "hpsv2", "ocr", "geneval", "imagereward", "aesthetic")
-# Real architecture of each scorer (the replicas' `size`); --tiny uses "tiny" for all.
-REAL_SIZES = {"pickscore": "ViT-H-14", "clipscore": "ViT-L-14", "aesthetic": "ViT-L-14",
-              "imagereward": "ViT-L-16", "hpsv2": "ViT-H-14", "geneval": "ViT-L-14"}
+from marble.rewards import descriptor, descriptors
+
+# Every reward with a replica writer (its descriptor's `replica`): the paper's training rewards
+# first, then evaluation's: a timeout loses the last ones.
+PAPER_REWARDS = tuple(d.name for d in sorted((d for d in descriptors() if d.replica),
+                                             key=lambda d: not d.trained))
 ONNX_OCR = ("rapidocr_onnxruntime", "rapidocr")  # resolve_backend's order, paddle left out
 SEED = 0
 
@@ -66,7 +67,8 @@ class Replicas:
         self.write_s: dict[str, float] = {}
 
     def size(self, reward: str) -> str:
-        return "tiny" if self.tiny else REAL_SIZES[reward]
+        # The real architecture (its descriptor's `replica_size`); --tiny uses "tiny" for all.
+        return "tiny" if self.tiny else descriptor(reward).replica_size
 
     def _once(self, reward: str, folder: Path, write) -> Path:
         if not folder.exists():  # CLIP ViT-L/14 serves clipscore, aesthetic and geneval
@@ -86,52 +88,53 @@ class Replicas:
         """The real class's options pointing at the replica (raises Skipped)."""
         from marble.tools.dev import replicas
 
-        if reward in ("pickscore", "clipscore"):
+        kind = descriptor(reward).replica
+        if kind == "clip":
             return {"model": self.clip(reward)}
-        if reward == "aesthetic":
+        if kind == "aesthetic_head":
             model = self.clip(reward)
-            head = self._once(reward, self.root / "aesthetic.pth",
+            head = self._once(reward, self.root / f"{reward}.pth",
                               lambda p: replicas.aesthetic_head(p, SEED, self.size(reward)))
             return {"model": model, "head": str(head)}
-        if reward == "imagereward":
+        if kind == "blip":
             def write(d):
                 replicas.imagereward_repo(d, SEED, self.size(reward), self.device)
                 replicas.bert_repo(d / "bert-base-uncased")  # the tokenizer (its ids fit any vocab)
-            return {"ckpt_dir": str(self._once(reward, self.root / "imagereward", write))}
-        if reward == "hpsv2":
-            return self._hps()
-        if reward == "geneval":
-            return self._geneval()
-        if reward == "ocr":
+            return {"ckpt_dir": str(self._once(reward, self.root / reward, write))}
+        if kind == "open_clip":
+            return self._hps(reward)
+        if kind == "mask2former":
+            return self._geneval(reward)
+        if kind == "onnx_ocr":
             return self._ocr()
-        raise KeyError(f"gpu check score phase: no replica for reward {reward!r}")
+        raise KeyError(f"gpu check score phase: no replica writer {kind!r} for reward {reward!r}")
 
-    def _hps(self) -> dict:
+    def _hps(self, reward: str) -> dict:
         from marble.tools.dev import replicas_hps
         from marble.tools.dev.mirror import HPS_ARCH, replica_reward_options
 
         if (why := importable("open_clip")) is not None:
             raise Skipped(f"HPSv2.1 needs open_clip (carry open_clip_torch, ftfy, wcwidth, timm as "
                           f"wheels, docs/gpu_check.md): {why}")
-        size = self.size("hpsv2")
+        size = self.size(reward)
 
         def write(d):
             replicas_hps.hps_repo(d, SEED, size, self.device)
             replicas_hps.write_hps_config(d / f"{HPS_ARCH}.json")
 
-        folder = self._once("hpsv2", self.root / "hpsv2", write)
+        folder = self._once(reward, self.root / reward, write)
         # The real size is open_clip's built-in ViT-H-14, the reward's default `arch`.
-        extra = replica_reward_options(folder)["hpsv2"] if self.tiny else {}
+        extra = replica_reward_options(folder)[reward] if self.tiny else {}
         return {"ckpt_dir": str(folder), **extra}
 
-    def _geneval(self) -> dict:
+    def _geneval(self, reward: str) -> dict:
         if (why := importable("mmdet")) is not None:
             raise Skipped(f"GenEval's Mask2Former needs mmdet 2.x on a compiled mmcv-full 1.x "
                           f"(docs/rewards.md): {why}")
         from marble.rewards.geneval import DETECTOR_CONFIG, mmdet_config_path
         from marble.tools.dev import mmdet_replica
 
-        folder = self.root / "geneval"
+        folder = self.root / reward
         # Tiny: the config inheriting the real one with small widths; real: the Swin-S config itself.
         config = folder / mmdet_replica.CONFIG_NAME if self.tiny else mmdet_config_path(DETECTOR_CONFIG)
 
@@ -140,9 +143,9 @@ class Replicas:
                 mmdet_replica.write_config(config)
             mmdet_replica.write_checkpoint(config, d / mmdet_replica.CKPT_NAME, SEED)
 
-        self._once("geneval", folder, write)
+        self._once(reward, folder, write)
         return {"detector_config": str(config), "detector_ckpt": str(folder / mmdet_replica.CKPT_NAME),
-                "clip_model": self.clip("geneval")}
+                "clip_model": self.clip(reward)}
 
     @staticmethod
     def _ocr() -> dict:

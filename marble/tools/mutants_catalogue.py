@@ -25,6 +25,7 @@ class Mutant:
 
 _TRAINER = "marble/training/trainer.py"
 _RESUME_TEST = "tests/test_trainer.py::test_resume_is_bitwise"
+_EDGES = "tests/test_edges.py"
 
 MUTANTS: list[Mutant] = [
     # ---------------------------------------------------------------- resume, checkpoints
@@ -233,4 +234,46 @@ MUTANTS: list[Mutant] = [
            "if False:  # before the first-solve return",
            ("tests/test_ema.py::test_alpha_cache_ema_by_hand",),
            "a rho outside [0, 1] passes the first solve unchecked"),
+    # ---------------------------------------------------------------- edges (issue 40: tests/test_edges.py)
+    Mutant("config_divides_one_batch", "marble/config.py",
+           "    if (s.batch_size * s.num_batches_per_epoch) % t.batch_size:",
+           "    if s.batch_size % t.batch_size:",
+           (f"{_EDGES}::test_train_batch_must_divide_the_rollouts_of_all_batches_not_of_one",),
+           "train.batch_size must divide one rollout batch instead of the epoch's rollouts per rank"),
+    Mutant("config_fixed_alphas_sum_unchecked", "marble/config.py",
+           "if len(b.fixed_alphas) != len(names) or abs(sum(b.fixed_alphas) - 1) > 1e-6:",
+           "if len(b.fixed_alphas) != len(names):",
+           (f"{_EDGES}::test_fixed_alphas_need_k_values_that_sum_to_one",),
+           "K fixed alphas that do not sum to 1 pass the config"),
+    Mutant("embed_identity_sizes_only", "marble/data/embed_cache.py",
+           "digest.update(f.read_bytes())", "pass",
+           (f"{_EDGES}::test_the_model_identity_reads_tokenizer_contents_not_only_sizes",),
+           "a tokenizer retrained to the same size keeps the cache's identity: stale embeddings"),
+    Mutant("embed_index_ignores_length", "marble/data/embed_cache.py",
+           '(("model", model_id), ("max_sequence_length", max_sequence_length), ("dtype", dtype))',
+           '(("model", model_id), ("dtype", dtype))',
+           (f"{_EDGES}::test_a_cache_built_for_another_model_length_or_dtype_is_refused",),
+           "a cache built at another max_sequence_length is reused"),
+    Mutant("zoo_matrix_weighting_reads_the_gram", "marble/balancers/gramian.py",
+           'stat = gram_factor(gram) if self.spec.reads == "matrix" else gram', "stat = gram",
+           (f"{_EDGES}::test_each_weighting_reads_the_gramian_or_its_factor",),
+           "Nash-MTL and random read G where their rows must be gradients (F with F F^T = G)"),
+    Mutant("zoo_table_options_win", "marble/balancers/gramian.py",
+           "self.options = {**self.spec.options, **dict(cfg.weighting_options)}",
+           "self.options = {**dict(cfg.weighting_options), **self.spec.options}",
+           (f"{_EDGES}::test_configured_weighting_options_override_the_tables_defaults",),
+           "balancer.weighting_options are overridden by the table's defaults"),
+    Mutant("results_skipped_revision", "marble/evaluation/results.py",
+           'if not legacy and row.get("rev", 1) != want:', 'if not legacy and row.get("rev", 1) < want:',
+           (f"{_EDGES}::test_each_revision_must_be_the_next_one",),
+           "a results line that skips a revision (an edit, a copy from another run) is accepted"),
+    Mutant("prune_keeps_three", "marble/training/checkpoint.py",
+           "    oldest_kept = usable[-keep][0]", "    oldest_kept = usable[-3][0]",
+           (f"{_EDGES}::test_pruning_keeps_the_newest_usable_ones_and_no_older_damaged_one",),
+           "pruning keeps the default 3 whatever train.keep_checkpoints says"),
+    Mutant("prune_counts_damaged", "marble/training/checkpoint.py",
+           "    oldest_kept = usable[-keep][0]",
+           "    oldest_kept = [s for s, _ in list_checkpoints(run_dir)][-keep]",
+           (f"{_EDGES}::test_pruning_keeps_the_newest_usable_ones_and_no_older_damaged_one",),
+           "a damaged checkpoint counts as one of the kept: fewer usable ones survive"),
 ]

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from marble.assets.manifest import ckpt_dir
 from marble.config import RunConfig
+from marble.rewards import reward_class
 from marble.runtime.fingerprint import HashCache, fingerprint, project_relative
 from marble.runtime.io import read_json_object, write_json
 from marble.training.run_dir import FRESH_HINT, TrainError
@@ -46,8 +47,6 @@ def model_entry(path: str, revision: str | None, cache: HashCache) -> dict:
 def reward_weight_paths(cfg: RunConfig) -> dict[str, str]:
     """`rewards.<name>.<option>` -> path, for every reward option naming an existing file or
     folder, and the reward-checkpoint folder of each reward that reads one (`ckpt_dir`)."""
-    from marble.rewards import reward_class  # the registry imports torch
-
     out = {}
     for spec in cfg.rewards:
         for key, value in sorted((spec.options or {}).items()):

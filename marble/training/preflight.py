@@ -16,14 +16,13 @@ import json
 from pathlib import Path
 
 from marble.config import RunConfig, stage_config
+from marble.rewards import available
 from marble.runtime.fingerprint import mismatched
 from marble.training.inputs import check_inputs, current_inputs
 from marble.training.run_dir import TrainError, check_checkpoint_identities, check_run_dir, run_identity
 
 
 def check_rewards(cfg: RunConfig) -> None:
-    from marble.rewards import available  # the registry imports torch: deferred past --help
-
     known = available()
     # The run's rewards, then each stage's (a curriculum stage may name its own set).
     stages = [(f"stages[{k}].", stage_config(cfg, k)) for k in range(len(cfg.stages))]

@@ -14,7 +14,7 @@ estimates it names):
 Throughput, first found: the run's own `time/step_s` (a resumed run); `marble bench step`'s
 weighted-sum micro-step on this kind of device (results/bench/step.json: its counted FLOPs /
 its measured seconds); else the stated assumption (GPU: 40% of the peak, the MFU; CPU: the
-tiny micro-step measured in docs/environment.md).
+tiny micro-step measured in docs/measurements.md).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ GPU_PEAKS = {"h200": 989e12, "h100": 989e12, "a100": 312e12}
 DEFAULT_GPU = "h200"
 # An assumption, not a measurement: 40% model-FLOP utilisation (MFU) for a 2 B DiT.
 ASSUMED_MFU = 0.40
-# One tiny-preset micro-step on this project's 2-core CPUs (docs/environment.md: "one
-# DiffusionNFT LoRA step (batch 8, 16x32x32 latents): ~0.14 s").
+# One tiny-preset micro-step on this project's 2-core CPUs (docs/measurements.md: a micro-step
+# of batch 8, 16 x 32 x 32 latents, about 0.14 s).
 TINY_MICRO_STEP_S = 0.14
 # A checkpoint's bytes per LoRA parameter (marble.training.checkpoint_format): the EMA export
 # and the online + old adapters (fp32, 12 B), AdamW's two moments (8 B), the EMA state (4 B).
@@ -88,13 +88,13 @@ def gpu_throughput(bench: dict | None, table: dict, gpu_type: str | None = None)
 
 
 def cpu_throughput(bench: dict | None, table: dict) -> Throughput:
-    """The CPU bench's figure, else the tiny micro-step measured in docs/environment.md."""
+    """The CPU bench's figure, else the tiny micro-step measured in docs/measurements.md."""
     measured, how = _bench_flops_per_s(bench, table, gpu=False) or (None, "")
     if measured:
         return Throughput(measured, False, f"measured, {how}: {measured / 1e9:.3g} GFLOP/s per job")
     tiny = lookup(table, "micro_step", wf_flops.micro_key(load_config("tiny")))
     rate = tiny["rows"]["weighted_sum"] / TINY_MICRO_STEP_S
-    return Throughput(rate, False, f"docs/environment.md's tiny micro-step, {TINY_MICRO_STEP_S} s "
+    return Throughput(rate, False, f"docs/measurements.md's tiny micro-step, {TINY_MICRO_STEP_S} s "
                       f"for {tiny['rows']['weighted_sum'] / 1e9:.3g} GFLOP counted: "
                       f"{rate / 1e9:.3g} GFLOP/s per job"
                       + (f" (the CPU bench found is not used: {how})" if how else ""))
@@ -192,13 +192,18 @@ def training_flops(cfg, table: dict, from_step: int = 0) -> dict[str, float]:
     return parts
 
 
+def checkpoint_gb(cfg, table: dict) -> float:
+    """GB of one checkpoint of run `cfg`: its counted LoRA parameters x CHECKPOINT_BYTES_PER_PARAM
+    (the one size model: the plan's write time and the doctor's disk estimate)."""
+    return lookup(table, "micro_step", wf_flops.micro_key(cfg))["lora_params"] * CHECKPOINT_BYTES_PER_PARAM / 1e9
+
+
 def checkpoint_seconds(cfg, table: dict, from_step: int = 0) -> tuple[float, int, float]:
     """(seconds, checkpoints, GB each) of the checkpoint writes after `from_step`."""
     t = cfg.train
-    lora = lookup(table, "micro_step", wf_flops.micro_key(cfg))["lora_params"]
     count = len({s for s in range(from_step + 1, t.max_steps + 1) if s % t.save_every == 0}
                 | ({t.max_steps} if t.max_steps > from_step else set()))
-    size = lora * CHECKPOINT_BYTES_PER_PARAM
+    size = checkpoint_gb(cfg, table) * 1e9
     return count * size / CHECKPOINT_WRITE_BPS, count, size / 1e9
 
 

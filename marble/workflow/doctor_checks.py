@@ -17,8 +17,11 @@ from marble.assets.download import load_manifest
 from marble.assets.hub_ref import COMMIT, is_hub_ref, parse_hub_ref
 from marble.config import load_config
 from marble.evaluation.datasets import DEFAULT_REWARDS
+from marble.rewards import REGISTRY as REWARDS
 from marble.runtime.io import sha256_file
-from marble.workflow.evaluation import HUB_MODEL_DIR, hub_models
+from marble.workflow.cost import checkpoint_gb
+from marble.workflow.evaluation import HUB_MODEL_DIR, JUDGE, hub_models
+from marble.workflow.flops import load_table
 from marble.workflow.runs import configured
 
 # A row of the doctor's table and its statuses (marble.doctor and marble.doctor_slurm build them).
@@ -35,27 +38,10 @@ class Check:
     fix: str = ""
 
 
-# The import names each scorer needs beyond torch (its own module imports lazily), and the
-# environment (docs/cluster.md, workflow/envs/) that provides them.
-REWARD_MODULES: dict[str, tuple[str, ...]] = {
-    "pickscore": ("transformers",), "clipscore": ("transformers",),
-    "aesthetic": ("transformers",), "imagereward": ("transformers",),
-    "hpsv2": ("open_clip", "torchvision"),
-    "geneval": ("mmdet", "mmcv", "torchvision", "pycocotools"),
-    "ocr": ("Levenshtein",), "unifiedreward": ("httpx",),
-}
-REWARD_EXTRAS: dict[str, str] = {
-    "hpsv2": "clip", "geneval": "geneval (mmcv-full)", "ocr": "ocr",
-    "unifiedreward": "sglang", "pickscore": "core", "clipscore": "core",
-    "aesthetic": "core", "imagereward": "core",
-}
-
 # Disk estimates (GB) for what the paper pipeline downloads: the SD3.5 Medium snapshot of
 # the manifest (transformer, three text encoders, VAE) and the reward checkpoints group.
 MODEL_GB = {"paper": 20.0}
 REWARD_CKPTS_GB = 11.0
-# One training checkpoint of a paper run: LoRA (rank 32) + AdamW moments + EMA copy.
-CHECKPOINT_GB = 0.5
 # The embedding cache stores per prompt [77 CLIP + max_sequence_length T5 tokens, 4096]
 # plus the pooled [2048], in embed_dtype (fp16: 2 bytes).
 EMBED_WIDTH, CLIP_TOKENS, POOLED = 4096, 77, 2048
@@ -73,17 +59,29 @@ def merge(dst: dict, src: dict) -> dict:
 
 
 def required_modules(name: str, options: dict) -> tuple[str, ...]:
-    """The modules a configured scorer imports: GenEval's stand-in detector (`detector: stub`,
-    the CPU harnesses) needs no mmdet/mmcv."""
-    if name == "geneval" and options.get("detector") == "stub":
+    """The import names a configured scorer needs beyond torch (its descriptor's `modules`; none
+    under one of its `light_options`, e.g. GenEval's stand-in detector `detector: stub` of the CPU
+    harnesses); an unregistered name needs none here (its row fails on the registry)."""
+    spec = REWARDS.get(name)
+    if spec is None or any(options.get(key) == value for key, value in spec.light_options):
         return ()
-    return REWARD_MODULES.get(name, ())
+    return spec.modules
+
+
+def reward_extra(name: str) -> str:
+    """The environment (docs/cluster.md, workflow/envs/) that provides the reward's modules."""
+    return REWARDS[name].extra if name in REWARDS else ""
+
+
+def doctor_rows(name: str) -> tuple[str, ...]:
+    """The extra checks the doctor runs for a configured reward (its descriptor's `doctor_rows`)."""
+    return REWARDS[name].doctor_rows if name in REWARDS else ()
 
 
 def managed_judge(config: dict) -> str | None:
     """The command the workflow starts the UnifiedReward judge with (eval.unifiedreward.server),
     or None when the client must find a running server itself."""
-    return ((config.get("eval") or {}).get("unifiedreward") or {}).get("server")
+    return ((config.get("eval") or {}).get(JUDGE) or {}).get("server")
 
 
 def configured_rewards(config: dict) -> dict[str, dict]:
@@ -101,8 +99,23 @@ def configured_rewards(config: dict) -> dict[str, dict]:
     return out
 
 
+def kept_checkpoints_gb(config: dict) -> float:
+    """GB the configured runs' kept checkpoints take: each run's checkpoint size (the plan's
+    model, marble.workflow.cost.checkpoint_gb) x its own `train.keep_checkpoints`."""
+    table, total = load_table(), 0.0
+    for spec in configured(config.get("runs")).values():
+        cfg = load_config(spec["preset"], [], list(spec.get("set") or []))
+        total += checkpoint_gb(cfg, table) * cfg.train.keep_checkpoints
+    return total
+
+
 def needs_torchvision(config: dict) -> bool:
-    return bool({"hpsv2", "geneval"} & set(configured_rewards(config)))
+    return any("torchvision" in required_modules(name, {}) for name in configured_rewards(config))
+
+
+def needs_mmcv(config: dict) -> bool:
+    """Whether a configured reward's doctor checks include mmcv's CUDA kernels (GenEval's detector)."""
+    return any("mmcv" in doctor_rows(name) for name in configured_rewards(config))
 
 
 def wants_gpu(config: dict) -> bool:
@@ -165,7 +178,7 @@ def disk_estimate(config: dict, root: Path, via_dvc: bool = False) -> tuple[floa
         row = (tokens * EMBED_WIDTH + POOLED) * 2
         parts["embedding cache" + ("" if count else f" {GUESSED}")] = \
             (count or PAPER_PROMPTS_GUESS) * row / 2**30
-    parts["checkpoints"] = CHECKPOINT_GB * 3 * len(configured(config.get("runs")))  # keep_checkpoints 3
+    parts["checkpoints"] = kept_checkpoints_gb(config)
     parts.update(_evaluation_parts(config, root))
     if via_dvc and (root / ".dvc").is_dir():  # DVC copies every output into its cache
         guessed = sum(v for k, v in parts.items() if GUESSED in k)
@@ -251,7 +264,7 @@ def hub_references(config: dict) -> dict[str, str]:
     refs = {f"eval.checkpoints.{row}": str(src) for row, src in configured(ev.get("checkpoints")).items()}
     refs.update({f"eval.protocols.{row}.model": str((spec or {}).get("model"))
                  for row, spec in (ev.get("protocols") or {}).items()})
-    refs["eval.unifiedreward.model"] = str((ev.get("unifiedreward") or {}).get("model"))
+    refs[f"eval.{JUDGE}.model"] = str((ev.get(JUDGE) or {}).get("model"))
     return {key: ref for key, ref in refs.items() if is_hub_ref(ref)}
 
 
@@ -264,8 +277,8 @@ def unpinned_hub_references(config: dict) -> dict[str, str]:
 
 def without_it(key: str) -> str:
     """How to run without the hub reference at `key` (an overlay cannot delete a key: it nulls)."""
-    if key == "eval.unifiedreward.model":
-        return "point eval.unifiedreward.model at a local folder of the judge's weights"
+    if key == f"eval.{JUDGE}.model":
+        return f"point {key} at a local folder of the judge's weights"
     row = key.split(".")[2]
     return f"drop the row in your own --configfile (eval.checkpoints.{row}: null)"
 

@@ -9,6 +9,7 @@ import shlex
 
 from marble.assets.hub_ref import is_hub_ref, parse_hub_ref, pinned_revision  # noqa: F401
 from marble.evaluation.datasets import DEFAULT_REWARDS
+from marble.rewards import descriptors
 
 # The settings that change the images (and so name the results folder).
 IMAGE_SETTINGS = ("num_inference_steps", "guidance_scale", "resolution", "mixed_precision")
@@ -17,6 +18,10 @@ IMAGE_SETTINGS = ("num_inference_steps", "guidance_scale", "resolution", "mixed_
 PROTOCOL_KEYS = (*IMAGE_SETTINGS, "model", "model_type", "datasets")
 MODEL_TYPES = ("sd3", "generic")
 HUB_MODEL_DIR = "data/models/hub"
+
+# The reward scored by a served judge (its descriptor's `judge`); `eval.<JUDGE>` configures
+# its server and weights.
+JUDGE = next(d.name for d in descriptors() if d.judge)
 
 
 def row_protocol(eval_cfg: dict, name: str) -> dict:
@@ -55,7 +60,7 @@ def hub_models(eval_cfg: dict) -> dict:
         model = None if name in dropped else (spec or {}).get("model")  # a nulled row fetches nothing
         if model and is_hub_ref(model):
             out[hub_model_folder(model).rsplit("/", 1)[1]] = (model, True)
-    judge = (eval_cfg.get("unifiedreward") or {}).get("model")
+    judge = (eval_cfg.get(JUDGE) or {}).get("model")
     if judge and is_hub_ref(judge):
         out[hub_model_folder(judge).rsplit("/", 1)[1]] = (judge, False)
     return out
@@ -63,7 +68,7 @@ def hub_models(eval_cfg: dict) -> dict:
 
 def judge_folder(eval_cfg: dict) -> str | None:
     """The UnifiedReward judge's local weights folder (fetched when given as `hf:`), or None."""
-    model = (eval_cfg.get("unifiedreward") or {}).get("model")
+    model = (eval_cfg.get(JUDGE) or {}).get("model")
     if not model:
         return None
     return hub_model_folder(model) if is_hub_ref(model) else model
@@ -72,7 +77,7 @@ def judge_folder(eval_cfg: dict) -> str | None:
 def needs_judge(eval_cfg: dict, dataset: str) -> bool:
     """Whether this dataset's evaluation scores unifiedreward with a workflow-managed judge."""
     names = eval_cfg["rewards"].get(dataset) or DEFAULT_REWARDS[dataset]
-    return "unifiedreward" in names and bool((eval_cfg.get("unifiedreward") or {}).get("server"))
+    return JUDGE in names and bool((eval_cfg.get(JUDGE) or {}).get("server"))
 
 
 def service_prefix(eval_cfg: dict, dataset: str) -> str:
@@ -80,7 +85,7 @@ def service_prefix(eval_cfg: dict, dataset: str) -> str:
     (the sidecar starts, is health-checked, serves this job, stops), else nothing."""
     if not needs_judge(eval_cfg, dataset):
         return ""
-    judge = eval_cfg["unifiedreward"]
+    judge = eval_cfg[JUDGE]
     args = ["python -m marble.rewards.service", f"--server {shlex.quote(judge['server'])}"]
     if judge_folder(eval_cfg):
         args.append(f"--model {shlex.quote(judge_folder(eval_cfg))}")

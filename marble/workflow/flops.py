@@ -7,9 +7,10 @@ tests/test_flops_table.py recounts it and fails when it is stale. The plan runs 
 every `snakemake -n`: counting there would import torch and take minutes at SD3.5M size,
 so it reads the table, keyed by the shapes that change a count (this module's `*_key`).
 
-What the table does not count is estimated here from parameter counts x tokens (2 N T):
-the reward scorers and the UnifiedReward judge. Each figure names its inputs; none has a
-run behind it (a hypothesis until a GPU measures an evaluation job).
+What the table does not count, the reward scorers and the UnifiedReward judge, is each
+reward's descriptor's `flops` (marble.rewards.catalogue: parameter counts x tokens, 2 N T).
+Each figure names its inputs; none has a run behind it (a hypothesis until a GPU measures
+an evaluation job).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from pathlib import Path
 
 from marble.assets.hub_ref import is_hub_ref, parse_hub_ref
 from marble.config import SD3_LORA_TARGETS
-from marble.workflow.evaluation import row_protocol
+from marble.rewards import descriptor
+from marble.workflow.evaluation import JUDGE, row_protocol
 TABLE_PATH = Path(__file__).with_name("flops_table.json")
 REGENERATE = "python -m marble.tools.flops_table --write"
 
@@ -57,39 +59,15 @@ ARCHS = {
     "flux_dev": Arch("sd3", 512, ("clip_l", "t5_xxl@512"), False),
 }
 
-# Estimated, not counted: FLOPs per scored image as 2 x parameters x tokens per tower
-# (parameter counts of the published architectures; a hypothesis until measured).
-_G = 1e9
-SCORER_FLOPS = {
-    # CLIP ViT-H/14 (PickScore, HPSv2): vision 632 M params x 257 tokens, text 354 M x 77.
-    "pickscore": 2 * (0.632 * _G * 257 + 0.354 * _G * 77),
-    "hpsv2": 2 * (0.632 * _G * 257 + 0.354 * _G * 77),
-    # CLIP ViT-L/14: vision 304 M x 257, text 123 M x 77; aesthetic: the vision tower + an MLP.
-    "clipscore": 2 * (0.304 * _G * 257 + 0.123 * _G * 77),
-    "aesthetic": 2 * 0.304 * _G * 257,
-    # BLIP ViT-L/16 at 224 px (197 tokens) + BERT-base with cross-attention (~140 M x 35).
-    "imagereward": 2 * (0.304 * _G * 197 + 0.140 * _G * 35),
-    # Mask2Former Swin-S at 1333 px (~0.3 TFLOP) + a CLIP ViT-L/14 colour pass per object (~3).
-    "geneval": 0.3e12 + 3 * 2 * 0.304 * _G * 257,
-    # PP-OCRv4 detection + recognition: a few GFLOPs.
-    "ocr": 0.02e12,
-}
-# The UnifiedReward judge (UnifiedReward-7b-v1.5: LLaVA-OneVision, Qwen2-7B + SigLIP-so400m):
-# per judged image, SigLIP on 5 crops of 729 tokens (anyres, 512 px) and the 7.6 B LLM over
-# ~3,650 image + ~200 prompt + ~250 generated tokens. An estimate (sglang's own efficiency
-# is not modelled): the largest uncertain term of a judged evaluation.
-JUDGE_TOKENS = 3650 + 200 + 250
-JUDGE_FLOPS = 2 * (0.4 * _G * 729 * 5 + 7.6 * _G * JUDGE_TOKENS)
-JUDGE = "unifiedreward"
+# The served judge's FLOPs are priced apart from the scorers' (a judged evaluation's largest
+# uncertain term).
+JUDGE_FLOPS = descriptor(JUDGE).flops
 
 
 def scorer_flops(name: str) -> float:
-    """Estimated FLOPs of scoring one image with reward `name` (toy rewards: CPU arithmetic, 0)."""
-    if name == JUDGE:
-        return JUDGE_FLOPS
-    if name.startswith("toy_"):
-        return 0.0
-    return SCORER_FLOPS[name]
+    """Estimated FLOPs of scoring one image with reward `name` (its descriptor's `flops`; an
+    unregistered name is a KeyError naming the registered ones)."""
+    return descriptor(name).flops
 
 
 def training_arch(model_path: str) -> str:

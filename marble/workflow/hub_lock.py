@@ -23,6 +23,7 @@ import yaml
 
 from marble.assets.hub_ref import is_hub_ref, parse_hub_ref
 from marble.runtime.io import write_text
+from marble.workflow.evaluation import JUDGE
 
 LOCK_KEY = "hub_lock"
 PLACEHOLDER = "PIN-A-COMMIT"
@@ -38,8 +39,8 @@ def _eval_refs(config: dict) -> list[tuple[dict, str]]:
     ev = config.get("eval") or {}
     places = [(ev["checkpoints"], row) for row in (ev.get("checkpoints") or {})]
     places += [(spec, "model") for spec in (ev.get("protocols") or {}).values() if isinstance(spec, dict)]
-    if isinstance(ev.get("unifiedreward"), dict):
-        places.append((ev["unifiedreward"], "model"))
+    if isinstance(ev.get(JUDGE), dict):
+        places.append((ev[JUDGE], "model"))
     return [(m, k) for m, k in places if isinstance(m.get(k), str) and is_hub_ref(m[k])]
 
 

@@ -315,3 +315,10 @@ if wf_plan.is_dry_run(sys.argv[1:]):
             " (pin a 40-hex commit, or null the row)",
             file=sys.stderr,
         )
+
+
+def reward_ckpts(wildcards, input):
+    """MARBLE_REWARD_CKPTS of a job: its own `rewards` input (paper mode), so the path follows
+    what the job was given; the configured placeholder otherwise (toy rewards read none).
+    """
+    return input.rewards[0] if input.rewards else config["reward_ckpt_dir"]

@@ -32,7 +32,7 @@ rule evaluate_ckpt:
         args=eval_args,
         launcher=eval_launcher(),
         service=lambda wc: wf_eval.service_prefix(EVAL, wc.dataset),
-        reward_ckpts=config["reward_ckpt_dir"],
+        reward_ckpts=reward_ckpts,
     shell:
         "MARBLE_REWARD_CKPTS={params.reward_ckpts:q} {params.service} {params.launcher} {params.source}"
         " --model_path {input.model:q} --dataset {wildcards.dataset}"

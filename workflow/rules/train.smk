@@ -33,7 +33,7 @@ if not EVAL_ONLY:
             args=train_args,
             gpus=TRAIN["gpus_per_node"],
             port=TRAIN["port"] or "",  # "": torchrun_slurm.sh derives it from the job id
-            reward_ckpts=config["reward_ckpt_dir"],
+            reward_ckpts=reward_ckpts,
         shell:
             "MARBLE_REWARD_CKPTS={params.reward_ckpts:q} MARBLE_GPUS_PER_NODE={params.gpus:q} MARBLE_RDZV_PORT={params.port:q}"
             " MARBLE_NODES={resources.nodes:q} MARBLE_TASKS={resources.tasks:q}"

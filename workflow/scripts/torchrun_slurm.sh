@@ -4,13 +4,15 @@
 #   torchrun_slurm.sh <marble train arguments>
 # Preemption / time limit: the job is submitted with --requeue --signal=USR1@N. On USR1
 # (or TERM) this script asks the training processes to stop: they finish the optimizer
-# step in flight, write a checkpoint and exit with 75 (marble.training.stopping.EXIT_REQUEUE).
+# step in flight, write a checkpoint and exit with marble.training.stopping.EXIT_REQUEUE (75).
 # Because torchrun reports a failed worker as status 1, they also write
-# $MARBLE_REQUEUE_FILE; when torchrun returns with that file present (or status 75),
+# $MARBLE_REQUEUE_FILE; when torchrun returns with that file present (or that status),
 # task 0 runs `scontrol requeue`, and the requeued job resumes from that checkpoint
 # (marble train always resumes from its run folder).
 set -euo pipefail
-EXIT_REQUEUE=75
+# The requeue exit code from its one home (the environment that runs `-m marble.train` below;
+# torch-free, ~0.1 s): a number written here too could drift from what the trainer exits with.
+EXIT_REQUEUE="$(python -c 'from marble.training.stopping import EXIT_REQUEUE; print(EXIT_REQUEUE)')"
 : "${SLURM_JOB_ID:?torchrun_slurm.sh runs inside a SLURM job}"
 # One torchrun "node" per task of this step: = $SLURM_NNODES on a cluster (one task per
 # node); more than the hosts only when a test packs several tasks onto one machine.

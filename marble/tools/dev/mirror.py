@@ -31,6 +31,7 @@ from pathlib import Path
 import yaml
 
 from marble.assets.manifest import MANIFEST, load_manifest
+from marble.rewards import descriptors
 from marble.runtime.io import sha256_file
 from marble.tools.dev import replicas, replicas_hps
 from marble.workflow import configs
@@ -52,9 +53,11 @@ def is_current(out: str | Path) -> bool:
 
 def replica_reward_options(out: str | Path) -> dict[str, dict]:
     """{reward: options} that point the real scorer classes at what the replicas cannot say by
-    their files alone: HPS's tiny open_clip architecture, GenEval's stand-in detector (no mmdet)."""
-    return {"hpsv2": {"arch": HPS_ARCH, "model_config": str(Path(out).resolve() / f"{HPS_ARCH}.json")},
-            "geneval": {"detector": "stub"}}
+    their files alone: HPS's tiny open_clip architecture, GenEval's stand-in detector (no mmdet);
+    keyed by each reward's replica writer (its descriptor's `replica`)."""
+    by_kind = {"open_clip": {"arch": HPS_ARCH, "model_config": str(Path(out).resolve() / f"{HPS_ARCH}.json")},
+               "mask2former": {"detector": "stub"}}
+    return {d.name: by_kind[d.replica] for d in descriptors() if d.replica in by_kind}
 
 
 def _hub_builders(seed: int) -> dict:

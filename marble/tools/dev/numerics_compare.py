@@ -38,9 +38,9 @@ def _samples(n: int) -> list[EvalSample]:
 
 def _scores(images: torch.Tensor, prompts: list[str], clip: Path) -> dict[str, float]:
     out = {}
-    for name, cls in (("pickscore", PickScore), ("clipscore", ClipScore)):
+    for cls in (PickScore, ClipScore):
         scores = cls(model=str(clip), processor=str(clip))(images, prompts)
-        out[name] = float(torch.as_tensor(scores).float().mean())
+        out[cls.name] = float(torch.as_tensor(scores).float().mean())
     return out
 
 
