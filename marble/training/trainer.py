@@ -17,6 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from marble.balancers import build_balancer
+from marble.balancers.levels import StepLevels
 from marble.config import RunConfig, grad_accumulation, training_timesteps
 from marble.data import load_table
 from marble.data.embed_cache import EmbeddingCache
@@ -236,7 +237,7 @@ class Trainer:
         # Means over micro-steps: `full_solve` is the fraction of micro-steps that solved;
         # alpha/* keep the last value (the weights in force after the step).
         averager = StepAverager()
-        self._optimize(ro, averager)
+        levels = self._optimize(ro, averager)
         record = {"step": self.step, "epoch": self.epoch, "balancer": self.stage_cfg.balancer.method,
                   **self.schedule.record(self.stage)}
         record.update(ro.metrics)
@@ -248,6 +249,7 @@ class Trainer:
             means = dist.all_reduce_mean_(values)
             step_metrics.update(zip(loss_keys, means.tolist()))
         record.update(step_metrics)
+        record.update(levels)  # the three cosine levels of a diagnostic step (issue 36)
         record["time/step_s"] = time.perf_counter() - t0
         decay = old_policy_decay(self.step, self.cfg.train.old_decay_type,
                                  self.cfg.train.old_decay_cap)
@@ -291,7 +293,9 @@ class Trainer:
                               global_step=self.step, micro_index=micro,
                               grad_scaler=self.scaler)
 
-    def _optimize(self, ro: Rollouts, averager: StepAverager) -> None:
+    def _optimize(self, ro: Rollouts, averager: StepAverager) -> dict:
+        """Every micro-step's backward, then the optimizer step; returns the step's cosine
+        levels on a diagnostic step (marble/balancers/levels.py), else {}."""
         t = self.cfg.train
         n, bsz = len(ro), t.batch_size
         n_micro, n_t = n // bsz, training_timesteps(self.cfg)
@@ -308,6 +312,9 @@ class Trainer:
         bar = tqdm(total=n_micro * n_t, desc=f"step {self.step}", leave=False,
                    disable=not (self.progress and self.info.is_main))
         hidden = 0.0  # gradient entries a balancer zeroed (full solves): still an overflow
+        # Cost only where asked: the step-level sums exist on diagnostic steps alone.
+        self.balancer.levels = (StepLevels(self.balancer.reward_names, self.step)
+                                if self.balancer.diagnostic_step(self.step) else None)
         for g in range(n_micro):
             rows = perm[g * bsz:(g + 1) * bsz].numpy()
             idx = torch.from_numpy(rows).to(self.info.device)
@@ -321,7 +328,14 @@ class Trainer:
                 averager.add(metrics)
                 bar.update(1)
         bar.close()
+        levels, self.balancer.levels = self.balancer.levels, None
+        if levels is None:
+            averager.add(self._apply_update(hidden))
+            return {}
+        before = torch.cat([p.detach().reshape(-1).double() for p in self.params])
         averager.add(self._apply_update(hidden))
+        after = torch.cat([p.detach().reshape(-1).double() for p in self.params])
+        return levels.result(before.sub_(after))  # -(change): the gradient-like direction
 
     def _apply_update(self, hidden_nonfinite: float = 0.0) -> dict:
         """Optimizer step (or a skip on any rank's overflow), then the weight EMA.
