@@ -37,15 +37,32 @@ from marble.balancers.strategies import MGDA, Balancer, EqualAlpha, Marble, Weig
 from marble.config import BalancerConfig
 
 __all__ = ["MicroStep", "Balancer", "build_balancer", "METHODS", "STRATEGIES", "reward_losses",
-           "reward_loss", "weighted_sum_loss", "amortized_loss"]
+           "reward_loss", "weighted_sum_loss", "amortized_loss", "min_norm_tolerance"]
 
 STRATEGIES = {cls.method: cls for cls in (WeightedSum, EqualAlpha, MGDA, Marble, Gramian, GDPO,
                                           RewardSum)}
 METHODS = tuple(STRATEGIES)
 
 
-def build_balancer(cfg: BalancerConfig, reward_names: Sequence[str], weights=None) -> Balancer:
-    """The balancer named by `cfg.method` for these rewards (see the module docstring)."""
+def build_balancer(cfg: BalancerConfig, reward_names: Sequence[str], weights=None,
+                   seed: int = 0) -> Balancer:
+    """The balancer named by `cfg.method` for these rewards (see the module docstring);
+    `seed`: the run's train.seed (the random draws of a weighting such as `random` key on it)."""
     if cfg.method not in STRATEGIES:
         raise ValueError(f"balancer.method = {cfg.method!r}: expected one of {METHODS}")
-    return STRATEGIES[cfg.method](cfg, reward_names, weights)
+    return STRATEGIES[cfg.method](cfg, reward_names, weights, seed)
+
+
+def min_norm_tolerance(method: str, weighting: str | None = None) -> float | None:
+    """How far below 0 a full solve's worst cosine may sit for the balancer `method`
+    (`weighting` for `gramian`): its solve is a min-norm point, so the full-solve theorem
+    applies. None: no min-norm solve (weighted sum, UPGrad, ...). A property of the balancer
+    class (or of the torchjd weighting), not of its name; nothing is built (no torchjd)."""
+    if method not in STRATEGIES:
+        raise ValueError(f"balancer.method = {method!r}: expected one of {METHODS}")
+    if method == Gramian.method:
+        from marble.balancers.weightings import WEIGHTINGS
+
+        spec = WEIGHTINGS.get(weighting or "")
+        return None if spec is None else spec.min_norm_tol
+    return STRATEGIES[method].min_norm_tol

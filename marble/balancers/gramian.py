@@ -57,14 +57,17 @@ class Gramian(Marble):
     """MARBLE's schedule and full solve with a torchjd weighting in place of the QP."""
 
     method = "gramian"
+    min_norm_tol = None  # the weighting's own (WeightingSpec.min_norm_tol), set per instance
 
-    def __init__(self, cfg: BalancerConfig, reward_names: Sequence[str], weights=None):
-        super().__init__(cfg, reward_names, weights)
+    def __init__(self, cfg: BalancerConfig, reward_names: Sequence[str], weights=None,
+                 seed: int = 0):
+        super().__init__(cfg, reward_names, weights, seed)
         problem = unknown_weighting(cfg.weighting)
         if problem:
             raise ConfigError(problem)
         self.spec = WEIGHTINGS[cfg.weighting]
         self.cache_on_simplex = self.spec.simplex  # UPGrad's, PCGrad's, ... EMA is not
+        self.min_norm_tol = self.spec.min_norm_tol
         if not cfg.exact_masking and not self.spec.simplex:
             raise ConfigError(
                 f"balancer.weighting = {cfg.weighting}: its weights are not on the simplex, and "
@@ -102,12 +105,13 @@ class Gramian(Marble):
         gram = torch.as_tensor(unit_gram, dtype=torch.float64)
         stat = gram_factor(gram) if self.spec.reads == "matrix" else gram
         # PCGrad's order and random weighting draw from torch's global generator: a seed of
-        # the step keeps resume bitwise and leaves the trainer's own stream untouched.
+        # the run (train.seed: each seed its own draws) and the step keeps resume bitwise and
+        # leaves the trainer's own stream untouched.
         with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
             # cvxpy notes on every Nash-MTL solve that its problem is not DPP (speed only)
             warnings.filterwarnings("ignore", message="You are solving a parameterized problem")
-            torch.manual_seed(stable_seed("gramian", self.cfg.weighting, int(step.global_step),
-                                          int(step.micro_index)))
+            torch.manual_seed(stable_seed("gramian", self.cfg.weighting, self.seed,
+                                          int(step.global_step), int(step.micro_index)))
             w = self._make(tuple(rewards))(stat)
         w = np.asarray(w.detach().to(torch.float64).cpu().numpy(), dtype=np.float64)
         if w.shape != (len(unit_gram),) or not np.isfinite(w).all():

@@ -70,9 +70,15 @@ class Balancer:
 
     method = ""
     cache_on_simplex = True  # the alpha cache is an EMA of simplex points (load checks it)
+    # The full solve's weights are the min-norm point of the unit gradients' hull (our exact QP),
+    # so a solve never opposes a reward (docs/algorithm.md §7.2) up to this rounding; None: no
+    # full solve, or not a min-norm one (marble.balancers.min_norm_tolerance).
+    min_norm_tol: float | None = None
 
-    def __init__(self, cfg: BalancerConfig, reward_names: Sequence[str], weights=None):
+    def __init__(self, cfg: BalancerConfig, reward_names: Sequence[str], weights=None,
+                 seed: int = 0):
         self.cfg = cfg
+        self.seed = int(seed)  # the run's train.seed: a weighting that draws keys on it
         self.reward_names = list(reward_names)
         k = len(self.reward_names)
         if k == 0:
@@ -315,8 +321,9 @@ class EqualAlpha(Balancer):
 
     method = "equal_alpha"
 
-    def __init__(self, cfg: BalancerConfig, reward_names: Sequence[str], weights=None):
-        super().__init__(cfg, reward_names, weights)
+    def __init__(self, cfg: BalancerConfig, reward_names: Sequence[str], weights=None,
+                 seed: int = 0):
+        super().__init__(cfg, reward_names, weights, seed)
         k, fixed = len(self.reward_names), cfg.fixed_alphas
         self.fixed_alpha = np.full(k, 1.0 / k) if fixed is None else np.asarray(fixed, np.float64)
         if self.fixed_alpha.shape != (k,) or abs(self.fixed_alpha.sum() - 1) > 1e-6:
@@ -330,6 +337,7 @@ class MGDA(Balancer):
     """A full solve on every micro-step."""
 
     method = "mgda"
+    min_norm_tol = 1e-6
 
     def wants_full_solve(self, step: MicroStep) -> bool:
         return True
@@ -340,6 +348,7 @@ class Marble(Balancer):
     their alpha is applied with one backward in between (docs/algorithm.md §7.5)."""
 
     method = "marble"
+    min_norm_tol = 1e-6
 
     def wants_full_solve(self, step: MicroStep) -> bool:
         if self.alpha_cache is None or self.last_full is None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from marble.balancers import min_norm_tolerance
 from marble.report import claim_stats as cs
 from marble.report.claim_experiment import claim_verdict, measure_run
 from marble.report.claim_figures import write_figures
@@ -71,20 +72,26 @@ def collect(runs_dir: Path, benchmarks: Path | None):
     for arm, seed, run in loaded:
         bal = run.config.get("balancer") or {}
         settings[arm] = {"method": bal.get("method"), "amortize_every": bal.get("amortize_every"),
-                         "alpha_ema": bal.get("alpha_ema")}
+                         "alpha_ema": bal.get("alpha_ema"), "weighting": bal.get("weighting")}
         cpu.setdefault(arm, []).append(cpu_seconds(run.summary, benchmarks, run.name))
     return measures, rewards, specialists, settings, cpu
 
 
-# Our exact min-norm QP (marble.maths.qp): the full-solve theorem is about these. torchjd's
-# MGDA weighting is Frank-Wolfe (about 1e-4 off the optimum), the other weightings are not
-# min-norm at all.
-MIN_NORM_METHODS = ("marble", "mgda")
+def min_norm_arms(settings: dict) -> dict[str, float]:
+    """arm -> the tolerance of its min-norm full solve, for the arms whose balancer has one
+    (a property of the balancer, marble.balancers.min_norm_tolerance: our exact QP, and
+    torchjd's Frank-Wolfe MGDA at its looser tolerance; not the other weightings)."""
+    out = {}
+    for arm, s in settings.items():
+        tol = min_norm_tolerance(s["method"], s.get("weighting")) if s["method"] else None
+        if tol is not None:
+            out[arm] = tol
+    return out
 
 
 def build(args) -> dict:
     measures, rewards, specialists, settings, cpu = collect(args.runs, args.benchmarks)
-    min_norm = {a for a, s in settings.items() if s["method"] in MIN_NORM_METHODS}
+    min_norm = min_norm_arms(settings)
     verdict = claim_verdict(measures, rewards, specialists, args.marble_arm, args.baseline_arm,
                             args.effect_fraction, min_norm)
     costs = read_json_file(args.cost) if args.cost else {}

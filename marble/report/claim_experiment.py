@@ -194,18 +194,23 @@ def question_conflict(measures, baseline_arm) -> dict:
     return {"answer": cs.decide(iv), "fraction": iv.as_json()}
 
 
-def question_theorem(measures, min_norm_arms: set[str] | None = None) -> dict:
-    """Every full-solve step of every run of a min-norm balancer (`min_norm_arms`; None: every
-    arm): worst-reward cosine of the solve's combination >= -tol. Only the min-norm point of
-    the unit gradients' hull has <d, u_k> >= |d|^2; another weighting (UPGrad, CAGrad, random,
-    ...) may oppose a reward on its own solve, which the arm's `fresh_solve` fraction shows."""
+def question_theorem(measures, min_norm_arms: set[str] | dict | None = None) -> dict:
+    """Every full-solve step of every run of a min-norm balancer (`min_norm_arms`: a set, or
+    arm -> its solver's tolerance; None: every arm): worst-reward cosine of the solve's
+    combination >= -tol. Only the min-norm point of the unit gradients' hull has
+    <d, u_k> >= |d|^2; another weighting (UPGrad, CAGrad, random, ...) may oppose a reward on
+    its own solve, which the arm's `fresh_solve` fraction shows."""
+    tol = {} if not isinstance(min_norm_arms, dict) else dict(min_norm_arms)
     if min_norm_arms is not None:
         measures = [m for m in measures if m.arm in min_norm_arms]
     cos = [m.full_solve_min_cos for m in measures if math.isfinite(m.full_solve_min_cos)]
     worst = min(cos) if cos else math.nan
     steps = sum(m.full_solve_steps for m in measures)
-    return {"answer": bool(steps) and worst >= -THEOREM_TOL, "min_cosine": json_number(worst),
+    held = all(m.full_solve_min_cos >= -tol.get(m.arm, THEOREM_TOL) for m in measures
+               if math.isfinite(m.full_solve_min_cos))
+    return {"answer": bool(steps) and held, "min_cosine": json_number(worst),
             "full_solve_steps": steps, "tolerance": THEOREM_TOL,
+            "tolerances": {a: tol.get(a, THEOREM_TOL) for a in sorted({m.arm for m in measures})},
             "arms": sorted({m.arm for m in measures if m.full_solve_steps})}
 
 
@@ -246,7 +251,7 @@ def effects_of_interest(alone: list[RunMeasure], fraction: float) -> dict[str, f
 
 def claim_verdict(measures: list[RunMeasure], rewards: list[str], specialists: dict[str, float],
                   marble_arm: str, baseline_arm: str, effect_fraction: float = 0.5,
-                  min_norm_arms: set[str] | None = None) -> dict:
+                  min_norm_arms: set[str] | dict | None = None) -> dict:
     """The verdict JSON (keys documented in docs/claim.md). `effect_fraction`: the smallest
     effect of interest as a fraction of a specialist's change trained alone (question b) and
     of the paper's anti-aligned difference, 80% - 0% (question c). `min_norm_arms`: the arms

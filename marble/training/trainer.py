@@ -147,7 +147,8 @@ class Trainer:
         if self.rollouts is not None:
             self.rollouts.close()
         table, self.sampler = self._stage_sampler(index)
-        self.balancer = build_balancer(cfg.balancer, cfg.reward_names)  # fresh: a new reward set
+        # fresh: a new reward set; the seed keys a weighting's own draws (zoo_random)
+        self.balancer = build_balancer(cfg.balancer, cfg.reward_names, seed=cfg.train.seed)
         missing = [spec for spec in cfg.rewards if spec.name not in self.scorers]
         self.scorers.update(build_scorers(missing, self.reward_device))
         self.rollouts = RolloutEngine(self.pipe, cfg, table,
