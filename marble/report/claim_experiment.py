@@ -208,10 +208,12 @@ def question_theorem(measures, min_norm_arms: set[str] | dict | None = None) -> 
     steps = sum(m.full_solve_steps for m in measures)
     held = all(m.full_solve_min_cos >= -tol.get(m.arm, THEOREM_TOL) for m in measures
                if math.isfinite(m.full_solve_min_cos))
-    return {"answer": bool(steps) and held, "min_cosine": json_number(worst),
-            "full_solve_steps": steps, "tolerance": THEOREM_TOL,
-            "tolerances": {a: tol.get(a, THEOREM_TOL) for a in sorted({m.arm for m in measures})},
-            "arms": sorted({m.arm for m in measures if m.full_solve_steps})}
+    arms = sorted({m.arm for m in measures if m.full_solve_steps})
+    out = {"answer": bool(steps) and held, "min_cosine": json_number(worst),
+           "full_solve_steps": steps, "tolerance": THEOREM_TOL, "arms": arms}
+    if tol:  # per-arm tolerances (a looser solver such as torchjd's MGDA) named beside
+        out["tolerances"] = {a: tol[a] for a in arms}
+    return out
 
 
 def question_learnable(measures) -> dict:
