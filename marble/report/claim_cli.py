@@ -21,6 +21,7 @@ import pandas as pd
 
 from marble.balancers import min_norm_tolerance
 from marble.report import claim_stats as cs
+from marble.report.claim_design import load_pilot, multiplicity, pilot_section, replication
 from marble.report.claim_experiment import claim_verdict, measure_run
 from marble.report.claim_figures import write_figures
 from marble.report.claim_markdown import claim_markdown
@@ -92,8 +93,17 @@ def min_norm_arms(settings: dict) -> dict[str, float]:
 def build(args) -> dict:
     measures, rewards, specialists, settings, cpu = collect(args.runs, args.benchmarks)
     min_norm = min_norm_arms(settings)
+    methods = {a: s["method"] for a, s in settings.items()}
     verdict = claim_verdict(measures, rewards, specialists, args.marble_arm, args.baseline_arm,
-                            args.effect_fraction, min_norm)
+                            args.effect_fraction, min_norm, methods)
+    # Issue 36 item 4: Holm families and (b)'s equivalence test; the verdict on two disjoint
+    # seed halves; the power a committed pilot fixes (or "no pilot").
+    verdict["multiplicity"] = multiplicity(measures, rewards, specialists, args.marble_arm,
+                                           args.baseline_arm, args.effect_fraction)
+    verdict["replication"] = replication(measures, rewards, specialists, args.marble_arm,
+                                         args.baseline_arm, effect_fraction=args.effect_fraction,
+                                         min_norm_arms=min_norm, arm_methods=methods)
+    verdict["pilot"] = pilot_section(load_pilot(args.pilot), len(verdict["seeds"]))
     costs = read_json_file(args.cost) if args.cost else {}
     verdict["arm_settings"] = {a: settings[a] for a in verdict["arms"]}
     verdict["cost"] = {a: {"counted_flops": (costs.get(a) or {}).get("flops"),
@@ -127,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--effect-fraction", type=float, default=0.5,
                    help="smallest effect of interest: this fraction of a specialist's change "
                         "trained alone (b) and of the paper's 80%% - 0%% anti-aligned gap (c)")
+    p.add_argument("--pilot", type=Path, default=Path("docs/claim_pilot.json"),
+                   help="the committed pilot (docs/claim.md); absent: the verdict says 'no pilot'")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if args.no_arms:

@@ -15,12 +15,13 @@ frames.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from marble.report import claim_stats as cs
+from marble.report.claim_levels import levels_verdict, run_levels
 from marble.report.claim_stats import json_number
 from marble.report.published import PUBLISHED_ANTI_ALIGNED
 from marble.workflow.claim import ALONE_PREFIX
@@ -48,6 +49,7 @@ class RunMeasure:
     full_solve_min_cos: float  # worst cos_min over full-solve steps (NaN: none)
     full_solve_steps: int
     diag_steps: int = 0  # diagnostic steps the fractions count (their sampling error)
+    levels: dict = field(default_factory=dict)  # claim_levels.run_levels: the three levels
 
 
 def eval_change(evals: pd.DataFrame | None, reward: str, final_step: int | None = None) -> float:
@@ -75,9 +77,11 @@ def has_heldout(evals: pd.DataFrame | None, final_step: int | None = None) -> bo
 def _fraction(frame: pd.DataFrame, col: str) -> float:
     if col not in frame:
         return math.nan
+    # A line's flag is 0/1 (one micro-step measured) or, since every micro-step of a diagnostic
+    # step is measured (issue 36), the fraction of its micro-steps: the mean counts both.
     v = frame[col].to_numpy(dtype=float)
     v = v[np.isfinite(v)]
-    return float((v > 0.5).mean()) if len(v) else math.nan
+    return float(np.clip(v, 0.0, 1.0).mean()) if len(v) else math.nan
 
 
 def measure_run(arm: str, seed: int, metrics: pd.DataFrame, rewards: list[str],
@@ -92,7 +96,8 @@ def measure_run(arm: str, seed: int, metrics: pd.DataFrame, rewards: list[str],
     cos = diag.loc[solve, "cos_min"].to_numpy(float) if "cos_min" in diag else np.array([])
     cos = cos[np.isfinite(cos)]
     return RunMeasure(arm, seed, {r: eval_change(evals, r, final_step) for r in rewards}, anti, angles,
-                      float(cos.min()) if len(cos) else math.nan, int(solve.sum()), len(diag))
+                      float(cos.min()) if len(cos) else math.nan, int(solve.sum()), len(diag),
+                      run_levels(metrics))
 
 
 def _applied_se(m: RunMeasure) -> float:
@@ -253,7 +258,8 @@ def effects_of_interest(alone: list[RunMeasure], fraction: float) -> dict[str, f
 
 def claim_verdict(measures: list[RunMeasure], rewards: list[str], specialists: dict[str, float],
                   marble_arm: str, baseline_arm: str, effect_fraction: float = 0.5,
-                  min_norm_arms: set[str] | dict | None = None) -> dict:
+                  min_norm_arms: set[str] | dict | None = None,
+                  arm_methods: dict[str, str] | None = None) -> dict:
     """The verdict JSON (keys documented in docs/claim.md). `effect_fraction`: the smallest
     effect of interest as a fraction of a specialist's change trained alone (question b) and
     of the paper's anti-aligned difference, 80% - 0% (question c). `min_norm_arms`: the arms
@@ -278,8 +284,12 @@ def claim_verdict(measures: list[RunMeasure], rewards: list[str], specialists: d
         "conflict_weighted_sum_anti_aligned": question_conflict(measures, baseline_arm),
         "theorem_full_solves_never_anti_aligned": question_theorem(measures, min_norm_arms),
     }
+    methods = arm_methods or {marble_arm: "marble", baseline_arm: "weighted_sum"}
+    levels = levels_verdict({a: [m.levels for m in measures if m.arm == a and m.levels] for a in arms},
+                            methods)
     return {
         "arms": arms, "seeds": sorted({m.seed for m in measures}),
+        "levels": levels,
         "marble_arm": marble_arm, "baseline_arm": baseline_arm,
         "rewards": rewards, "specialists": specialists, "change_measure": CHANGE_MEASURE,
         "effect_fraction": effect_fraction,
