@@ -34,6 +34,7 @@ from marble.balancers.common import (
 from marble.balancers.advantage_level import GDPO, RewardSum
 from marble.balancers.gramian import Gramian
 from marble.balancers.strategies import MGDA, Balancer, EqualAlpha, Marble, WeightedSum
+from marble.balancers.weightings import WEIGHTINGS
 from marble.config import BalancerConfig
 
 __all__ = ["MicroStep", "Balancer", "build_balancer", "METHODS", "STRATEGIES", "reward_losses",
@@ -61,8 +62,6 @@ def min_norm_tolerance(method: str, weighting: str | None = None) -> float | Non
     if method not in STRATEGIES:
         raise ValueError(f"balancer.method = {method!r}: expected one of {METHODS}")
     if method == Gramian.method:
-        from marble.balancers.weightings import WEIGHTINGS
-
         spec = WEIGHTINGS.get(weighting or "")
         return None if spec is None else spec.min_norm_tol
     return STRATEGIES[method].min_norm_tol
