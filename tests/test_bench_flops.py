@@ -77,11 +77,12 @@ def test_cadence_by_hand():
     cfg = load_config("rho_07", overrides=["train.max_steps=21"])
     kinds = micro_step_kinds(cfg)
     # 192 micro-steps a step; warm-up step 0 solves all of them, steps 10 and 20 solve the
-    # first; diagnostics (every 10th step, first micro-step) on steps 0, 10, 20.
-    assert kinds == {(True, True): 3, (True, False): 191, (False, False): 21 * 192 - 194}
-    flops = {"weighted_sum": 1.0, "marble": 1.0, "mgda": 3.0, "mgda_diag": 4.0}
+    # first; diagnostics (every 10th step, every micro-step: issue 36) on steps 0, 10, 20.
+    plain = 21 * 192 - 194 - 2 * 191
+    assert kinds == {(True, True): 194, (False, True): 2 * 191, (False, False): plain}
+    flops = {"weighted_sum": 1.0, "marble": 1.0, "mgda": 3.0, "mgda_diag": 4.0, "marble_diag": 2.5}
     out = run_overhead(cfg, flops)
-    expected = (3 * 4.0 + 191 * 3.0 + (21 * 192 - 194) * 1.0) / (21 * 192)
+    expected = (194 * 4.0 + 382 * 2.5 + plain * 1.0) / (21 * 192)
     assert out["ratio"] == pytest.approx(expected) and out["full_solves"] == 194
     with pytest.raises(KeyError, match="needs rows"):
         run_overhead(cfg, {"weighted_sum": 1.0})
@@ -124,10 +125,13 @@ def test_zoo_runs_are_priced_from_their_own_rows():
     flops = {"weighted_sum": 1.0, "weighted_sum_diag": 2.0, "marble": 1.0, "marble_diag": 3.0,
              "mgda": 5.0, "mgda_diag": 6.0, "zoo_pcgrad": 1.0, "zoo_pcgrad_full": 5.0,
              "gdpo": 1.0}
-    zoo, tiny = run_overhead(load_config("tiny_zoo_pcgrad"), flops), run_overhead(
-        load_config("tiny"), flops)
+    # every other step without diagnostics: tiny measures every micro-step of a diagnostic
+    # step (issue 36), so at diagnostics_every=1 no micro-step would read the zoo's own rows
+    every = ["balancer.diagnostics_every=2"]
+    zoo, tiny = run_overhead(load_config("tiny_zoo_pcgrad", overrides=every), flops), run_overhead(
+        load_config("tiny", overrides=every), flops)
     assert zoo["full_solves"] == tiny["full_solves"] > 0 and zoo["ratio"] == tiny["ratio"]
     flops["zoo_pcgrad_full"] = 50.0  # its full solves are read from its own row
-    assert run_overhead(load_config("tiny_zoo_pcgrad"), flops)["ratio"] > tiny["ratio"]
+    assert run_overhead(load_config("tiny_zoo_pcgrad", overrides=every), flops)["ratio"] > tiny["ratio"]
     gdpo = run_overhead(load_config("tiny_gdpo"), flops)
     assert gdpo["ratio"] == run_overhead(load_config("tiny_weighted_sum"), flops)["ratio"]
