@@ -77,15 +77,20 @@ def test_cadence_by_hand():
     cfg = load_config("rho_07", overrides=["train.max_steps=21"])
     kinds = micro_step_kinds(cfg)
     # 192 micro-steps a step; warm-up step 0 solves all of them, steps 10 and 20 solve the
-    # first; diagnostics (every 10th step, every micro-step: issue 36) on steps 0, 10, 20.
-    plain = 21 * 192 - 194 - 2 * 191
-    assert kinds == {(True, True): 194, (False, True): 2 * 191, (False, False): plain}
-    flops = {"weighted_sum": 1.0, "marble": 1.0, "mgda": 3.0, "mgda_diag": 4.0, "marble_diag": 2.5}
+    # first; diagnostics (every 10th step, first micro-step) on steps 0, 10, 20.
+    assert kinds == {(True, True): 3, (True, False): 191, (False, False): 21 * 192 - 194}
+    flops = {"weighted_sum": 1.0, "marble": 1.0, "mgda": 3.0, "mgda_diag": 4.0}
     out = run_overhead(cfg, flops)
-    expected = (194 * 4.0 + 382 * 2.5 + plain * 1.0) / (21 * 192)
+    expected = (3 * 4.0 + 191 * 3.0 + (21 * 192 - 194) * 1.0) / (21 * 192)
     assert out["ratio"] == pytest.approx(expected) and out["full_solves"] == 194
     with pytest.raises(KeyError, match="needs rows"):
         run_overhead(cfg, {"weighted_sum": 1.0})
+    # diagnostics_micro=all (issue 36's three levels): every micro-step of steps 0, 10, 20
+    every = load_config("rho_07", overrides=["train.max_steps=21", "balancer.diagnostics_micro=all"])
+    plain = 21 * 192 - 194 - 2 * 191
+    assert micro_step_kinds(every) == {(True, True): 194, (False, True): 2 * 191, (False, False): plain}
+    out = run_overhead(every, {**flops, "marble_diag": 2.5})
+    assert out["ratio"] == pytest.approx((194 * 4.0 + 382 * 2.5 + plain * 1.0) / (21 * 192))
 
 
 def test_cli_tiny_json_and_markdown(tmp_path, capsys):

@@ -151,8 +151,14 @@ class Balancer:
 
     def wants_diagnostics(self, step: MicroStep) -> bool:
         # Every micro-step of a diagnostic step (issue 36): micro-step 0 alone is the solve's
-        # own micro-batch under MARBLE, and its cosines are not the step's.
-        return self.diagnostic_step(step.global_step)
+        # own micro-batch under MARBLE, and its cosines are not the step's. `first`: the
+        # cheaper micro-step-0 reading, for runs that name it (the paper presets).
+        every_micro = self.cfg.diagnostics_micro == "all"
+        return self.diagnostic_step(step.global_step) and (every_micro or step.micro_index == 0)
+
+    def measures_levels(self, global_step: int) -> bool:
+        """Whether this optimizer step records the three levels (all its micro-steps measured)."""
+        return self.diagnostic_step(global_step) and self.cfg.diagnostics_micro == "all"
 
     def _record_levels(self, step: MicroStep, full: bool, direction, grads, valid, min_cos) -> None:
         """This micro-step's direction, reward gradients and min cosine into the step's levels."""

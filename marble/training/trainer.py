@@ -315,7 +315,7 @@ class Trainer:
         hidden = 0.0  # gradient entries a balancer zeroed (full solves): still an overflow
         # Cost only where asked: the step-level sums exist on diagnostic steps alone.
         self.balancer.levels = (StepLevels(self.balancer.reward_names, self.step)
-                                if self.balancer.diagnostic_step(self.step) else None)
+                                if self.balancer.measures_levels(self.step) else None)
         for g in range(n_micro):
             rows = perm[g * bsz:(g + 1) * bsz].numpy()
             idx = torch.from_numpy(rows).to(self.info.device)
