@@ -233,4 +233,15 @@ MUTANTS: list[Mutant] = [
            "if False:  # before the first-solve return",
            ("tests/test_ema.py::test_alpha_cache_ema_by_hand",),
            "a rho outside [0, 1] passes the first solve unchecked"),
+    # ---------------------------------------------------------------- the claim's levels and statistics
+    Mutant("step_level_reads_the_last_micro_step", "marble/balancers/levels.py",
+           "self.direction = sum_into(self.direction, direction)",
+           "self.direction = sum_into(None, direction)",
+           ("tests/test_levels.py::test_step_level_sums_micro_steps_before_the_cosine",),
+           "the step level's direction is the last micro-step's, not the step's accumulated one"),
+    Mutant("holm_not_monotone", "marble/report/claim_stats.py",
+           "running = max(running, min(1.0, (m - i) * p))", "running = min(1.0, (m - i) * p)",
+           ("tests/test_claim_design.py::test_holm_by_hand_and_nan_out_of_the_family",),
+           "Holm's step-down p-values are not made monotone: a later member rejects where an "
+           "earlier one did not"),
 ]
