@@ -134,3 +134,20 @@ def test_verdict_has_levels_from_the_runs_metrics():
     assert ms[0].anti["applied"] == pytest.approx(0.25)
     step = v["levels"]["arms"]["weighted_sum"]["step"]["anti_aligned_frac"]
     assert step["ours"]["mean"] == pytest.approx(0.5) and step["paper"] == 0.8
+
+
+def test_claim_md_shows_the_levels_and_the_design_lines():
+    from marble.report.claim_markdown import design_lines, levels_frame
+
+    lv = {"fresh_solve": {"anti_aligned_frac": 0.0, "cos_min_mean": 0.4, "cos_var_mean": 0.006}}
+    lv = {level: lv["fresh_solve"] for level in ("fresh_solve", "applied_micro", "step", "update")}
+    v = {"levels": levels_verdict({"marble": [lv, lv]}, {"marble": "marble"}),
+         "replication": {"status": "not replicated", "seed_sets": [[1, 2], [3, 4]],
+                         "questions": {"q": {"status": "not replicated", "answers": [True, False]}}},
+         "pilot": NO_PILOT}
+    frame = levels_frame(v)
+    assert list(frame.index) == [f"marble / {lv}" for lv in ("fresh_solve", "applied_micro", "step", "update")]
+    assert frame.loc["marble / step", "min cos"] == "+0.4 [+0.4, +0.4] (paper 0.37)"
+    lines = design_lines(v)
+    assert lines[0] == "- Replication on seed sets [1, 2] and [3, 4]: not replicated."
+    assert lines[1] == "  - q: not replicated (True / False)." and lines[-1] == "- Pilot: no pilot."
