@@ -151,3 +151,22 @@ def test_claim_md_shows_the_levels_and_the_design_lines():
     lines = design_lines(v)
     assert lines[0] == "- Replication on seed sets [1, 2] and [3, 4]: not replicated."
     assert lines[1] == "  - q: not replicated (True / False)." and lines[-1] == "- Pilot: no pilot."
+
+
+def test_the_theorem_reads_fresh_micro_steps_not_a_lines_mixed_mean(tmp_path):
+    """With every micro-step measured, a solve step's line averages its solve with amortized
+    micro-steps (cos_min -0.3 here); the theorem and the step-kind split read the records."""
+    from marble.report.loading import read_metrics
+
+    lines = [{"step": 1, "anti_aligned": 0.5, "full_solve": 0.5, "cos_min": -0.3,
+              "diag_micro": [{"micro": 0, "source": "fresh", "cos_min": 0.2},
+                             {"micro": 1, "source": "same_step", "cos_min": -0.8}]},
+             {"step": 2, "anti_aligned": 0.0, "full_solve": 0.0, "cos_min": 0.1,
+              "diag_micro": [{"micro": 0, "source": "earlier_step", "cos_min": 0.1},
+                             {"micro": 1, "source": "earlier_step", "cos_min": None}]}]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    m = measure_run("marble", 1, read_metrics(path), ["g"], None)
+    assert m.full_solve_min_cos == 0.2 and m.full_solve_steps == 1
+    assert m.anti["full_solve"] == 0.0 and m.anti["amortized"] == 0.5  # -0.8 of 2 finite
+    assert m.anti["applied"] == pytest.approx(0.25)
