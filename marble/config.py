@@ -117,10 +117,15 @@ class BalancerConfig:
     # (docs/algorithm.md, "Masking modes"). Every preset states its choice: the paper
     # presets False, the tiny ones and the `rho_07_exact` ablation True.
     exact_masking: bool = True
-    # Per-reward gradients and cosines on the first micro-step of every n-th optimizer
-    # step, for every balancer (the weighted sum too, so the report can compare); 0 = none,
-    # not even the cosines of full solves (the reference logs none).
+    # Per-reward gradients and cosines on every n-th optimizer step, for every balancer (the
+    # weighted sum too, so the report can compare); 0 = none, not even the cosines of full
+    # solves (the reference logs none).
     diagnostics_every: int = 10
+    # Which micro-steps of a diagnostic step are measured: `all` (the three levels of
+    # marble/balancers/levels.py: every micro-step, the step's sum, the optimizer's update) or
+    # `first` (micro-step 0 only, no step or update level: the paper presets' price, where
+    # `all` at 192 micro-steps a step would add about 20% counted FLOPs to a run).
+    diagnostics_micro: Literal["all", "first"] = "all"
     # Full solves: `retain` keeps one forward's graph for the K per-reward backward passes
     # (the reference); `recompute` runs one forward + backward per reward on the same
     # micro-batch instead: same gradients, no retained graph, a plain step's peak memory.

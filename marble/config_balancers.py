@@ -29,7 +29,9 @@ class BalancerDescriptor:
     style: str = "-"  # matplotlib line style of its curves
     color: str = "tab:gray"  # its colour in every report figure (a new method: grey until it picks one)
     cached: bool = False  # a solve every `amortize_every` steps, EMA'd weights applied between
-    min_norm: bool = False  # its weights are the exact min-norm QP's (the claim's full-solve theorem)
+    # How far below 0 a full solve's worst cosine may sit: its weights are the exact min-norm
+    # QP's, so the full-solve theorem applies up to this rounding; None: no min-norm solve.
+    min_norm_tol: float | None = None
 
     def __post_init__(self):
         if self.cadence not in CADENCES:
@@ -59,9 +61,9 @@ for _descriptor in (
     # MARBLE red and the weighted sum blue in every figure; the rest tab10's other colours, none shared.
     BalancerDescriptor("weighted_sum", "weighted_sum", "weighted sum (DiffusionNFT)", style="--", color="tab:blue"),
     BalancerDescriptor("equal_alpha", "amortized", "equal alpha", style=":", color="tab:green"),
-    BalancerDescriptor("mgda", "amortized", "MGDA (a full solve every micro-step)", style="-.", min_norm=True,
+    BalancerDescriptor("mgda", "amortized", "MGDA (a full solve every micro-step)", style="-.", min_norm_tol=1e-6,
                        color="tab:purple"),
-    BalancerDescriptor("marble", "amortized", "MARBLE", cached=True, min_norm=True, color="tab:red"),
+    BalancerDescriptor("marble", "amortized", "MARBLE", cached=True, min_norm_tol=1e-6, color="tab:red"),
     BalancerDescriptor("gramian", "zoo", "MARBLE schedule, torchjd weighting", style="-", cached=True,
                        color="tab:orange"),
     BalancerDescriptor("gdpo", "advantage", "GDPO (advantage level)", style="--", color="tab:brown"),

@@ -17,8 +17,8 @@ class FirstReward(EqualAlpha):
 
     method = METHOD
 
-    def __init__(self, cfg, reward_names, weights=None):
-        super().__init__(cfg, reward_names, weights)
+    def __init__(self, cfg, reward_names, weights=None, seed: int = 0):  # Balancer's signature
+        super().__init__(cfg, reward_names, weights, seed)
         self.fixed_alpha = np.eye(len(self.reward_names))[0]
 
 

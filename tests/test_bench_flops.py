@@ -85,6 +85,12 @@ def test_cadence_by_hand():
     assert out["ratio"] == pytest.approx(expected) and out["full_solves"] == 194
     with pytest.raises(KeyError, match="needs rows"):
         run_overhead(cfg, {"weighted_sum": 1.0})
+    # diagnostics_micro=all (issue 36's three levels): every micro-step of steps 0, 10, 20
+    every = load_config("rho_07", overrides=["train.max_steps=21", "balancer.diagnostics_micro=all"])
+    plain = 21 * 192 - 194 - 2 * 191
+    assert micro_step_kinds(every) == {(True, True): 194, (False, True): 2 * 191, (False, False): plain}
+    out = run_overhead(every, {**flops, "marble_diag": 2.5})
+    assert out["ratio"] == pytest.approx((194 * 4.0 + 382 * 2.5 + plain * 1.0) / (21 * 192))
 
 
 def test_cli_tiny_json_and_markdown(tmp_path, capsys):
@@ -124,10 +130,13 @@ def test_zoo_runs_are_priced_from_their_own_rows():
     flops = {"weighted_sum": 1.0, "weighted_sum_diag": 2.0, "marble": 1.0, "marble_diag": 3.0,
              "mgda": 5.0, "mgda_diag": 6.0, "zoo_pcgrad": 1.0, "zoo_pcgrad_full": 5.0,
              "gdpo": 1.0}
-    zoo, tiny = run_overhead(load_config("tiny_zoo_pcgrad"), flops), run_overhead(
-        load_config("tiny"), flops)
+    # every other step without diagnostics: tiny measures every micro-step of a diagnostic
+    # step (issue 36), so at diagnostics_every=1 no micro-step would read the zoo's own rows
+    every = ["balancer.diagnostics_every=2"]
+    zoo, tiny = run_overhead(load_config("tiny_zoo_pcgrad", overrides=every), flops), run_overhead(
+        load_config("tiny", overrides=every), flops)
     assert zoo["full_solves"] == tiny["full_solves"] > 0 and zoo["ratio"] == tiny["ratio"]
     flops["zoo_pcgrad_full"] = 50.0  # its full solves are read from its own row
-    assert run_overhead(load_config("tiny_zoo_pcgrad"), flops)["ratio"] > tiny["ratio"]
+    assert run_overhead(load_config("tiny_zoo_pcgrad", overrides=every), flops)["ratio"] > tiny["ratio"]
     gdpo = run_overhead(load_config("tiny_gdpo"), flops)
     assert gdpo["ratio"] == run_overhead(load_config("tiny_weighted_sum"), flops)["ratio"]

@@ -180,3 +180,32 @@ def test_train_refuses_a_bad_weighting_before_the_model_loads(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert code.value.code == 2 and "UPGradWeighting" in err and "bogus" in err
     assert len(err.splitlines()) == 1
+
+
+def test_random_weighting_draws_differ_by_run_seed_and_repeat_within_one():
+    """Issue 36 item 7: zoo_random's draws keyed on the weighting, step and micro-step only were
+    the same for every seed of the experiment; the run's train.seed is part of the key now."""
+    cfg = load_config("tiny", [], ["balancer.method=gramian", "balancer.weighting=random"])
+    g, step = np.eye(3), SimpleNamespace(global_step=4, micro_index=1)
+    w = {seed: build_balancer(cfg.balancer, cfg.reward_names, seed=seed).solve_weights(step, g, (0, 1, 2))
+         for seed in (1, 2)}
+    assert not np.allclose(w[1], w[2])
+    again = build_balancer(cfg.balancer, cfg.reward_names, seed=1).solve_weights(step, g, (0, 1, 2))
+    assert np.array_equal(w[1], again)
+
+
+def test_min_norm_tolerance_is_a_property_of_the_balancer_not_its_name():
+    """Issue 36 item 7: the claim's full-solve theorem was asked of methods named marble/mgda
+    only, so zoo_mgda (torchjd's MGDA, a min-norm solver) skipped it."""
+    from marble.balancers import min_norm_tolerance
+    from marble.report.claim_cli import min_norm_arms
+
+    assert min_norm_tolerance("marble") == min_norm_tolerance("mgda") == 1e-6
+    assert min_norm_tolerance("gramian", "mgda") == WEIGHTINGS["mgda"].min_norm_tol == 1e-3
+    assert min_norm_tolerance("gramian", "upgrad") is None and min_norm_tolerance("weighted_sum") is None
+    cfg = load_config("tiny", [], ["balancer.method=gramian", "balancer.weighting=mgda"])
+    assert build_balancer(cfg.balancer, cfg.reward_names).min_norm_tol == 1e-3
+    settings = {"marble_n5": {"method": "marble"}, "zoo_mgda": {"method": "gramian", "weighting": "mgda"},
+                "zoo_upgrad": {"method": "gramian", "weighting": "upgrad"},
+                "weighted_sum": {"method": "weighted_sum"}}
+    assert min_norm_arms(settings) == {"marble_n5": 1e-6, "zoo_mgda": 1e-3}

@@ -29,6 +29,10 @@ def test_paper_sequential_presets_follow_appendix_c():
     assert stage_config(cfg, 0).reward_names == ["pickscore", "hpsv2", "clipscore"]
     assert [stage_config(cfg, i).reward_names for i in (1, 3, 4)] == [["geneval"]] * 2 + [["ocr"]]
     assert [s.steps for s in load_config("sequential_1700").stages][-1] == 200
+    # DiffusionNFT's return_decay caps type 1 at 0.5; 0.95 is MARBLE's (issue 36 item 7)
+    assert cfg.train.old_decay_type == 1 and cfg.train.old_decay_cap == 0.5
+    assert load_config("tiny_sequential").train.old_decay_cap == 0.5
+    assert load_config("weighted_sum").train.old_decay_cap == 0.95  # MARBLE's baseline keeps it
 
 
 def test_stage_overrides_balancer_keys_and_lr_over_the_runs():

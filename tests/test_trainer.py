@@ -304,3 +304,42 @@ def test_rollout_decodes_under_the_runs_autocast(monkeypatch, tiny_model_dir, ta
     argv[argv.index("tiny")] = "tiny_fp16"
     assert train_main(argv + ["--max-steps", "1"]) == 0
     assert seen and all(seen)
+
+
+@pytest.mark.parametrize("method", ["marble", "weighted_sum"])
+def test_diagnostics_log_three_levels_and_leave_the_weights_bitwise(method, tiny_model_dir,
+                                                                    table_path, tmp_path):
+    """Issue 36: with balancer.diagnostics_every=1 every micro-step is measured (its index and
+    weight source logged), and the step and update levels are logged; with the diagnostics off
+    the run ends with the same weights to the bit (they change no gradient and no RNG)."""
+    from marble.config import grad_accumulation, load_config, training_timesteps
+
+    final = {}
+    for every in (0, 1):
+        run = tmp_path / f"diag{every}"
+        argv = small_args(tiny_model_dir, table_path, run, method,
+                          extra=(f"balancer.diagnostics_every={every}",)) + ["--max-steps", "2"]
+        assert train_main(argv) == 0
+        final[every] = adapters(run, 2)
+        records = read_metrics(run)
+        if every == 0:
+            assert all("diag_micro_steps" not in r and "cos_min" not in r for r in records)
+            continue
+        cfg = load_config("tiny", overrides=[argv[i + 1] for i, a in enumerate(argv) if a == "--set"])
+        per_step = grad_accumulation(cfg) * training_timesteps(cfg)
+        assert per_step > 1
+        for r in records:
+            assert r["diag_micro_steps"] == per_step == len(r["diag_micro"])
+            assert [m["micro"] for m in r["diag_micro"]] == list(range(per_step))
+            for key in ("anti_aligned_micro", "anti_aligned_step", "anti_aligned_update"):
+                assert r[key] in (0.0, 1.0) or 0.0 < r[key] < 1.0, (key, r[key])
+            assert all(-1 <= r[f"cos_{lv}/{n}"] <= 1 for lv in ("step", "update")
+                       for n in REWARDS if not math.isnan(r[f"cos_{lv}/{n}"]))
+        sources = [[m["source"] for m in r["diag_micro"]] for r in records]
+        if method == "marble":  # amortize_every=2: step 0 solves everywhere (warm-up) or on micro 0
+            assert sources[0][0] == "fresh"
+            assert set(sources[1]) == {"earlier_step"}
+        else:
+            assert all(set(s) == {"fixed"} for s in sources)
+    for key, value in final[0].items():
+        assert torch.equal(final[1][key], value), key

@@ -165,6 +165,14 @@ def test_claim_shrunk_in_the_pipeline(tiny_pipeline):
     theorem = verdict["questions"]["theorem_full_solves_never_anti_aligned"]
     assert theorem["answer"] is True and theorem["full_solve_steps"] >= 2, theorem
     assert verdict["cost"]["marble_n5"]["flops_ratio"] > verdict["cost"]["weighted_sum"]["flops_ratio"]
+    # issue 36: the three levels beside the paper, the Holm families, the seed halves
+    assert set(verdict) >= {"levels", "replication", "multiplicity", "pilot"}
+    assert verdict["levels"]["paper_quantity"]["level"] == "fresh_solve"
+    step = verdict["levels"]["arms"]["marble_n5"]["step"]["anti_aligned_frac"]
+    assert step["ours"]["n"] == 2 and step["paper"] == 0.0, step
+    assert verdict["replication"]["status"] == "not computable"  # one seed per half
+    assert "a_every_reward_rises_under_marble" in verdict["multiplicity"]["families"]
+    assert verdict["pilot"] == "no pilot"
     assert "## The claim at CPU scale" in (work / "results/claim/claim.md").read_text()
     assert {p.name for p in (work / "results/claim/figures").glob("*.png")} == {
         "change.png", "anti_aligned_vs_n.png", "cost.png"}

@@ -34,11 +34,12 @@ from marble.balancers.common import (
 from marble.balancers.advantage_level import GDPO, RewardSum
 from marble.balancers.gramian import Gramian
 from marble.balancers.strategies import MGDA, Balancer, EqualAlpha, Marble, WeightedSum
+from marble.balancers.weightings import WEIGHTINGS
 from marble.config import BalancerConfig
 from marble.config_balancers import BALANCERS, BalancerDescriptor, register_descriptor
 
-__all__ = ["MicroStep", "Balancer", "build_balancer", "register", "METHODS", "STRATEGIES", "reward_losses",
-           "reward_loss", "weighted_sum_loss", "amortized_loss"]
+__all__ = ["MicroStep", "Balancer", "build_balancer", "register", "unregister", "METHODS", "STRATEGIES",
+           "reward_losses", "reward_loss", "weighted_sum_loss", "amortized_loss", "min_norm_tolerance"]
 
 STRATEGIES = {cls.method: cls for cls in (WeightedSum, EqualAlpha, MGDA, Marble, Gramian, GDPO,
                                           RewardSum)}
@@ -61,8 +62,23 @@ def unregister(method: str) -> None:
     BALANCERS.pop(method, None)
 
 
-def build_balancer(cfg: BalancerConfig, reward_names: Sequence[str], weights=None) -> Balancer:
-    """The balancer named by `cfg.method` for these rewards (see the module docstring)."""
+def build_balancer(cfg: BalancerConfig, reward_names: Sequence[str], weights=None,
+                   seed: int = 0) -> Balancer:
+    """The balancer named by `cfg.method` for these rewards (see the module docstring);
+    `seed`: the run's train.seed (the random draws of a weighting such as `random` key on it)."""
     if cfg.method not in STRATEGIES:
         raise ValueError(f"balancer.method = {cfg.method!r}: expected one of {tuple(STRATEGIES)}")
-    return STRATEGIES[cfg.method](cfg, reward_names, weights)
+    return STRATEGIES[cfg.method](cfg, reward_names, weights, seed)
+
+
+def min_norm_tolerance(method: str, weighting: str | None = None) -> float | None:
+    """How far below 0 a full solve's worst cosine may sit for the balancer `method`
+    (`weighting` for `gramian`): its solve is a min-norm point, so the full-solve theorem
+    applies. None: no min-norm solve (weighted sum, UPGrad, ...). The balancer's descriptor's
+    (or the torchjd weighting's), not a list of names; nothing is built (no torchjd)."""
+    if method not in STRATEGIES:
+        raise ValueError(f"balancer.method = {method!r}: expected one of {tuple(STRATEGIES)}")
+    if method == Gramian.method:
+        spec = WEIGHTINGS.get(weighting or "")
+        return None if spec is None else spec.min_norm_tol
+    return BALANCERS[method].min_norm_tol  # the descriptor's

@@ -59,8 +59,15 @@ class Gramian(Marble):
 
     method = "gramian"
 
-    def __init__(self, cfg: BalancerConfig, reward_names: Sequence[str], weights=None):
-        super().__init__(cfg, reward_names, weights)
+    @property
+    def min_norm_tol(self) -> float | None:
+        """The weighting's own (WeightingSpec.min_norm_tol): torchjd's Frank-Wolfe MGDA at its
+        looser tolerance; the other weightings are not min-norm."""
+        return self.spec.min_norm_tol
+
+    def __init__(self, cfg: BalancerConfig, reward_names: Sequence[str], weights=None,
+                 seed: int = 0):
+        super().__init__(cfg, reward_names, weights, seed)
         problem = unknown_weighting(cfg.weighting)
         if problem:
             raise ConfigError(problem)
@@ -103,12 +110,13 @@ class Gramian(Marble):
         gram = torch.as_tensor(unit_gram, dtype=torch.float64)
         stat = gram_factor(gram) if self.spec.reads == "matrix" else gram
         # PCGrad's order and random weighting draw from torch's global generator: a seed of
-        # the step keeps resume bitwise and leaves the trainer's own stream untouched.
+        # the run (train.seed: each seed its own draws) and the step keeps resume bitwise and
+        # leaves the trainer's own stream untouched.
         with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
             # cvxpy notes on every Nash-MTL solve that its problem is not DPP (speed only)
             warnings.filterwarnings("ignore", message="You are solving a parameterized problem")
-            torch.manual_seed(stable_seed("gramian", self.cfg.weighting, int(step.global_step),
-                                          int(step.micro_index)))
+            torch.manual_seed(stable_seed("gramian", self.cfg.weighting, self.seed,
+                                          int(step.global_step), int(step.micro_index)))
             w = self._make(tuple(rewards))(stat)
         w = np.asarray(w.detach().to(torch.float64).cpu().numpy(), dtype=np.float64)
         if w.shape != (len(unit_gram),) or not np.isfinite(w).all():

@@ -21,6 +21,7 @@ from marble.balancers.common import (
     MicroStep,
     add_into_grads,
     amortized_loss,
+    flat_grad,
     loss_scale,
     reward_loss,
     scaled,
@@ -34,7 +35,9 @@ from marble.balancers.solve import (
     reduce_reward_grads,
     solve_gap_metrics,
 )
+from marble.balancers.levels import StepLevels, weight_source
 from marble.config import BalancerConfig
+from marble.config_balancers import balancer_descriptor
 from marble.maths.ema import update_alpha_cache
 from marble.runtime.distributed import all_reduce_mean_
 
@@ -69,8 +72,17 @@ class Balancer:
     method = ""
     cache_on_simplex = True  # the alpha cache is an EMA of simplex points (load checks it)
 
-    def __init__(self, cfg: BalancerConfig, reward_names: Sequence[str], weights=None):
+    @property
+    def min_norm_tol(self) -> float | None:
+        """The full solve's weights are the min-norm point of the unit gradients' hull (our exact
+        QP), so a solve never opposes a reward (docs/algorithm.md §7.2) up to this rounding; None:
+        no full solve, or not a min-norm one. The method's descriptor says which."""
+        return balancer_descriptor(self.method).min_norm_tol
+
+    def __init__(self, cfg: BalancerConfig, reward_names: Sequence[str], weights=None,
+                 seed: int = 0):
         self.cfg = cfg
+        self.seed = int(seed)  # the run's train.seed: a weighting that draws keys on it
         self.reward_names = list(reward_names)
         k = len(self.reward_names)
         if k == 0:
@@ -86,6 +98,9 @@ class Balancer:
         self.solver_fallbacks = 0
         self._alpha_src: np.ndarray | None = None  # the array _alpha_dev was copied from
         self._alpha_dev: torch.Tensor | None = None
+        # The trainer's three-level record of a diagnostic step (marble/balancers/levels.py);
+        # None elsewhere (bench, cadence walks): nothing is accumulated.
+        self.levels: StepLevels | None = None
 
     # -------------------------------------------------------------- strategy hooks
 
@@ -133,9 +148,29 @@ class Balancer:
             self._alpha_dev = torch.as_tensor(alpha, dtype=torch.float64, device=device)
         return self._alpha_dev
 
-    def wants_diagnostics(self, step: MicroStep) -> bool:
+    def diagnostic_step(self, global_step: int) -> bool:
+        """Whether optimizer step `global_step` runs the diagnostics (every `diagnostics_every`)."""
         every = int(self.cfg.diagnostics_every)  # 0: never
-        return every > 0 and step.micro_index == 0 and step.global_step % every == 0
+        return every > 0 and global_step % every == 0
+
+    def wants_diagnostics(self, step: MicroStep) -> bool:
+        # Every micro-step of a diagnostic step (issue 36): micro-step 0 alone is the solve's
+        # own micro-batch under MARBLE, and its cosines are not the step's. `first`: the
+        # cheaper micro-step-0 reading, for runs that name it (the paper presets).
+        every_micro = self.cfg.diagnostics_micro == "all"
+        return self.diagnostic_step(step.global_step) and (every_micro or step.micro_index == 0)
+
+    def measures_levels(self, global_step: int) -> bool:
+        """Whether this optimizer step records the three levels (all its micro-steps measured)."""
+        return self.diagnostic_step(global_step) and self.cfg.diagnostics_micro == "all"
+
+    def _record_levels(self, step: MicroStep, full: bool, direction, grads, valid, min_cos) -> None:
+        """This micro-step's direction, reward gradients and min cosine into the step's levels."""
+        if self.levels is None or not self.wants_diagnostics(step):
+            return
+        source = weight_source(full, self.last_full, step.global_step,
+                               self.applied_alpha() is not None)
+        self.levels.add_micro(step.micro_index, source, direction, grads, valid, min_cos)
 
     @property
     def recompute(self) -> bool:
@@ -174,30 +209,34 @@ class Balancer:
             torch.autograd.backward(scaled(step, step.scale * (policy + kl)),
                                     inputs=list(step.params))
             return metrics
-        del policy, kl
-        metrics.update(self._diagnostic_backward(step))
+        metrics.update(self._diagnostic_backward(step, policy, kl))
         return metrics
 
-    def _diagnostic_backward(self, step: MicroStep) -> dict[str, float]:
-        """The applied step as separate passes (applied policy, each L_k, the weighted sum
-        unless it is the applied one, KL), so cos(d, g_k) comes from the same batch (D.9)."""
+    def _diagnostic_backward(self, step: MicroStep, policy, kl) -> dict[str, float]:
+        """The training gradient exactly as the plain path computes it (one backward of the
+        same loss into p.grad: diagnostics never change the trajectory), then each L_k, the
+        weighted sum unless it is the applied one, and KL as separate passes, so cos(d, g_k)
+        comes from the same batch (D.9); d = the training gradient minus the KL pass's."""
         k = len(self.reward_names)
         ws_applied = self.applied_alpha() is None
-        fns = [self.policy_loss, *self._reward_fns(step)]
-        fns += ([] if ws_applied else [weighted_sum_loss]) + [_kl]
+        joint = flat_grad(scaled(step, step.scale * (policy + kl)), step.params, retain=True)
+        add_into_grads(step.params, joint)  # what torch.autograd.backward would accumulate
+        del policy, kl
+        fns = [*self._reward_fns(step)] + ([] if ws_applied else [weighted_sum_loss]) + [_kl]
         local, values = gradient_passes(step, fns, self.recompute)
-        # .grad holds scaled gradients under fp16 (the GradScaler unscales them at the step).
-        add_into_grads(step.params, local[0] * loss_scale(step))
-        add_into_grads(step.params, local[-1] * loss_scale(step))
-        applied = all_reduce_mean_(local[0])  # in place from here: p.grad has its own copy
-        grads, gram, norms, valid, _ = reduce_reward_grads(local[1:1 + k], self.cfg.grad_eps)
-        ws = applied if ws_applied else all_reduce_mean_(local[1 + k])
+        if step.grad_scaler is not None:
+            joint.div_(loss_scale(step))
+        kl_grad = all_reduce_mean_(local[-1])
+        applied = all_reduce_mean_(joint).sub_(kl_grad)  # in place: p.grad has its own copy
+        grads, gram, norms, valid, _ = reduce_reward_grads(local[:k], self.cfg.grad_eps)
+        ws = applied if ws_applied else all_reduce_mean_(local[k])
         out = cosine_metrics(self.reward_names, [("cos", applied), ("cos_ws", ws)],
                              grads, valid)
         # The same gradients under a fresh solve and under the applied alpha (issue 26 item 4).
         out.update(solve_gap_metrics(self.reward_names, applied, grads, gram, self.cfg.grad_eps,
-                                     self.applied_alpha(), all_reduce_mean_(local[-1])))
-        out.update(self._reward_metrics(norms, values[1:1 + k]))
+                                     self.applied_alpha(), kl_grad))
+        out.update(self._reward_metrics(norms, values[:k]))
+        self._record_levels(step, False, applied, grads, valid, out["cos_min"])
         return out
 
     def _reward_metrics(self, norms, losses) -> dict:
@@ -214,7 +253,7 @@ class Balancer:
         k = len(self.reward_names)
         diagnostics = int(self.cfg.diagnostics_every) > 0
         # cos(d, g_k) is free here; the weighted-sum direction costs one more pass, so it is
-        # measured on the diagnostics cadence only (first micro-step of every n-th step).
+        # measured on the diagnostics cadence only (every micro-step of every n-th step).
         with_ws = self.wants_diagnostics(step)
         fns = [*self._reward_fns(step), _kl] + ([weighted_sum_loss] if with_ws else [])
         local, values = gradient_passes(step, fns, self.recompute)
@@ -243,6 +282,7 @@ class Balancer:
             metrics.update(solve_gap_metrics(self.reward_names, combined, grads, gram,
                                              self.cfg.grad_eps, kl_grad=kl_grad,
                                              solved=(combined, alpha, failed, norms, valid)))
+            self._record_levels(step, True, combined, grads, valid_dev, metrics["cos_min"])
         del local, grads
         add_into_grads(step.params, combined.add_(kl_grad).mul_(loss_scale(step)))
         self.solved(step, alpha, valid, metrics)
@@ -291,8 +331,9 @@ class EqualAlpha(Balancer):
 
     method = "equal_alpha"
 
-    def __init__(self, cfg: BalancerConfig, reward_names: Sequence[str], weights=None):
-        super().__init__(cfg, reward_names, weights)
+    def __init__(self, cfg: BalancerConfig, reward_names: Sequence[str], weights=None,
+                 seed: int = 0):
+        super().__init__(cfg, reward_names, weights, seed)
         k, fixed = len(self.reward_names), cfg.fixed_alphas
         self.fixed_alpha = np.full(k, 1.0 / k) if fixed is None else np.asarray(fixed, np.float64)
         if self.fixed_alpha.shape != (k,) or abs(self.fixed_alpha.sum() - 1) > 1e-6:

@@ -29,10 +29,15 @@ class WeightingSpec:
     amortized: str = _FIXED_POINT
     # the class is an aggregator whose `.weighting` is the weighting (no public Weighting)
     aggregator: bool = False
+    # A min-norm solver (the full-solve theorem holds for it): how far below 0 its own solve's
+    # worst cosine may sit; None: not a min-norm point, the theorem does not apply.
+    min_norm_tol: float | None = None
 
 
 WEIGHTINGS: dict[str, WeightingSpec] = {
-    "mgda": WeightingSpec("MGDAWeighting", "gramian", simplex=True,
+    # torchjd's MGDA is Frank-Wolfe stopped at a step below epsilon = 1e-3 (not our exact QP):
+    # its point is near the min-norm one, so the theorem is checked at that tolerance.
+    "mgda": WeightingSpec("MGDAWeighting", "gramian", simplex=True, min_norm_tol=1e-3,
                           paper="Desideri 2012; Sener & Koltun, NeurIPS 2018 (arXiv 1810.04650)"),
     "upgrad": WeightingSpec("UPGradWeighting", "gramian",
                             paper="Quinton & Rey, arXiv 2406.16232 (2024)"),

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from marble.config_balancers import BALANCERS
+from marble.balancers import min_norm_tolerance
 from marble.report import claim_stats as cs
+from marble.report.claim_design import load_pilot, multiplicity, pilot_section, replication
 from marble.report.claim_experiment import claim_verdict, measure_run
 from marble.report.claim_figures import write_figures
 from marble.report.claim_markdown import claim_markdown
@@ -72,22 +73,37 @@ def collect(runs_dir: Path, benchmarks: Path | None):
     for arm, seed, run in loaded:
         bal = run.config.get("balancer") or {}
         settings[arm] = {"method": bal.get("method"), "amortize_every": bal.get("amortize_every"),
-                         "alpha_ema": bal.get("alpha_ema")}
+                         "alpha_ema": bal.get("alpha_ema"), "weighting": bal.get("weighting")}
         cpu.setdefault(arm, []).append(cpu_seconds(run.summary, benchmarks, run.name))
     return measures, rewards, specialists, settings, cpu
 
 
-# Our exact min-norm QP (marble.maths.qp): the full-solve theorem is about these (a method's
-# descriptor's `min_norm`). torchjd's MGDA weighting is Frank-Wolfe (about 1e-4 off the
-# optimum), the other weightings are not min-norm at all.
-MIN_NORM_METHODS = tuple(m for m, d in BALANCERS.items() if d.min_norm)
+def min_norm_arms(settings: dict) -> dict[str, float]:
+    """arm -> the tolerance of its min-norm full solve, for the arms whose balancer has one
+    (a property of the balancer, marble.balancers.min_norm_tolerance: our exact QP, and
+    torchjd's Frank-Wolfe MGDA at its looser tolerance; not the other weightings)."""
+    out = {}
+    for arm, s in settings.items():
+        tol = min_norm_tolerance(s["method"], s.get("weighting")) if s["method"] else None
+        if tol is not None:
+            out[arm] = tol
+    return out
 
 
 def build(args) -> dict:
     measures, rewards, specialists, settings, cpu = collect(args.runs, args.benchmarks)
-    min_norm = {a for a, s in settings.items() if s["method"] in MIN_NORM_METHODS}
+    min_norm = min_norm_arms(settings)
+    methods = {a: s["method"] for a, s in settings.items()}
     verdict = claim_verdict(measures, rewards, specialists, args.marble_arm, args.baseline_arm,
-                            args.effect_fraction, min_norm)
+                            args.effect_fraction, min_norm, methods)
+    # Issue 36 item 4: Holm families and (b)'s equivalence test; the verdict on two disjoint
+    # seed halves; the power a committed pilot fixes (or "no pilot").
+    verdict["multiplicity"] = multiplicity(measures, rewards, specialists, args.marble_arm,
+                                           args.baseline_arm, args.effect_fraction)
+    verdict["replication"] = replication(measures, rewards, specialists, args.marble_arm,
+                                         args.baseline_arm, effect_fraction=args.effect_fraction,
+                                         min_norm_arms=min_norm, arm_methods=methods)
+    verdict["pilot"] = pilot_section(load_pilot(args.pilot), len(verdict["seeds"]))
     costs = read_json_file(args.cost) if args.cost else {}
     verdict["arm_settings"] = {a: settings[a] for a in verdict["arms"]}
     verdict["cost"] = {a: {"counted_flops": (costs.get(a) or {}).get("flops"),
@@ -121,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--effect-fraction", type=float, default=0.5,
                    help="smallest effect of interest: this fraction of a specialist's change "
                         "trained alone (b) and of the paper's 80%% - 0%% anti-aligned gap (c)")
+    p.add_argument("--pilot", type=Path, default=Path("docs/claim_pilot.json"),
+                   help="the committed pilot (docs/claim.md); absent: the verdict says 'no pilot'")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if args.no_arms:

@@ -15,12 +15,13 @@ frames.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from marble.report import claim_stats as cs
+from marble.report.claim_levels import levels_verdict, run_levels
 from marble.report.claim_stats import json_number
 from marble.report.published import PUBLISHED_ANTI_ALIGNED
 from marble.workflow.claim import ALONE_PREFIX
@@ -48,6 +49,7 @@ class RunMeasure:
     full_solve_min_cos: float  # worst cos_min over full-solve steps (NaN: none)
     full_solve_steps: int
     diag_steps: int = 0  # diagnostic steps the fractions count (their sampling error)
+    levels: dict = field(default_factory=dict)  # claim_levels.run_levels: the three levels
 
 
 def eval_change(evals: pd.DataFrame | None, reward: str, final_step: int | None = None) -> float:
@@ -75,9 +77,11 @@ def has_heldout(evals: pd.DataFrame | None, final_step: int | None = None) -> bo
 def _fraction(frame: pd.DataFrame, col: str) -> float:
     if col not in frame:
         return math.nan
+    # A line's flag is 0/1 (one micro-step measured) or, since every micro-step of a diagnostic
+    # step is measured (issue 36), the fraction of its micro-steps: the mean counts both.
     v = frame[col].to_numpy(dtype=float)
     v = v[np.isfinite(v)]
-    return float((v > 0.5).mean()) if len(v) else math.nan
+    return float(np.clip(v, 0.0, 1.0).mean()) if len(v) else math.nan
 
 
 def measure_run(arm: str, seed: int, metrics: pd.DataFrame, rewards: list[str],
@@ -90,9 +94,31 @@ def measure_run(arm: str, seed: int, metrics: pd.DataFrame, rewards: list[str],
     angles = {a: float(diag[a].mean()) if a in diag and diag[a].notna().any() else math.nan
               for a in ANGLES}
     cos = diag.loc[solve, "cos_min"].to_numpy(float) if "cos_min" in diag else np.array([])
+    solves = int(solve.sum())
+    fresh, other = _micro_minima(diag)
+    if fresh is not None:
+        # Every micro-step measured (issue 36): a line's cos_min mixes a step's solve with its
+        # amortized micro-steps, so the split and the theorem read the per-micro-step records.
+        cos, solves = fresh, len(fresh)
+        anti["full_solve"] = float((fresh < 0).mean()) if len(fresh) else math.nan
+        anti["amortized"] = float((other < 0).mean()) if len(other) else math.nan
     cos = cos[np.isfinite(cos)]
     return RunMeasure(arm, seed, {r: eval_change(evals, r, final_step) for r in rewards}, anti, angles,
-                      float(cos.min()) if len(cos) else math.nan, int(solve.sum()), len(diag))
+                      float(cos.min()) if len(cos) else math.nan, solves, len(diag),
+                      run_levels(metrics))
+
+
+def _micro_minima(diag: pd.DataFrame) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The finite per-micro-step min cosines of the `diag_micro` records: (fresh solves, the
+    rest); (None, None) when the run logged no records (micro-step 0 only)."""
+    if "diag_micro" not in diag:
+        return None, None
+    records = [m for ms in diag["diag_micro"] if isinstance(ms, list) for m in ms]
+    if not records:
+        return None, None
+    cos = [(m.get("source") == "fresh", m.get("cos_min")) for m in records]
+    keep = [(f, float(c)) for f, c in cos if c is not None and math.isfinite(float(c))]
+    return (np.array([c for f, c in keep if f], float), np.array([c for f, c in keep if not f], float))
 
 
 def _applied_se(m: RunMeasure) -> float:
@@ -194,19 +220,26 @@ def question_conflict(measures, baseline_arm) -> dict:
     return {"answer": cs.decide(iv), "fraction": iv.as_json()}
 
 
-def question_theorem(measures, min_norm_arms: set[str] | None = None) -> dict:
-    """Every full-solve step of every run of a min-norm balancer (`min_norm_arms`; None: every
-    arm): worst-reward cosine of the solve's combination >= -tol. Only the min-norm point of
-    the unit gradients' hull has <d, u_k> >= |d|^2; another weighting (UPGrad, CAGrad, random,
-    ...) may oppose a reward on its own solve, which the arm's `fresh_solve` fraction shows."""
+def question_theorem(measures, min_norm_arms: set[str] | dict | None = None) -> dict:
+    """Every full-solve step of every run of a min-norm balancer (`min_norm_arms`: a set, or
+    arm -> its solver's tolerance; None: every arm): worst-reward cosine of the solve's
+    combination >= -tol. Only the min-norm point of the unit gradients' hull has
+    <d, u_k> >= |d|^2; another weighting (UPGrad, CAGrad, random, ...) may oppose a reward on
+    its own solve, which the arm's `fresh_solve` fraction shows."""
+    tol = {} if not isinstance(min_norm_arms, dict) else dict(min_norm_arms)
     if min_norm_arms is not None:
         measures = [m for m in measures if m.arm in min_norm_arms]
     cos = [m.full_solve_min_cos for m in measures if math.isfinite(m.full_solve_min_cos)]
     worst = min(cos) if cos else math.nan
     steps = sum(m.full_solve_steps for m in measures)
-    return {"answer": bool(steps) and worst >= -THEOREM_TOL, "min_cosine": json_number(worst),
-            "full_solve_steps": steps, "tolerance": THEOREM_TOL,
-            "arms": sorted({m.arm for m in measures if m.full_solve_steps})}
+    held = all(m.full_solve_min_cos >= -tol.get(m.arm, THEOREM_TOL) for m in measures
+               if math.isfinite(m.full_solve_min_cos))
+    arms = sorted({m.arm for m in measures if m.full_solve_steps})
+    out = {"answer": bool(steps) and held, "min_cosine": json_number(worst),
+           "full_solve_steps": steps, "tolerance": THEOREM_TOL, "arms": arms}
+    if tol:  # per-arm tolerances (a looser solver such as torchjd's MGDA) named beside
+        out["tolerances"] = {a: tol[a] for a in arms}
+    return out
 
 
 def question_learnable(measures) -> dict:
@@ -246,7 +279,8 @@ def effects_of_interest(alone: list[RunMeasure], fraction: float) -> dict[str, f
 
 def claim_verdict(measures: list[RunMeasure], rewards: list[str], specialists: dict[str, float],
                   marble_arm: str, baseline_arm: str, effect_fraction: float = 0.5,
-                  min_norm_arms: set[str] | None = None) -> dict:
+                  min_norm_arms: set[str] | dict | None = None,
+                  arm_methods: dict[str, str] | None = None) -> dict:
     """The verdict JSON (keys documented in docs/claim.md). `effect_fraction`: the smallest
     effect of interest as a fraction of a specialist's change trained alone (question b) and
     of the paper's anti-aligned difference, 80% - 0% (question c). `min_norm_arms`: the arms
@@ -271,8 +305,12 @@ def claim_verdict(measures: list[RunMeasure], rewards: list[str], specialists: d
         "conflict_weighted_sum_anti_aligned": question_conflict(measures, baseline_arm),
         "theorem_full_solves_never_anti_aligned": question_theorem(measures, min_norm_arms),
     }
+    methods = arm_methods or {marble_arm: "marble", baseline_arm: "weighted_sum"}
+    levels = levels_verdict({a: [m.levels for m in measures if m.arm == a and m.levels] for a in arms},
+                            methods)
     return {
         "arms": arms, "seeds": sorted({m.seed for m in measures}),
+        "levels": levels,
         "marble_arm": marble_arm, "baseline_arm": baseline_arm,
         "rewards": rewards, "specialists": specialists, "change_measure": CHANGE_MEASURE,
         "effect_fraction": effect_fraction,

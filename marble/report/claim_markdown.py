@@ -121,6 +121,41 @@ def power_lines(v: dict) -> list[str]:
     return out
 
 
+def levels_frame(v: dict) -> pd.DataFrame:
+    """arm x level: anti-aligned fraction, worst cosine and variance [intervals], each with the
+    paper's figure beside it (the verdict's `levels`)."""
+    rows, index = [], []
+    for arm, levels in (v.get("levels") or {}).get("arms", {}).items():
+        for level, figs in levels.items():
+            index.append(f"{arm} / {level}")
+            rows.append([f"{interval_text(f['ours'], pct=name == 'anti_aligned_frac')} (paper "
+                         f"{f['paper']:g})" for name, f in figs.items()])
+    return pd.DataFrame(rows, index=pd.Index(index, name="arm / level"),
+                        columns=["anti-aligned", "min cos", "variance"])
+
+
+def design_lines(v: dict) -> list[str]:
+    """Replication, Holm families and equivalence, the pilot: one line each."""
+    out = []
+    rep = v.get("replication")
+    if rep:
+        out.append(f"- Replication on seed sets {rep['seed_sets'][0]} and {rep['seed_sets'][1]}: "
+                   f"{rep['status']}.")
+        for q, r in rep.get("questions", {}).items():
+            if r["status"] != "replicated":
+                out.append(f"  - {q}: {r['status']} ({r['answers'][0]} / {r['answers'][1]}).")
+    for family, members in ((v.get("multiplicity") or {}).get("families") or {}).items():
+        text = "; ".join(f"{m} p_holm {_num(x['p_holm'], '.3g')}" for m, x in members.items())
+        out.append(f"- Holm, {family}: {text}.")
+    for s, e in ((v.get("multiplicity") or {}).get("b_equivalence") or {}).items():
+        out.append(f"- (b) {s} equivalent within +-{_num(e['margin'], '.3g')} (TOST, Holm): "
+                   f"{e['equivalent']} (p {_num(e['p_holm'], '.3g')}).")
+    if "pilot" in v:
+        pilot = v["pilot"]
+        out.append(f"- Pilot: {pilot if isinstance(pilot, str) else 'commit ' + pilot['commit']}.")
+    return out
+
+
 def claim_markdown(v: dict, figures: dict[str, str]) -> str:
     seeds = ", ".join(map(str, v["seeds"]))
     lines = ["## The claim at CPU scale", "",
@@ -141,8 +176,15 @@ def claim_markdown(v: dict, figures: dict[str, str]) -> str:
     lines += [markdown_table(anti_frame(v)), ""]
     if "anti" in figures:
         lines += [f"![anti-aligned fraction against N]({figures['anti']})", ""]
+    if (v.get("levels") or {}).get("arms"):
+        q = v["levels"]["paper_quantity"]
+        lines += ["### Cosines at three levels, beside the paper", "",
+                  f"The paper's figures fit the `{q['level']}` level: {q['why']}", "",
+                  markdown_table(levels_frame(v)), ""]
     lines += ["### Cost", "", markdown_table(cost_frame(v)), ""]
     if "cost" in figures:
         lines += [f"![cost]({figures['cost']})", ""]
     lines += ["### Power", ""] + power_lines(v) + [""]
+    if design_lines(v):
+        lines += ["### Replication, multiplicity, pilot", ""] + design_lines(v) + [""]
     return "\n".join(lines)

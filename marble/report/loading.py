@@ -84,7 +84,9 @@ def read_metrics(path: Path) -> pd.DataFrame:
     if frame.empty:
         return pd.DataFrame({"step": pd.Series(dtype=float)})
     for col in frame.columns:
-        if col not in ("balancer", "stage_name", "eval_id"):  # text columns
+        # text columns, and the per-micro-step records of a diagnostic step (lists of objects,
+        # marble/balancers/levels.py) that the claim's theorem reads
+        if col not in ("balancer", "stage_name", "eval_id", "diag_micro"):
             frame[col] = pd.to_numeric(frame[col], errors="coerce")
     frame = frame.drop_duplicates("step", keep="last").sort_values("step")
     return frame.reset_index(drop=True)

@@ -39,8 +39,8 @@ ROWS = {
     "mgda": ("mgda", {}, 1, False, "a full solve as the reference runs it (full_solve=retain: "
              "K reward + 1 KL backward passes on one retained graph), no diagnostics"),
     "mgda_diag": ("mgda", {"diagnostics_every": 1}, 0, False,
-                  "the same full solve with the diagnostics it runs in training on the first "
-                  "micro-step of an optimizer step: cosines and one more backward for the "
+                  "the same full solve with the diagnostics it runs in training on each "
+                  "micro-step of a diagnostic step: cosines and one more backward for the "
                   "weighted-sum direction"),
 }
 BALANCERS = tuple(ROWS)

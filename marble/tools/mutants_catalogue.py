@@ -276,4 +276,15 @@ MUTANTS: list[Mutant] = [
            "    oldest_kept = [s for s, _ in list_checkpoints(run_dir)][-keep]",
            (f"{_EDGES}::test_pruning_keeps_the_newest_usable_ones_and_no_older_damaged_one",),
            "a damaged checkpoint counts as one of the kept: fewer usable ones survive"),
+    # ---------------------------------------------------------------- the claim's levels and statistics
+    Mutant("step_level_reads_the_last_micro_step", "marble/balancers/levels.py",
+           "self.direction = sum_into(self.direction, direction)",
+           "self.direction = sum_into(None, direction)",
+           ("tests/test_levels.py::test_step_level_sums_micro_steps_before_the_cosine",),
+           "the step level's direction is the last micro-step's, not the step's accumulated one"),
+    Mutant("holm_not_monotone", "marble/report/claim_stats.py",
+           "running = max(running, min(1.0, (m - i) * p))", "running = min(1.0, (m - i) * p)",
+           ("tests/test_claim_design.py::test_holm_by_hand_and_nan_out_of_the_family",),
+           "Holm's step-down p-values are not made monotone: a later member rejects where an "
+           "earlier one did not"),
 ]

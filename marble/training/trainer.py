@@ -17,6 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from marble.balancers import build_balancer
+from marble.balancers.levels import StepLevels
 from marble.config import RunConfig, grad_accumulation, training_timesteps
 from marble.data import load_table
 from marble.data.embed_cache import EmbeddingCache
@@ -155,7 +156,8 @@ class Trainer:
         if self.rollouts is not None:
             self.rollouts.close()
         table, self.sampler = self._stage_sampler(index)
-        self.balancer = build_balancer(cfg.balancer, cfg.reward_names)  # fresh: a new reward set
+        # fresh: a new reward set; the seed keys a weighting's own draws (zoo_random)
+        self.balancer = build_balancer(cfg.balancer, cfg.reward_names, seed=cfg.train.seed)
         missing = [spec for spec in cfg.rewards if spec.name not in self.scorers]
         self.scorers.update(build_scorers(missing, self.reward_device))
         self.rollouts = RolloutEngine(self.pipe, cfg, table,
@@ -298,7 +300,7 @@ class Trainer:
         # Means over micro-steps: `full_solve` is the fraction of micro-steps that solved;
         # alpha/* keep the last value (the weights in force after the step).
         averager = StepAverager()
-        self._optimize(ro, averager)
+        levels = self._optimize(ro, averager)
         record = {"step": self.step, "epoch": self.epoch, "balancer": self.stage_cfg.balancer.method,
                   **self.schedule.record(self.stage)}
         record.update(ro.metrics)
@@ -310,6 +312,7 @@ class Trainer:
             means = dist.all_reduce_mean_(values)
             step_metrics.update(zip(loss_keys, means.tolist()))
         record.update(step_metrics)
+        record.update(levels)  # the three cosine levels of a diagnostic step (issue 36)
         record["time/step_s"] = time.perf_counter() - t0
         decay = old_policy_decay(self.step, self.cfg.train.old_decay_type,
                                  self.cfg.train.old_decay_cap)
@@ -353,7 +356,9 @@ class Trainer:
                               global_step=self.step, micro_index=micro,
                               grad_scaler=self.scaler)
 
-    def _optimize(self, ro: Rollouts, averager: StepAverager) -> None:
+    def _optimize(self, ro: Rollouts, averager: StepAverager) -> dict:
+        """Every micro-step's backward, then the optimizer step; returns the step's cosine
+        levels on a diagnostic step (marble/balancers/levels.py), else {}."""
         t = self.cfg.train
         n, bsz = len(ro), t.batch_size
         n_micro, n_t = n // bsz, training_timesteps(self.cfg)
@@ -370,6 +375,9 @@ class Trainer:
         bar = tqdm(total=n_micro * n_t, desc=f"step {self.step}", leave=False,
                    disable=not (self.progress and self.info.is_main))
         hidden = 0.0  # gradient entries a balancer zeroed (full solves): still an overflow
+        # Cost only where asked: the step-level sums exist on diagnostic steps alone.
+        self.balancer.levels = (StepLevels(self.balancer.reward_names, self.step)
+                                if self.balancer.measures_levels(self.step) else None)
         for g in range(n_micro):
             rows = perm[g * bsz:(g + 1) * bsz].numpy()
             idx = torch.from_numpy(rows).to(self.info.device)
@@ -383,7 +391,14 @@ class Trainer:
                 averager.add(metrics)
                 bar.update(1)
         bar.close()
+        levels, self.balancer.levels = self.balancer.levels, None
+        if levels is None:
+            averager.add(self._apply_update(hidden))
+            return {}
+        before = torch.cat([p.detach().reshape(-1).double() for p in self.params])
         averager.add(self._apply_update(hidden))
+        after = torch.cat([p.detach().reshape(-1).double() for p in self.params])
+        return levels.result(before.sub_(after))  # -(change): the gradient-like direction
 
     def _apply_update(self, hidden_nonfinite: float = 0.0) -> dict:
         """Optimizer step (or a skip on any rank's overflow), then the weight EMA.

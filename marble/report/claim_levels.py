@@ -1,0 +1,82 @@
+"""The verdict's `levels` (issue 36 item 2): which direction the paper's gradient-harmony figures
+describe, and each of ours beside them.
+
+Per run, the means over its diagnostic lines (metrics.jsonl, marble/balancers/levels.py) of
+each level's anti-aligned fraction, worst-reward cosine and across-reward variance:
+
+- `fresh_solve`: a fresh min-norm solve on each micro-step's own gradients (`cos_solve*`);
+- `applied_micro`: the direction each micro-step applied (`cos*`, `anti_aligned`);
+- `step`: the step's accumulated direction against each reward's gradient summed over the
+  step (`cos_step*`); `update`: AdamW's parameter change against the same (`cos_update*`).
+
+Beside the paper's 80% / 0% anti-aligned, min cos -0.13 / +0.37 and variance 0.161 / 0.006
+(published.HARMONY), each as our value minus the paper's over seeds (an interval; a
+"no difference larger than X" answer is not a match: equivalence needs the TOST of
+marble.report.claim_stats).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from marble.report import claim_stats as cs
+from marble.report.published import HARMONY
+
+__all__ = ["LEVELS", "PAPER_QUANTITY", "run_levels", "levels_verdict"]
+
+# level -> (anti-aligned key, worst-cosine key, variance key) in metrics.jsonl
+LEVELS = {
+    "fresh_solve": ("anti_aligned_solve", "cos_solve_min", "cos_solve_var"),
+    "applied_micro": ("anti_aligned", "cos_min", "cos_var"),
+    "step": ("anti_aligned_step", "cos_step_min", "cos_step_var"),
+    "update": ("anti_aligned_update", "cos_update_min", "cos_update_var"),
+}
+FIGURES = ("anti_aligned_frac", "cos_min_mean", "cos_var_mean")  # published.HARMONY's keys
+
+PAPER_QUANTITY = {
+    "level": "fresh_solve",
+    "why": ("The reference code logs no cosine (only alpha, raw gradient norms, validity and "
+            "staleness), so the page's figures come from a computation it does not release. "
+            "MARBLE's published min cos +0.37 and across-reward variance 0.006 fit cosines of a "
+            "fresh min-norm solve: at the QP's optimum the KKT conditions make cos(d, g_k) equal "
+            "for every reward with alpha_k > 0 (variance near 0, never negative). The amortized "
+            "applied direction, the step's sum and Adam's update have no such property. This is "
+            "an inference from the figures' form, not a statement of the paper."),
+}
+
+
+def run_levels(metrics: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """level -> {FIGURES key: mean over the run's lines that have it} (NaN when none)."""
+    out = {}
+    for level, cols in LEVELS.items():
+        out[level] = {}
+        for fig, col in zip(FIGURES, cols):
+            v = metrics[col].to_numpy(float) if col in metrics else np.array([])
+            v = v[np.isfinite(v)]
+            out[level][fig] = float(v.mean()) if len(v) else math.nan
+    return out
+
+
+def _versus_paper(values: list[float], paper: float) -> dict:
+    iv = cs.t_interval(values)
+    diff = cs.t_interval([v - paper for v in values])
+    return {"ours": iv.as_json(), "paper": paper, "ours_minus_paper": diff.as_json(),
+            "answer": cs.decide(diff)}
+
+
+def levels_verdict(per_run: dict[str, list[dict]], arm_methods: dict[str, str]) -> dict:
+    """`per_run`: arm -> its runs' `run_levels`; `arm_methods`: arm -> balancer method. Every
+    level of every arm whose method has a published row (weighted sum, MARBLE), beside it."""
+    arms = {}
+    for arm, runs in per_run.items():
+        paper = HARMONY.get(arm_methods.get(arm, ""))
+        if paper is None or not runs:
+            continue
+        arms[arm] = {level: {fig: _versus_paper([r[level][fig] for r in runs], paper[fig])
+                             for fig in FIGURES}
+                     for level in LEVELS}
+    return {"paper_quantity": dict(PAPER_QUANTITY), "published": {m: dict(v) for m, v in HARMONY.items()},
+            "keys": {level: list(cols) for level, cols in LEVELS.items()}, "arms": arms}

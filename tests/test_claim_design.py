@@ -1,0 +1,172 @@
+"""Issue 36 items 2 and 4 by hand: Holm, TOST, the seed halves, the pilot, the verdict's
+`levels`, `multiplicity` and `replication` (marble.report.claim_stats / claim_design /
+claim_levels)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from marble.report import claim_stats as cs
+from marble.report.claim_design import (NO_PILOT, load_pilot, multiplicity, pilot_section,
+                                        replication)
+from marble.report.claim_experiment import ANGLES, FLAGS, RunMeasure, claim_verdict, measure_run
+from marble.report.claim_levels import PAPER_QUANTITY, levels_verdict, run_levels
+
+
+def test_holm_by_hand_and_nan_out_of_the_family():
+    # sorted .01, .03, .04: x3 = .03, x2 = .06, x1 = .04 -> monotone .06
+    adj = cs.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": math.nan})
+    assert adj["a"] == pytest.approx(0.03) and adj["c"] == pytest.approx(0.06)
+    assert adj["b"] == pytest.approx(0.06) and math.isnan(adj["d"])
+    assert cs.holm({"x": 0.6, "y": 0.7}) == {"x": 1.0, "y": 1.0}  # capped at 1
+
+
+def test_t_pvalue_and_tost_by_hand():
+    # df = 2: P(|T| > t) = 1 - t / sqrt(t^2 + 2); [1, 2, 3]: t = 2 / (1 / sqrt 3) = sqrt 12
+    assert cs.t_pvalue([1, 2, 3]) == pytest.approx(1 - math.sqrt(12) / math.sqrt(14))
+    assert math.isnan(cs.t_pvalue([1.0]))
+    # TOST of [0.1, -0.1, 0]: mean 0, se 0.1 / sqrt 3; margin 1: t = 1 / se = sqrt 300,
+    # one-sided p = (1 - t / sqrt(t^2 + 2)) / 2 on each side
+    assert cs.tost([0.1, -0.1, 0.0], 1.0) == pytest.approx((1 - math.sqrt(300 / 302)) / 2)
+    t = 0.05 / (0.1 / math.sqrt(3))
+    assert cs.tost([0.1, -0.1, 0.0], 0.05) == pytest.approx((1 - t / math.sqrt(t * t + 2)) / 2)
+    assert cs.tost([0.1, -0.1, 0.0], 0.05) > 0.05  # an interval around 0 is not equivalence
+    assert math.isnan(cs.tost([0.1, 0.2], math.nan))
+
+
+def test_adjusted_answers_halves_and_answer_kinds():
+    assert cs.adjusted_answer(0.3, 0.01) is True and cs.adjusted_answer(-0.3, 0.01) is False
+    assert cs.adjusted_answer(0.3, 0.2).startswith("no difference shown after Holm")
+    assert cs.halves([5, 1, 3, 2]) == ([1, 2], [3, 5])
+    assert cs.halves([1, 2, 3, 4, 5]) == ([1, 2], [3, 4])
+    assert cs.answer_kind("no difference larger than 0.3") == cs.answer_kind("no difference shown")
+    assert cs.answer_kind(True) != cs.answer_kind(False)
+
+
+def test_pilot_power_uses_the_pilots_sd_and_no_file_says_no_pilot(tmp_path):
+    got = cs.pilot_powered([0.0, 2.0], 10, 5.0)  # sd sqrt 2
+    assert got["pilot_sd"] == pytest.approx(math.sqrt(2)) and got["pilot_seeds"] == 2
+    assert got["minimal_detectable_difference"] == pytest.approx(
+        cs.minimal_detectable_difference(math.sqrt(2), 10))
+    assert got["powered"] is True and cs.pilot_powered([0.0, 2.0], 3, 0.1)["powered"] is False
+    assert pilot_section(load_pilot(tmp_path / "absent.json"), 4) == NO_PILOT
+    path = tmp_path / "claim_pilot.json"
+    path.write_text(json.dumps({"commit": "abc123", "questions": {
+        "b": {"s": {"per_seed": [0.0, 2.0], "effect_of_interest": 5.0}}}}))
+    sec = pilot_section(load_pilot(path), 10)
+    assert sec["commit"] == "abc123" and sec["questions"]["b"]["s"]["powered"] is True
+    path.write_text("{}")
+    with pytest.raises(ValueError, match="claim_pilot.json: not a claim pilot"):
+        load_pilot(path)
+
+
+def _measure(arm, seed, change_g, change_s, levels=None):
+    anti = {k: 0.0 for k in [*FLAGS, "full_solve", "amortized"]}
+    return RunMeasure(arm, seed, {"g": change_g, "s": change_s}, anti, {a: math.nan for a in ANGLES},
+                      math.nan, 0, 4, levels or {})
+
+
+def test_multiplicity_holm_families_and_equivalence_only_from_tost():
+    # MARBLE minus weighted sum on s: [0.01, -0.01, 0.0, 0.005] (tiny); margin = 0.5 x alone 1.0
+    diffs = [0.01, -0.01, 0.0, 0.005]
+    ms = []
+    for i, seed in enumerate((1, 2, 3, 4)):
+        ms += [_measure("weighted_sum", seed, 1.0, 0.2), _measure("marble", seed, 1.0 + seed, 0.2 + diffs[i]),
+               RunMeasure("alone_s", seed, {"s": 1.0 + 0.1 * seed}, {}, {}, math.nan, 0, 0)]
+    m = multiplicity(ms, ["g", "s"], {"s": 0.3}, "marble", "weighted_sum", 0.5)
+    a = m["families"]["a_every_reward_rises_under_marble"]
+    # (a) g: [2, 3, 4, 5]: p = 2 P(T3 > 3.5 / (1.29099 / 2)); two members -> Holm x2 or monotone
+    assert a["g"]["p"] == pytest.approx(cs.t_pvalue([2, 3, 4, 5]))
+    # s's changes 0.21, 0.19, 0.2, 0.205 have the smaller p: Holm doubles it, g keeps max(own, that)
+    p_g, p_s = a["g"]["p"], a["s"]["p"]
+    assert p_s < p_g and a["s"]["p_holm"] == pytest.approx(2 * p_s)
+    assert a["g"]["p_holm"] == pytest.approx(max(p_g, 2 * p_s)) and a["g"]["answer"] is True
+    eq = m["b_equivalence"]["s"]
+    assert eq["margin"] == pytest.approx(0.5 * 1.25)  # half the mean change alone
+    assert eq["p_tost"] == pytest.approx(cs.tost(diffs, 0.625)) and eq["equivalent"] is True
+    b = m["families"]["b_specialists_rise_more_under_marble"]["s"]
+    assert b["answer"].startswith("no difference shown")  # not a match: the TOST says that
+    assert "learnable" in " ".join(m["families"])
+
+
+def test_replication_compares_the_verdicts_of_two_seed_halves():
+    """Seeds 1, 2: MARBLE's specialist +1 over the weighted sum; seeds 3, 4: -1. Each half
+    answers (b) with the opposite sign: not replicated, said as such."""
+    ms = []
+    for seed, d in ((1, 1.0), (2, 1.1), (3, -1.0), (4, -1.1)):
+        ms += [_measure("weighted_sum", seed, 1.0, 0.2), _measure("marble", seed, 1.0, 0.2 + d)]
+    r = replication(ms, ["g", "s"], {"s": 0.3}, "marble", "weighted_sum")
+    assert r["seed_sets"] == [[1, 2], [3, 4]]
+    assert r["questions"]["b_specialists_rise_more_under_marble"]["answers"] == [True, False]
+    assert r["questions"]["b_specialists_rise_more_under_marble"]["status"] == "not replicated"
+    assert r["status"] == "not replicated"
+    few = replication(ms[:4], ["g", "s"], {"s": 0.3}, "marble", "weighted_sum")
+    assert few["status"] == "not computable"
+
+
+def test_levels_side_by_side_with_the_paper():
+    frame = pd.DataFrame({"anti_aligned": [0.5, 0.25], "cos_min": [-0.1, 0.1], "cos_var": [0.2, 0.2],
+                          "anti_aligned_solve": [0.0, 0.0], "cos_solve_min": [0.4, 0.36],
+                          "cos_solve_var": [0.006, 0.006], "anti_aligned_step": [1.0, float("nan")]})
+    lv = run_levels(frame)
+    assert lv["applied_micro"]["anti_aligned_frac"] == pytest.approx(0.375)
+    assert lv["fresh_solve"]["cos_min_mean"] == pytest.approx(0.38)
+    assert lv["step"]["anti_aligned_frac"] == 1.0 and math.isnan(lv["update"]["cos_var_mean"])
+    v = levels_verdict({"marble_n5": [lv, lv], "zoo_x": [lv]}, {"marble_n5": "marble", "zoo_x": "gramian"})
+    assert set(v["arms"]) == {"marble_n5"}  # only arms with a published row
+    fresh = v["arms"]["marble_n5"]["fresh_solve"]["cos_min_mean"]
+    assert fresh["paper"] == 0.37 and fresh["ours_minus_paper"]["mean"] == pytest.approx(0.01)
+    assert v["arms"]["marble_n5"]["applied_micro"]["anti_aligned_frac"]["paper"] == 0.0
+    assert v["paper_quantity"] == PAPER_QUANTITY and PAPER_QUANTITY["level"] == "fresh_solve"
+
+
+def test_verdict_has_levels_from_the_runs_metrics():
+    frame = pd.DataFrame({"step": [1, 2], "anti_aligned": [0.5, 0.0], "full_solve": [0, 0],
+                          "cos_min": [-0.2, 0.1], "anti_aligned_step": [0.0, 1.0]})
+    evals = pd.DataFrame([{"step": 0, "eval_reward/g": 0.0}, {"step": 2, "eval_reward/g": 1.0}])
+    ms = [measure_run(a, s, frame, ["g"], evals) for a in ("weighted_sum", "marble") for s in (1, 2)]
+    v = claim_verdict(ms, ["g"], {}, "marble", "weighted_sum")
+    # per line a fraction of micro-steps: (0.5 + 0) / 2
+    assert ms[0].anti["applied"] == pytest.approx(0.25)
+    step = v["levels"]["arms"]["weighted_sum"]["step"]["anti_aligned_frac"]
+    assert step["ours"]["mean"] == pytest.approx(0.5) and step["paper"] == 0.8
+
+
+def test_claim_md_shows_the_levels_and_the_design_lines():
+    from marble.report.claim_markdown import design_lines, levels_frame
+
+    lv = {"fresh_solve": {"anti_aligned_frac": 0.0, "cos_min_mean": 0.4, "cos_var_mean": 0.006}}
+    lv = {level: lv["fresh_solve"] for level in ("fresh_solve", "applied_micro", "step", "update")}
+    v = {"levels": levels_verdict({"marble": [lv, lv]}, {"marble": "marble"}),
+         "replication": {"status": "not replicated", "seed_sets": [[1, 2], [3, 4]],
+                         "questions": {"q": {"status": "not replicated", "answers": [True, False]}}},
+         "pilot": NO_PILOT}
+    frame = levels_frame(v)
+    assert list(frame.index) == [f"marble / {lv}" for lv in ("fresh_solve", "applied_micro", "step", "update")]
+    assert frame.loc["marble / step", "min cos"] == "+0.4 [+0.4, +0.4] (paper 0.37)"
+    lines = design_lines(v)
+    assert lines[0] == "- Replication on seed sets [1, 2] and [3, 4]: not replicated."
+    assert lines[1] == "  - q: not replicated (True / False)." and lines[-1] == "- Pilot: no pilot."
+
+
+def test_the_theorem_reads_fresh_micro_steps_not_a_lines_mixed_mean(tmp_path):
+    """With every micro-step measured, a solve step's line averages its solve with amortized
+    micro-steps (cos_min -0.3 here); the theorem and the step-kind split read the records."""
+    from marble.report.loading import read_metrics
+
+    lines = [{"step": 1, "anti_aligned": 0.5, "full_solve": 0.5, "cos_min": -0.3,
+              "diag_micro": [{"micro": 0, "source": "fresh", "cos_min": 0.2},
+                             {"micro": 1, "source": "same_step", "cos_min": -0.8}]},
+             {"step": 2, "anti_aligned": 0.0, "full_solve": 0.0, "cos_min": 0.1,
+              "diag_micro": [{"micro": 0, "source": "earlier_step", "cos_min": 0.1},
+                             {"micro": 1, "source": "earlier_step", "cos_min": None}]}]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    m = measure_run("marble", 1, read_metrics(path), ["g"], None)
+    assert m.full_solve_min_cos == 0.2 and m.full_solve_steps == 1
+    assert m.anti["full_solve"] == 0.0 and m.anti["amortized"] == 0.5  # -0.8 of 2 finite
+    assert m.anti["applied"] == pytest.approx(0.25)
