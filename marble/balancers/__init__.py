@@ -32,6 +32,7 @@ from marble.balancers.common import (
     weighted_sum_loss,
 )
 from marble.balancers.advantage_level import GDPO, RewardSum
+from marble.balancers.fresh import fresh_variant
 from marble.balancers.gramian import Gramian
 from marble.balancers.strategies import MGDA, Balancer, EqualAlpha, Marble, WeightedSum
 from marble.config import BalancerConfig
@@ -48,4 +49,5 @@ def build_balancer(cfg: BalancerConfig, reward_names: Sequence[str], weights=Non
     """The balancer named by `cfg.method` for these rewards (see the module docstring)."""
     if cfg.method not in STRATEGIES:
         raise ValueError(f"balancer.method = {cfg.method!r}: expected one of {METHODS}")
-    return STRATEGIES[cfg.method](cfg, reward_names, weights)
+    # issue 37's named options (cached_weights, gram_space) wrap or replace the method's class
+    return fresh_variant(STRATEGIES[cfg.method], cfg)(cfg, reward_names, weights)
