@@ -9,6 +9,9 @@
   (marble/balancers/gramian.py; torchjd is the `zoo` extra).
 - `gdpo`, `reward_sum`: the weighted sum's step on GDPO's / MixGRPO's advantage
   (marble/balancers/advantage_level.py).
+- options beyond the reference (marble/balancers/fresh.py): `cached_weights: norm_corrected`
+  (the cached alpha in the solve's unit-gradient form) and `gram_space: output` (MGDA-UB on
+  the prediction: a fresh solve every micro-step, one backward).
 
 A "full solve" (docs/algorithm.md §7.2): per-reward gradients g_k of the masked losses L_k (LoRA parameters
 only, all-reduced), unit-normalised, min-norm QP on their Gram matrix, d = sum alpha_k g^_k
