@@ -323,6 +323,9 @@ def _fresh_balance_problem(b: BalancerConfig) -> str | None:
                 f"or gramian), not method {b.method!r}")
     if b.zoo_gradients != "unit" and b.method != "gramian":
         return "`balancer.zoo_gradients` goes with `balancer.method: gramian`"
+    if b.zoo_gradients == "raw" and b.cached_weights == "norm_corrected":
+        # raw weights already are what the amortized step applies: correcting them is wrong
+        return "`balancer.zoo_gradients: raw` weights need no `cached_weights: norm_corrected`"
     return None
 
 

@@ -194,6 +194,9 @@ def test_output_gram_needs_the_prediction_and_the_pairings_are_checked():
                        (["balancer.method=mgda", "balancer.cached_weights=norm_corrected"],
                         "norm_corrected"),
                        (["balancer.output_gradients=raw"], "output_gradients"),
-                       (["balancer.zoo_gradients=raw"], "zoo_gradients")]:
+                       (["balancer.zoo_gradients=raw"], "zoo_gradients"),
+                       (["balancer.method=gramian", "balancer.weighting=mgda",
+                         "balancer.zoo_gradients=raw", "balancer.cached_weights=norm_corrected"],
+                        "need no")]:
         with pytest.raises(ConfigError, match=match):
             load_config("tiny", overrides=bad)
