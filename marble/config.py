@@ -130,6 +130,17 @@ class BalancerConfig:
     # (the reference); `recompute` runs one forward + backward per reward on the same
     # micro-batch instead: same gradients, no retained graph, a plain step's peak memory.
     full_solve: Literal["retain", "recompute"] = "retain"
+    # Issue 37 (docs/balancers.md, "Fresh balancing at one backward's cost"); the defaults are
+    # the reference's. `norm_corrected`: the amortized step applies alpha_k n_mean / |g_k|
+    # (norms of the last solve), the solve's own direction, instead of alpha on raw gradients.
+    cached_weights: Literal["reference", "norm_corrected"] = "reference"
+    # `output`: MGDA-UB, the min-norm QP on the Gram of dL_k/dv (v the prediction) on every
+    # micro-step and one backward (method marble only); `output_gradients` its normalisation.
+    gram_space: Literal["parameters", "output"] = "parameters"
+    output_gradients: Literal["unit", "raw"] = "unit"
+    # method gramian: the weighting reads the Gram of unit gradients (`unit`, ours so far) or
+    # of the raw ones, as the weightings' authors published them (`raw`, no rescale).
+    zoo_gradients: Literal["unit", "raw"] = "unit"
 
 
 @dataclass
@@ -292,6 +303,9 @@ def validate(cfg: RunConfig, origin: str = "config") -> None:
         raise ConfigError(f"{origin}: `balancer.weighting` (and `weighting_options`) go with "
                           f"`balancer.method: gramian` and only with it (method "
                           f"{b.method!r}, weighting {b.weighting!r})")
+    problem = _fresh_balance_problem(b)
+    if problem:
+        raise ConfigError(f"{origin}: {problem}")
     if b.fixed_alphas is not None:
         if len(b.fixed_alphas) != len(names) or abs(sum(b.fixed_alphas) - 1) > 1e-6:
             raise ConfigError(
@@ -300,6 +314,26 @@ def validate(cfg: RunConfig, origin: str = "config") -> None:
     if not any(r.weight > 0 for r in cfg.rewards):
         # the weighted mean divides by the weights' sum: all zero is NaN for every sample
         raise ConfigError(f"{origin}: every `rewards[].weight` is 0: at least one must be > 0")
+
+
+def _fresh_balance_problem(b: BalancerConfig) -> str | None:
+    """The issue-37 options' pairings: each changes one method's step and no other's."""
+    if b.gram_space == "output" and (b.method != "marble" or not b.exact_masking
+                                     or b.cached_weights != "reference"):
+        return ("`balancer.gram_space: output` goes with `method: marble`, `exact_masking: true` "
+                f"and `cached_weights: reference` (got method {b.method!r}, exact_masking "
+                f"{b.exact_masking}, cached_weights {b.cached_weights!r})")
+    if b.output_gradients != "unit" and b.gram_space != "output":
+        return "`balancer.output_gradients` goes with `balancer.gram_space: output`"
+    if b.cached_weights == "norm_corrected" and b.method not in ("marble", "gramian"):
+        return (f"`balancer.cached_weights: norm_corrected` needs a cached solve (method marble "
+                f"or gramian), not method {b.method!r}")
+    if b.zoo_gradients != "unit" and b.method != "gramian":
+        return "`balancer.zoo_gradients` goes with `balancer.method: gramian`"
+    if b.zoo_gradients == "raw" and b.cached_weights == "norm_corrected":
+        # raw weights already are what the amortized step applies: correcting them is wrong
+        return "`balancer.zoo_gradients: raw` weights need no `cached_weights: norm_corrected`"
+    return None
 
 
 def to_dict(cfg: Any) -> dict:

@@ -9,6 +9,9 @@
   (marble/balancers/gramian.py; torchjd is the `zoo` extra).
 - `gdpo`, `reward_sum`: the weighted sum's step on GDPO's / MixGRPO's advantage
   (marble/balancers/advantage_level.py).
+- options beyond the reference (marble/balancers/fresh.py): `cached_weights: norm_corrected`
+  (the cached alpha in the solve's unit-gradient form) and `gram_space: output` (MGDA-UB on
+  the prediction: a fresh solve every micro-step, one backward).
 
 A "full solve" (docs/algorithm.md §7.2): per-reward gradients g_k of the masked losses L_k (LoRA parameters
 only, all-reduced), unit-normalised, min-norm QP on their Gram matrix, d = sum alpha_k g^_k
@@ -32,6 +35,7 @@ from marble.balancers.common import (
     weighted_sum_loss,
 )
 from marble.balancers.advantage_level import GDPO, RewardSum
+from marble.balancers.fresh import fresh_variant
 from marble.balancers.gramian import Gramian
 from marble.balancers.strategies import MGDA, Balancer, EqualAlpha, Marble, WeightedSum
 from marble.balancers.weightings import WEIGHTINGS
@@ -68,7 +72,8 @@ def build_balancer(cfg: BalancerConfig, reward_names: Sequence[str], weights=Non
     `seed`: the run's train.seed (the random draws of a weighting such as `random` key on it)."""
     if cfg.method not in STRATEGIES:
         raise ValueError(f"balancer.method = {cfg.method!r}: expected one of {tuple(STRATEGIES)}")
-    return STRATEGIES[cfg.method](cfg, reward_names, weights, seed)
+    # issue 37's named options (cached_weights, gram_space) wrap or replace the method's class
+    return fresh_variant(STRATEGIES[cfg.method], cfg)(cfg, reward_names, weights, seed)
 
 
 def min_norm_tolerance(method: str, weighting: str | None = None) -> float | None:

@@ -18,7 +18,7 @@ from marble.balancers import build_balancer
 from marble.config import grad_accumulation, training_timesteps
 from marble.config_balancers import balancer_descriptor
 
-__all__ = ["micro_step_kinds", "kind_row", "run_overhead"]
+__all__ = ["micro_step_kinds", "kind_row", "fresh_variant_row", "run_overhead"]
 
 
 # Runs with the same balancer settings, rewards and length have the same cadence (seeds of one
@@ -52,13 +52,28 @@ def _walk(cfg, per_step: int, from_step: int) -> Counter:
     return kinds
 
 
+def fresh_variant_row(balancer) -> str | None:
+    """Issue 37's options that price their plain micro-steps with a row of their own: the
+    output-space Gram (every micro-step) and MARBLE's norm-corrected amortized step."""
+    if balancer.gram_space == "output":
+        return "marble_output_gram"
+    if balancer.cached_weights == "norm_corrected" and balancer.method == "marble":
+        return "marble_norm_corrected"
+    return None
+
+
 def kind_row(method: str, full_solve_mode: str, full: bool, diagnostics: bool,
-             weighting: str | None = None) -> str:
+             weighting: str | None = None, variant: str | None = None) -> str:
     """The `marble bench flops` row that prices a micro-step of this kind. A zoo balancer's
     plain micro-steps have rows of their own; its diagnostic ones run the same passes as
     MARBLE's (gramian) or the weighted sum's (gdpo, reward_sum). The method's descriptor's
-    `cadence` decides; an unregistered method is a KeyError, never priced as another."""
+    `cadence` decides; an unregistered method is a KeyError, never priced as another. `variant`
+    (`fresh_variant_row`) prices the plain single-backward micro-steps of issue 37's options;
+    their diagnostic ones are MARBLE's passes (`marble_diag`; the output Gram's loss-head
+    passes and K x K Gram add < 0.01% there, see docs/balancers.md)."""
     cadence = balancer_descriptor(method).cadence
+    if variant is not None and not full and not diagnostics:
+        return variant
     if cadence == "zoo" and not diagnostics and not (full and full_solve_mode != "retain"):
         return f"zoo_{weighting}_full" if full else f"zoo_{weighting}"
     if cadence == "advantage":
@@ -75,10 +90,11 @@ def run_overhead(cfg, row_flops: dict[str, float], from_step: int = 0) -> dict:
     to a weighted-sum run of the same length without diagnostics (`overhead` = ratio - 1)."""
     kinds = micro_step_kinds(cfg, from_step)
     method, mode, weighting = cfg.balancer.method, cfg.balancer.full_solve, cfg.balancer.weighting
-    missing = {kind_row(method, mode, *kind, weighting) for kind in kinds} - set(row_flops)
+    variant = fresh_variant_row(cfg.balancer)
+    missing = {kind_row(method, mode, *kind, weighting, variant) for kind in kinds} - set(row_flops)
     if missing:
         raise KeyError(f"pricing run {cfg.preset!r} needs rows {sorted(missing)}")
-    total = sum(n * row_flops[kind_row(method, mode, full, diag, weighting)]
+    total = sum(n * row_flops[kind_row(method, mode, full, diag, weighting, variant)]
                 for (full, diag), n in kinds.items())
     micro_steps = sum(kinds.values())
     base = micro_steps * row_flops["weighted_sum"]

@@ -43,6 +43,11 @@ class MicroStep:
     # rollout's advantages): skips the pass of an absent reward without a device read.
     # None: read from `advantages` (one host sync).
     reward_present: Optional[tuple] = None
+    # `balancer.gram_space: output` (marble/balancers/fresh.py): the prediction v_theta with its
+    # graph, and the loss head as a function of a prediction, v -> (loss_per_sample, kl), so
+    # dL_k/dv costs a backward through the head alone. None: the balancer cannot use them.
+    prediction: Optional[torch.Tensor] = None
+    loss_head: Optional[Callable[[torch.Tensor], tuple]] = None
 
 
 # ------------------------------------------------------------------ losses

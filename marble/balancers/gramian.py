@@ -103,11 +103,17 @@ class Gramian(Marble):
         return self._weightings[idx]
 
     def solver(self, step: MicroStep):
-        return partial(self.solve_weights, step)
+        solve = partial(self.solve_weights, step)
+        # `zoo_gradients: raw`: the weighting reads the raw Gram, as its authors published it;
+        # the cached w then applies as sum_k w_k L_k, the same raw form (solve.combine).
+        solve.gradients = self.cfg.zoo_gradients
+        return solve
 
-    def solve_weights(self, step: MicroStep, unit_gram: np.ndarray, rewards: tuple) -> np.ndarray:
-        """torchjd's weights for the valid rewards `rewards` (the Gramian's rows)."""
-        gram = torch.as_tensor(unit_gram, dtype=torch.float64)
+    def solve_weights(self, step: MicroStep, gram: np.ndarray, rewards: tuple) -> np.ndarray:
+        """torchjd's weights for the valid rewards `rewards` (the Gramian's rows; of the unit
+        or the raw gradients, `balancer.zoo_gradients`)."""
+        n_rows = len(gram)
+        gram = torch.as_tensor(gram, dtype=torch.float64)
         stat = gram_factor(gram) if self.spec.reads == "matrix" else gram
         # PCGrad's order and random weighting draw from torch's global generator: a seed of
         # the run (train.seed: each seed its own draws) and the step keeps resume bitwise and
@@ -119,7 +125,7 @@ class Gramian(Marble):
                                           int(step.global_step), int(step.micro_index)))
             w = self._make(tuple(rewards))(stat)
         w = np.asarray(w.detach().to(torch.float64).cpu().numpy(), dtype=np.float64)
-        if w.shape != (len(unit_gram),) or not np.isfinite(w).all():
+        if w.shape != (n_rows,) or not np.isfinite(w).all():
             raise RuntimeError(f"{self.spec.torchjd_class} returned weights {w}")
         return w
 

@@ -105,7 +105,10 @@ def combine(grads, gram: torch.Tensor, grad_eps: float, solver=None):
         return grads[idx[0]].clone(), alpha, False, norms, valid
     # Gram of the unit gradients from the raw ones (<g_k, g_l> / (|g_k| |g_l|)) and the
     # direction accumulated in place: no K unit-vector copies of gradient size in memory.
-    unit_gram = g[np.ix_(idx, idx)] / np.outer(norms[idx], norms[idx])
+    # A solver with `gradients = "raw"` (the zoo's `balancer.zoo_gradients: raw`, the weightings
+    # as published) reads the raw Gram and its direction is sum_k w_k g_k, no rescale.
+    raw = getattr(solver, "gradients", "unit") == "raw"
+    unit_gram = g[np.ix_(idx, idx)] / (1.0 if raw else np.outer(norms[idx], norms[idx]))
     failed = False
     try:
         a = min_norm_weights(unit_gram) if solver is None else solver(unit_gram, tuple(idx))
@@ -114,7 +117,7 @@ def combine(grads, gram: torch.Tensor, grad_eps: float, solver=None):
     direction = torch.zeros_like(grads[idx[0]])
     mean_norm = float(norms[idx].mean())
     for w, k in zip(a, idx):
-        direction.add_(grads[k], alpha=float(w) * mean_norm / float(norms[k]))
+        direction.add_(grads[k], alpha=float(w) * (1.0 if raw else mean_norm / float(norms[k])))
     alpha[idx] = a
     return direction, alpha, failed, norms, valid
 

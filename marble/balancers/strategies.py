@@ -285,6 +285,7 @@ class Balancer:
             self._record_levels(step, True, combined, grads, valid_dev, metrics["cos_min"])
         del local, grads
         add_into_grads(step.params, combined.add_(kl_grad).mul_(loss_scale(step)))
+        self.solve_norms = norms  # host norms of this solve (cached_weights: norm_corrected)
         self.solved(step, alpha, valid, metrics)
         return metrics
 

@@ -288,7 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("flops", help="counted FLOPs, passes and live-tensor peak per row "
                        "(meta tensors, deterministic) and each preset's whole-run overhead")
     f.add_argument("--preset", required=True)
-    f.add_argument("--json", required=True, type=Path, help="output JSON file")
+    f.add_argument("--json", type=Path, default=None,
+                   help="output JSON file (default: the tables on stdout only)")
     f.add_argument("--md", type=Path, default=None, help="also write the markdown tables here")
     f.add_argument("--layers", type=int, default=None,
                    help="transformer depth override (same widths; quick checks)")
@@ -327,7 +328,8 @@ def _flops_main(cfg, args) -> int:
               "weighted_sum included", file=sys.stderr)
         raise SystemExit(2)
     res = bench_flops(cfg, rows=rows, runs=names(args.runs), num_layers=args.layers)
-    write_json(args.json, res)
+    if args.json is not None:
+        write_json(args.json, res)
     table = markdown_table(res)
     if args.md is not None:
         write_text(args.md, table)

@@ -47,6 +47,12 @@ FLOP_ROWS = {
     "marble_recompute": ("marble", {**_SOLVE, "full_solve": "recompute"}, 1, False),
     "marble_recompute_diag": ("marble", {**_SOLVE, **_DIAG, "full_solve": "recompute"}, 0,
                               False),
+    # issue 37: MGDA-UB on the output Gram (every micro-step; exact masking, which it requires)
+    # and the norm-corrected amortized step (marble/balancers/fresh.py)
+    "marble_output_gram": ("marble", {"gram_space": "output", "exact_masking": True,
+                                      "cached_weights": "reference"}, 1, False),
+    "marble_norm_corrected": ("marble", {**_AMORTIZED, "cached_weights": "norm_corrected"}, 1,
+                              True),
 }
 # The balancer zoo (marble/balancers/gramian.py): per torchjd weighting a full-solve row
 # (a solve on every micro-step) above its amortized row (the cached weights, one backward),
@@ -171,8 +177,11 @@ def _balancer(cfg, row: str):
     bal = build_balancer(bcfg, cfg.reward_names)
     if prime:  # the balancer's own state format (a zoo row's names its weighting too)
         k = len(cfg.reward_names)
-        bal.load_state_dict({**bal.state_dict(), "alpha_cache": [1.0 / k] * k, "last_full": 0,
-                             "last_alpha": None})
+        state = {**bal.state_dict(), "alpha_cache": [1.0 / k] * k, "last_full": 0,
+                 "last_alpha": None}
+        if "cached_norms" in state:  # norm-corrected: the norms of the solve it primes
+            state.update(cached_norms=[1.0] * k, cached_mean_norm=1.0)
+        bal.load_state_dict(state)
     return bal
 
 

@@ -75,19 +75,25 @@ def build_micro_step(transformer, batch: MicroBatch, train_cfg, params: list, au
 
     # Why a closure: `balancer.full_solve: recompute` reruns only the v_theta forward on
     # the same micro-batch (v_old and v_ref carry no graph and are reused).
-    def forward() -> MicroStep:
-        v_theta = theta_velocity(transformer, batch, autocast)
-        l_pos, l_neg = nft_terms(v_theta, v_old, batch.x0, batch.x_t, batch.sigma, beta)
-        kl_term = t.kl_beta * kl_loss(v_theta, v_ref).mean()
+    # The loss head as a function of a prediction: `balancer.gram_space: output` differentiates
+    # it at a detached copy of v_theta (dL_k/dv without a backward through the transformer).
+    def head(v: torch.Tensor) -> tuple:
+        l_pos, l_neg = nft_terms(v, v_old, batch.x0, batch.x_t, batch.sigma, beta)
 
         def loss_per_sample(r: torch.Tensor) -> torch.Tensor:
             return nft_loss_from_terms(l_pos, l_neg, r, beta, clip)
 
+        return loss_per_sample, t.kl_beta * kl_loss(v, v_ref).mean()
+
+    def forward() -> MicroStep:
+        v_theta = theta_velocity(transformer, batch, autocast)
+        loss_per_sample, kl_term = head(v_theta)
         return MicroStep(
             loss_per_sample=loss_per_sample, kl=kl_term, advantages=batch.advantages,
             avg_advantage=batch.avg_advantage, scale=scale, params=params,
             global_step=global_step, micro_index=micro_index, adv_clip=clip,
-            grad_scaler=grad_scaler, recompute=forward, reward_present=batch.reward_present)
+            grad_scaler=grad_scaler, recompute=forward, reward_present=batch.reward_present,
+            prediction=v_theta, loss_head=head)
 
     return forward()
 

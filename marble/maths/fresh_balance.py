@@ -1,0 +1,109 @@
+"""Balancing at one backward's cost (issue 37): the pure maths of two named options.
+
+Norm-corrected cached weights (`balancer.cached_weights: norm_corrected`, spec D.6 (c)).
+A full solve applies d = n_mean sum_k alpha_k g_k / |g_k| (marble.balancers.solve.combine:
+the unit-gradient min-norm point rescaled by the mean norm of the valid rewards). The
+reference's amortized step applies sum_k alpha_k g_k instead: raw gradients, so a reward
+with a large gradient norm dominates it. Caching w_k = alpha_k n_mean / |g_k| makes the
+amortized single backward sum_k w_k L_k follow the solve's direction: exactly the solve's
+on unchanged gradients.
+
+Output-space Gram (`balancer.gram_space: output`): MGDA-UB (Sener & Koltun 2018, §3.3) with
+the transformer's prediction v as the shared representation. u_k = dL_k/dv costs a backward
+through the loss head only; the min-norm QP on the K x K Gram of the u_k gives weights that
+are fresh for the micro-batch they are applied to. `unit`: QP on the unit u_k and the
+solve's rescale (as `combine` in parameter space); `raw`: QP on the raw u_k, w = alpha.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from marble.maths.qp import min_norm_weights
+
+__all__ = ["norm_corrected_weights", "record_solve_norms", "split_total",
+           "output_space_weights", "output_cosines"]
+
+
+def norm_corrected_weights(alpha, norms, mean_norm: float) -> np.ndarray:
+    """w_k = alpha_k mean_norm / norms_k: the solve's unit-gradient weights in raw-gradient
+    form (sum_k w_k g_k = mean_norm sum_k alpha_k g_k / |g_k|). A reward with alpha_k = 0 or
+    no known norm (never valid at a solve, or a zero gradient) gets w_k = 0."""
+    a = np.asarray(alpha, np.float64)
+    n = np.asarray(norms, np.float64)
+    if a.shape != n.shape:
+        raise ValueError(f"alpha {a.shape} and norms {n.shape} differ in length")
+    known = np.isfinite(n) & (n > 0) & (a != 0)
+    w = np.zeros_like(a)
+    w[known] = a[known] * float(mean_norm) / n[known]
+    return w
+
+
+def record_solve_norms(cached, norms, valid) -> tuple[np.ndarray, float | None]:
+    """The norms a norm-corrected cache holds after a solve, and the solve's mean norm.
+
+    Per reward, the norm of its latest valid gradient: a reward absent from the solve's
+    micro-batch keeps the norm of the last solve it was present at (its EMA'd alpha still
+    carries weight from there); NaN = never measured. The mean norm is the solve's own
+    (mean over the rewards valid at it, as `combine` rescales); None if none was valid."""
+    norms = np.asarray(norms, np.float64)
+    valid = np.asarray(valid, bool)
+    out = np.full(norms.shape, np.nan) if cached is None else np.array(cached, np.float64)
+    out[valid] = norms[valid]
+    mean = float(norms[valid].mean()) if valid.any() else None
+    return out, mean
+
+
+def split_total(w) -> tuple[np.ndarray, float]:
+    """(w / sum w, sum w) for non-negative weights: a point of the simplex the combined-
+    advantage loss takes (the reference's mode is only sum_k a_k L_k on the simplex) and the
+    factor the loss is multiplied by. All zero: (zeros, 0)."""
+    w = np.asarray(w, np.float64)
+    if np.any(w < 0):
+        raise ValueError(f"split_total needs weights >= 0, got {w}")
+    total = float(w.sum())
+    return (w / total if total > 0 else np.zeros_like(w)), total
+
+
+def output_space_weights(gram, grad_eps: float, normalise: str,
+                         solver: Callable = min_norm_weights):
+    """MGDA-UB weights from the K x K Gram of the output gradients u_k = dL_k/dv.
+
+    Returns (w, alpha, valid, norms): alpha on the simplex over the valid rewards (finite,
+    |u_k| > grad_eps), w the weights of the losses sum_k w_k L_k that the one backward
+    applies. `unit`: alpha = QP(<u_k/|u_k|, u_l/|u_l|>), w_k = alpha_k n_mean / |u_k| (the
+    parameter-space solve's rescale, in output space); `raw`: alpha = QP(<u_k, u_l>),
+    w = alpha. One valid reward: alpha = w = 1 on it (its raw gradient, as `combine`)."""
+    if normalise not in ("unit", "raw"):
+        raise ValueError(f"normalise must be 'unit' or 'raw', got {normalise!r}")
+    g = np.asarray(gram, np.float64)
+    norms = np.sqrt(np.maximum(np.diag(g), 0.0))
+    valid = np.isfinite(norms) & (norms > grad_eps)
+    alpha, w = np.zeros(len(g)), np.zeros(len(g))
+    idx = np.flatnonzero(valid)
+    if len(idx) == 0:
+        return w, alpha, valid, norms
+    if len(idx) == 1:
+        alpha[idx] = w[idx] = 1.0
+        return w, alpha, valid, norms
+    sub = g[np.ix_(idx, idx)]
+    if normalise == "unit":
+        sub = sub / np.outer(norms[idx], norms[idx])
+    alpha[idx] = solver(sub)
+    w[idx] = alpha[idx] * (norms[idx].mean() / norms[idx] if normalise == "unit" else 1.0)
+    return w, alpha, valid, norms
+
+
+def output_cosines(gram, w) -> np.ndarray:
+    """cos(d, u_k) for d = sum_l w_l u_l from the Gram alone: (G w)_k / (|d| |u_k|); NaN
+    where u_k = 0 or d = 0. The min-norm point has every cosine >= |d| in unit form."""
+    g = np.asarray(gram, np.float64)
+    w = np.asarray(w, np.float64)
+    gw = g @ w
+    d_norm = float(np.sqrt(max(w @ gw, 0.0)))
+    norms = np.sqrt(np.maximum(np.diag(g), 0.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cos = gw / (d_norm * norms)
+    return np.where((norms > 0) & (d_norm > 0), cos, np.nan)

@@ -1,0 +1,40 @@
+"""`marble bench flops` rows of issue 37's options: a fresh balance at the weighted sum's cost."""
+
+from __future__ import annotations
+
+import pytest
+
+from marble.config import load_config
+
+
+def test_output_gram_and_norm_corrected_rows_cost_the_weighted_sum(capsys):
+    """Done-when of issue 37: both rows <= 1.01x the weighted sum's counted FLOPs, with its
+    passes (one forward with grad, one backward: no per-reward transformer pass)."""
+    from marble.tools.bench import main
+
+    assert main(["flops", "--preset", "tiny", "--rows",
+                 "weighted_sum,marble,marble_output_gram,marble_norm_corrected"]) == 0
+    lines = {line.split("|")[1].strip(): line.split("|") for line in capsys.readouterr().out.splitlines()
+             if line.startswith("| marble_") or line.startswith("| weighted_sum")}
+    for row in ("marble_output_gram", "marble_norm_corrected"):
+        cells = lines[row]
+        assert float(cells[3]) <= 1.01, row  # x weighted_sum
+        assert (cells[4].strip(), cells[6].strip()) == ("1", "1"), row  # fwd grad, backward
+
+
+def test_runs_of_the_options_are_priced_from_their_rows():
+    from marble.balancers.cadence import kind_row, run_overhead
+
+    flops = {"weighted_sum": 1.0, "marble": 1.0, "marble_diag": 3.0, "mgda": 5.0, "mgda_diag": 6.0,
+             "marble_output_gram": 1.5, "marble_norm_corrected": 2.0}
+    out = run_overhead(load_config("tiny_output_gram"), flops)
+    assert out["full_solves"] == 0  # no solve of per-reward parameter gradients, ever
+    n, diag = out["micro_steps"], out["diagnostic_micro_steps"]
+    assert out["ratio"] == pytest.approx(((n - diag) * 1.5 + diag * 3.0) / n)
+    base = run_overhead(load_config("tiny"), flops)
+    normcorr = run_overhead(load_config("tiny_norm_corrected"), flops)
+    assert normcorr["full_solves"] == base["full_solves"] > 0  # MARBLE's schedule, unchanged
+    assert normcorr["ratio"] > base["ratio"]  # its amortized steps read their own row
+    assert kind_row("marble", "retain", True, False, None, "marble_norm_corrected") == "mgda"
+    with pytest.raises(KeyError, match="marble_output_gram"):
+        run_overhead(load_config("tiny_output_gram"), {"weighted_sum": 1.0, "marble_diag": 1.0})
