@@ -64,7 +64,7 @@ MUTANTS: list[Mutant] = [
             "tests/test_flow.py::test_forward_process_by_hand"),
            "x_t = sigma x0 + (1 - sigma) eps: the other flow convention"),
     Mutant("kl_against_old_policy", "marble/training/microstep.py",
-           "kl_loss(v_theta, v_ref)", "kl_loss(v_theta, v_old)",
+           "kl_loss(v, v_ref)", "kl_loss(v, v_old)",
            ("tests/test_microstep.py::test_lora_gradient_equals_hand_built_nft_plus_kl",),
            "the KL term pulls towards the old policy instead of the frozen base"),
     Mutant("nft_negative_policy_sign", "marble/maths/nft.py",
