@@ -176,8 +176,9 @@ def test_report_summary_prints_the_path_and_the_verdict_in_one_line(runs, tmp_pa
 
 
 def test_make_demo_ends_with_the_summary_and_runs_its_jobs_locally():
-    plan = subprocess.run(["make", "-n", "demo", "VENV=/nonexistent-venv"], cwd=ROOT, capture_output=True,
-                          text=True, check=True).stdout.strip().splitlines()
+    # --no-print-directory: under `make test` this make is a sub-make, which prints "Leaving directory"
+    plan = subprocess.run(["make", "--no-print-directory", "-n", "demo", "VENV=/nonexistent-venv"], cwd=ROOT,
+                          capture_output=True, text=True, check=True).stdout.strip().splitlines()
     snakemake = next(line for line in plan if "snakemake -c2 all" in line)
     assert "MARBLE_LOCAL_JOBS=1" in snakemake  # the preflight doctor skips SLURM on a local run
     assert plan[-1] == "/nonexistent-venv/bin/marble report summary results/report"

@@ -88,6 +88,7 @@ sys.exit(75)
 FAKE_TORCHRUN = """#!/usr/bin/env bash
 # Like torchrun: workers are children; any failed worker makes the agent exit 1.
 echo "torchrun $*" >> "$FAKE_LOG"
+while [ -e "$FAKE_DIR/hold" ]; do sleep 0.05; done  # a worker not started yet
 {python} "$FAKE_DIR/worker.py" "$FAKE_MODE" "$FAKE_LOG" &
 wait $!
 rc=$?
@@ -137,6 +138,28 @@ def test_wrapper_turns_usr1_into_checkpoint_exit_and_requeue(tmp_path):
     assert lines[-1] == "scontrol requeue 4242"
     assert "step 7 SIGUSR1" in out and "requeue job 4242" in out
     assert not list(tmp_path.glob("marble-requeue.*"))  # the flag file is cleaned up
+
+
+def test_a_usr1_before_the_workers_exist_still_stops_them(tmp_path):
+    """SLURM may send USR1 up to a minute early, before torchrun has started its workers: the
+    wrapper keeps it pending and sends it again until they stop (it used to be lost, and the
+    job ran into its hard limit)."""
+    env, log = _fake_cluster(tmp_path, "train")
+    (tmp_path / "hold").touch()
+    proc = subprocess.Popen(["bash", str(WRAPPER), "--preset", "tiny"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for(log, proc)  # torchrun runs; its worker does not exist yet
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(0.5)  # lets the wrapper handle it while no worker exists (not a timing assertion)
+        (tmp_path / "hold").unlink()
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    lines = log.read_text().splitlines()
+    assert f"worker got {int(signal.SIGUSR1)}" in lines and lines[-1] == "scontrol requeue 4242"
 
 
 def test_wrapper_does_not_requeue_a_failed_run(tmp_path):

@@ -150,11 +150,14 @@ def test_tiny_pipeline_end_to_end(tiny_pipeline):
 
 
 @pytest.mark.slow
-def test_claim_shrunk_in_the_pipeline(tiny_pipeline):
-    """The `claim` stage shrunk by .test/config.yaml (2 arms x 2 seeds x 3 steps, in the
-    fixture's dvc repro): the verdict's documented keys, an answer per question that is
-    true, false or a bound, and the full-solve property on every full-solve step."""
-    work = tiny_pipeline["dir"]
+def test_claim_shrunk_in_the_pipeline(tiny_pipeline, tmp_path):
+    """`snakemake -c2 claim` shrunk by .test/config.yaml (2 arms x 2 seeds x 3 steps), in a copy
+    of the fixture's repro (the claim is not a DVC stage: it runs only when named): the
+    verdict's documented keys, an answer per question that is true, false or a bound, and the
+    full-solve property on every full-solve step."""
+    work = tmp_path / "repo"
+    shutil.copytree(tiny_pipeline["dir"], work, symlinks=True)
+    snakemake(["-c2", "claim", "--profile", "workflow/profiles/local"], work, timeout=1200)
     verdict = json.loads((work / "results/claim/verdict.json").read_text())
     assert set(verdict["arms"]) == {"weighted_sum", "marble_n5"} and verdict["seeds"] == [1, 2]
     assert set(verdict) >= {"questions", "sentences", "arm_results", "specialists", "cost",

@@ -26,7 +26,9 @@ def _placeholders(work: Path, runs: dict[str, int]) -> None:
     """Inputs and finished runs as empty files: enough for a dry run. Every file is
     older than the model, so Snakemake's mtime rule alone would retrain every run."""
     old, older = time.time() - 3600, time.time() - 7200
-    for d in ["data/models/tiny-sd3", "data/raw-tiny", "data/datasets/tiny"]:
+    # the toy rewards' checkpoint folder too: every run and evaluation takes it as an input
+    reward_dir = yaml.safe_load((work / "config.yaml").read_text())["reward_ckpt_dir"]
+    for d in ["data/models/tiny-sd3", "data/raw-tiny", "data/datasets/tiny", reward_dir]:
         (work / d).mkdir(parents=True, exist_ok=True)
     for f in ["data/datasets/tiny/train.parquet", "data/datasets/tiny/test.parquet"]:
         (work / f).write_bytes(b"placeholder")

@@ -10,6 +10,25 @@
 # task 0 runs `scontrol requeue`, and the requeued job resumes from that checkpoint
 # (marble train always resumes from its run folder).
 set -euo pipefail
+child=""
+pending=""
+
+# The workers are torchrun's direct children (each in its own session, so a process group
+# signal would miss them); marble.training.stopping flags the signal in each of them.
+signal_workers() {
+    if [ -n "$child" ] && [ -n "$pending" ]; then pkill "-$pending" -P "$child" 2>/dev/null || true; fi
+}
+forward() {
+    echo "torchrun_slurm: $1 (time limit or preemption): asking training to checkpoint and stop"
+    pending="$1"
+    signal_workers
+}
+# Trapped from the start: SLURM may send USR1 up to a minute before the time it was asked
+# for, so it can come before torchrun has started its workers (or before they install their
+# handler, while USR1 is still ignored): kept as pending and sent again below until torchrun
+# ends. A repeat is harmless: the workers only record it.
+trap 'forward USR1' USR1
+trap 'forward TERM' TERM
 # The requeue exit code from its one home (the environment that runs `-m marble.train` below;
 # torch-free, ~0.1 s): a number written here too could drift from what the trainer exits with.
 EXIT_REQUEUE="$(python -c 'from marble.training.stopping import EXIT_REQUEUE; print(EXIT_REQUEUE)')"
@@ -41,27 +60,24 @@ echo "torchrun_slurm: task ${SLURM_PROCID:-0} of $nnodes on $(hostname -s)," \
 requeue_file="${TMPDIR:-/tmp}/marble-requeue.$SLURM_JOB_ID.${SLURM_PROCID:-0}.$$"
 rm -f "$requeue_file"
 export MARBLE_REQUEUE_FILE="$requeue_file"
-child=""
-
-forward() {
-    echo "torchrun_slurm: $1 (time limit or preemption): asking training to checkpoint and stop"
-    # The workers are torchrun's direct children (each in its own session, so a process
-    # group signal would miss them); marble.training.stopping flags the signal in each of them.
-    [ -n "$child" ] && pkill "-$1" -P "$child" 2>/dev/null || true
-}
-
-# torchrun must survive USR1 (its default action is to die): an ignored signal stays
-# ignored across exec, and the workers install their own handler.
-trap '' USR1
-torchrun --nnodes "$nnodes" --nproc_per_node "$nproc" \
+# torchrun must survive USR1 (its default action is to die): an ignored signal stays ignored
+# across exec (a trapped one does not), and the workers install their own handler.
+( trap '' USR1; exec torchrun --nnodes "$nnodes" --nproc_per_node "$nproc" \
     --rdzv_backend c10d --rdzv_endpoint "$head_host:$port" --rdzv_id "$SLURM_JOB_ID" \
-    --max_restarts 0 -m marble.train "$@" &
+    --max_restarts 0 -m marble.train "$@" ) &
 child=$!
-trap 'forward USR1' USR1
-trap 'forward TERM' TERM
+signal_workers  # a signal that came before torchrun existed
 # `wait` returns early when a trapped signal arrives: keep waiting for torchrun.
+# With a signal pending, wake every 2 s to send it again until torchrun has ended.
 while true; do
     set +e
+    if [ -n "$pending" ] && kill -0 "$child" 2>/dev/null; then
+        sleep 2 &
+        wait $!
+        signal_workers
+        set -e
+        continue
+    fi
     wait "$child"
     status=$?
     set -e
