@@ -120,21 +120,27 @@ def test_in_a_container_each_task_runs_under_apptainer_exec_and_the_batch_shell_
     assert "train.sbatch: training stopped with a checkpoint: requeue job 4242" in proc.stdout
 
 
-@pytest.mark.slow
-@pytest.mark.slurm
-def test_sbatch_trains_the_tiny_model_on_one_node_of_the_localhost_slurm(tiny_model_dir, tmp_path):
-    """The script as a CPU site would submit it: its #SBATCH geometry overridden on the command
-    line (one node, one CPU, 2 GB, 20 min) and the gres line taken out (no GPUs here)."""
+def _cpu_job(tiny_model_dir, tmp_path) -> tuple:
+    """(script, run folder, log, --set values) of the tiny training as a CPU site submits the
+    script: the gres line taken out (no GPUs here); skips without a localhost SLURM."""
     reason = _slurm_ready()
     if reason:
         pytest.skip(reason)
     script = tmp_path / "train.sbatch"
     script.write_text(re.sub(r"(?m)^#SBATCH --gres=.*\n", "", SBATCH.read_text()))
     table = three_prompt_table(tmp_path / "train.parquet")
-    run, log = tmp_path / "run", tmp_path / "job.log"
     sets = [f"model.path={tiny_model_dir}", f"data.train={table}", "sampling.num_steps=3",
             "sampling.resolution=32", "sampling.images_per_prompt=2", "sampling.batch_size=6",
             "sampling.num_batches_per_epoch=1", "train.batch_size=3"]
+    return script, tmp_path / "run", tmp_path / "job.log", sets
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_sbatch_trains_the_tiny_model_on_one_node_of_the_localhost_slurm(tiny_model_dir, tmp_path):
+    """The script as a CPU site would submit it: its #SBATCH geometry overridden on the command
+    line (one node, one CPU, 2 GB, 20 min) and the gres line taken out (no GPUs here)."""
+    script, run, log, sets = _cpu_job(tiny_model_dir, tmp_path)
     proc = subprocess.run(
         ["sbatch", "--wait", "--nodes=1", "--cpus-per-task=1", "--mem=2000", "--time=20",
          f"--output={log}", str(script), "--preset", "tiny", "--output-dir", str(run), "--no-progress",
@@ -157,17 +163,10 @@ def test_a_run_longer_than_the_time_limit_requeues_itself_and_finishes(tiny_mode
     requeues the job (same id). Once that attempt has stopped, the test lowers max_steps to 3
     past where it stopped (a result-neutral key, read by the next attempt) and gives the job
     30 min (`scontrol update TimeLimit`). The run then ends with every step once."""
-    reason = _slurm_ready()
-    if reason:
-        pytest.skip(reason)
-    script = tmp_path / "train.sbatch"
-    script.write_text(re.sub(r"(?m)^#SBATCH --gres=.*\n", "", SBATCH.read_text()))
-    table = three_prompt_table(tmp_path / "train.parquet")
-    run, log, steps_file = tmp_path / "run", tmp_path / "job.log", tmp_path / "steps.yaml"
+    script, run, log, sets = _cpu_job(tiny_model_dir, tmp_path)
+    sets.append("train.save_every=1000")
+    steps_file = tmp_path / "steps.yaml"
     steps_file.write_text("train:\n  max_steps: 1000000\n")
-    sets = [f"model.path={tiny_model_dir}", f"data.train={table}", "sampling.num_steps=3",
-            "sampling.resolution=32", "sampling.images_per_prompt=2", "sampling.batch_size=6",
-            "sampling.num_batches_per_epoch=1", "train.batch_size=3", "train.save_every=1000"]
     job = subprocess.Popen(
         ["sbatch", "--wait", "--parsable", "--nodes=1", "--cpus-per-task=1", "--mem=2000", "--time=2",
          "--signal=USR1@60", f"--output={log}", str(script), "--preset", "tiny", "--output-dir", str(run),
