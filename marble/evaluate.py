@@ -60,8 +60,8 @@ from marble.evaluation.results import (
     json_safe,
     read_results,
 )
-from marble.assets import hub_ref as hub_refs
-from marble.assets.hub_ref import HUB_PREFIX, hub_ref
+from marble.evaluation.checkpoints import resolve_checkpoint
+from marble.assets.hub_ref import HUB_PREFIX
 from marble.runtime.io import write_json
 from marble.runtime.provenance import write_provenance
 from marble.training import run_lock
@@ -196,56 +196,6 @@ def merged_reward_options(flag: str | None, env: str | None = None) -> dict[str,
     for name, opts in read_reward_options(flag).items():
         merged.setdefault(name, {}).update(opts)
     return merged
-
-
-def resolve_checkpoint(args):
-    """(LoRA to load or None, checkpoint description for run_info)."""
-    if args.checkpoint_path:
-        from marble.evaluation.checkpoints import resolve_lora
-
-        resolved = resolve_lora(args.checkpoint_path)
-        return resolved.lora_dir, str(resolved.checkpoint.resolve())
-    if args.lora_hf_path:
-        local = Path(args.lora_hf_path).expanduser()
-        if not args.lora_hf_path.startswith(HUB_PREFIX) and local.is_dir():
-            return local, str(local.resolve())
-        from marble.evaluation.checkpoints import resolve_lora
-
-        repo_id, revision = parse_hub_ref(args.lora_hf_path)
-        folder = download_hub_lora(repo_id, revision)
-        # The snapshot folder is named by its commit: the identity pins what was evaluated,
-        # so a branch that moved between two runs is refused rather than mixed.
-        commit = folder.name if folder.parent.name == "snapshots" else revision
-        return resolve_lora(folder).lora_dir, hub_ref(repo_id, commit)
-    return None, None
-
-
-def parse_hub_ref(value: str) -> tuple[str, str | None]:
-    """`[hf:]<repo id>[@revision]` -> (repo id, revision or None), as a CheckpointError."""
-    from marble.evaluation.checkpoints import CheckpointError
-
-    try:
-        return hub_refs.parse_hub_ref(value)
-    except hub_refs.HubRefError as exc:
-        raise CheckpointError(str(exc)) from None
-
-
-def download_hub_lora(repo_id: str, revision: str | None) -> Path:
-    """The LoRA repo's local snapshot (marble.assets.hub.snapshot: the huggingface_hub cache,
-    HF_ENDPOINT, HF_TOKEN, retried on transient errors). With HF_HUB_OFFLINE=1 (compute
-    nodes) it is read from the cache only. A revision should be a commit hash: a branch or
-    tag may move between runs."""
-    from marble.assets.download import DownloadError
-    from marble.assets.hub import snapshot
-    from marble.evaluation.checkpoints import CheckpointError
-
-    try:  # a LoRA repo is small: fetch it whole, then load it like a local folder
-        return snapshot(repo_id, revision)
-    except DownloadError as exc:
-        raise CheckpointError(
-            f"hub LoRA {hub_ref(repo_id, revision)}: {exc}; on an offline node fetch it first "
-            f"(`python -m marble.assets.hub {hub_ref(repo_id, revision)} --out DIR`) "
-            "or pass a local folder") from exc
 
 
 def claim(args, info, run_identity) -> tuple[Path | None, str | None]:

@@ -165,7 +165,8 @@ def test_image_prompts_maps_file_names_like_the_reference():
 
 
 def test_hub_references_parse():
-    from marble.evaluate import parse_args, parse_hub_ref
+    from marble.evaluate import parse_args
+    from marble.evaluation.checkpoints import parse_hub_ref
 
     assert parse_hub_ref("hf:org/name@abc") == ("org/name", "abc")
     assert parse_hub_ref("org/name") == ("org/name", None) and parse_hub_ref("hf:name") == ("name", None)

@@ -18,6 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from marble.assets import hub_ref as hub_refs
+from marble.assets.download import DownloadError
+from marble.assets.hub import snapshot
+from marble.assets.hub_ref import HUB_PREFIX, hub_ref
+
 from marble.training.checkpoint_format import (
     CheckpointError,
     damaged_files,
@@ -85,3 +90,46 @@ def resolve_lora(path: str | Path) -> ResolvedLora:
         "weights), a marble run folder (`checkpoints/checkpoint-N/`), nor a LoRA folder (peft: "
         f"adapter_config.json + {' or '.join(PEFT_WEIGHTS)}; diffusers: {DIFFUSERS_WEIGHTS[0]})"
     )
+
+
+def resolve_checkpoint(args):
+    """(LoRA to load or None, checkpoint description for run_info) of `marble evaluate`'s
+    `--checkpoint_path` (a run, a checkpoint or a LoRA folder) or `--lora_hf_path` (a local
+    folder or `[hf:]<repo id>[@revision]`)."""
+    if args.checkpoint_path:
+        resolved = resolve_lora(args.checkpoint_path)
+        return resolved.lora_dir, str(resolved.checkpoint.resolve())
+    if args.lora_hf_path:
+        local = Path(args.lora_hf_path).expanduser()
+        if not args.lora_hf_path.startswith(HUB_PREFIX) and local.is_dir():
+            return local, str(local.resolve())
+        repo_id, revision = parse_hub_ref(args.lora_hf_path)
+        folder = download_hub_lora(repo_id, revision)
+        # The snapshot folder is named by its commit: the identity pins what was evaluated,
+        # so a branch that moved between two runs is refused rather than mixed.
+        commit = folder.name if folder.parent.name == "snapshots" else revision
+        return resolve_lora(folder).lora_dir, hub_ref(repo_id, commit)
+    return None, None
+
+
+def parse_hub_ref(value: str) -> tuple[str, str | None]:
+    """`[hf:]<repo id>[@revision]` -> (repo id, revision or None), as a CheckpointError."""
+    try:
+        return hub_refs.parse_hub_ref(value)
+    except hub_refs.HubRefError as exc:
+        raise CheckpointError(str(exc)) from None
+
+
+def download_hub_lora(repo_id: str, revision: str | None) -> Path:
+    """The LoRA repo's local snapshot (marble.assets.hub.snapshot: the huggingface_hub cache,
+    HF_ENDPOINT, HF_TOKEN, retried on transient errors). With HF_HUB_OFFLINE=1 (compute
+    nodes) it is read from the cache only. A revision should be a commit hash: a branch or
+    tag may move between runs."""
+
+    try:  # a LoRA repo is small: fetch it whole, then load it like a local folder
+        return snapshot(repo_id, revision)
+    except DownloadError as exc:
+        raise CheckpointError(
+            f"hub LoRA {hub_ref(repo_id, revision)}: {exc}; on an offline node fetch it first "
+            f"(`python -m marble.assets.hub {hub_ref(repo_id, revision)} --out DIR`) "
+            "or pass a local folder") from exc
