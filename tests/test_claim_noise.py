@@ -157,3 +157,81 @@ def test_each_seed_starts_from_its_own_pretrained_model_when_asked():
 def test_a_control_without_rewards_is_an_error_naming_the_key():
     with pytest.raises(ValueError, match="claim.control.rewards: name the control's rewards"):
         control_arms({**SECTION, "control": {"arms": ["weighted_sum"]}})
+
+
+def _write_run(root, arm: str, seed: int, anti: float, rewards: list[str], batch: int, dilution_s: float):
+    """A claim run folder as `marble train` leaves it: config.yaml, metrics.jsonl (two
+    diagnostic steps at every level), eval.jsonl (step 0 and 2), train_summary.json."""
+    import json
+
+    import yaml
+
+    run = root / f"{arm}-s{seed}"
+    run.mkdir(parents=True)
+    method = "marble" if arm.startswith("marble") else "weighted_sum"
+    cfg = {"balancer": {"method": method, "amortize_every": 5 if method == "marble" else None,
+                        "alpha_ema": 0.7 if method == "marble" else None},
+           "train": {"batch_size": batch, "max_steps": 2, "seed": seed},
+           "model": {"path": f"data/models/claim/tiny-sd3-s{seed}"},
+           "rewards": [{"name": r} for r in rewards]}
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    lines = []
+    for step in (1, 2):
+        line = {"step": step, "full_solve": 1.0 if method == "marble" and step == 1 else 0.0,
+                "cos_min": 0.3 if method == "marble" else -0.1}
+        for level_cols in LEVELS.values():
+            line[level_cols[0]] = anti
+        for r in rewards:
+            line[f"reward/{r}"] = 0.5
+            line[f"reward_applicable/{r}"] = 3 if r == rewards[-1] else 12
+            line[f"dilution/{r}"] = dilution_s if r == rewards[-1] else 0.9
+        lines.append(line)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    evals = [{"step": 0, **{f"eval_reward/{r}": 0.0 for r in rewards}},
+             {"step": 2, **{f"eval_reward/{r}": 0.1 * seed for r in rewards}}]
+    (run / "eval.jsonl").write_text("".join(json.dumps(x) + "\n" for x in evals))
+    (run / "train_summary.json").write_text(json.dumps({"cpu_time_s": 10.0}))
+
+
+def test_the_claim_cli_reports_sweep_control_dilution_and_models(tmp_path):
+    """Synthetic runs: the weighted sum anti-aligned 0.5 / 0.6 / 0.4 at micro-batch 6 and 0.2 at
+    12 (falls), its control (copies of one reward) 0.1, MARBLE's rollouts 0.0; the weighted
+    sum's advantage correlates 0.2 / 0.3 / 0.4 with the specialist's own."""
+    import json
+
+    from marble.report.claim_cli import main
+
+    runs = tmp_path / "runs"
+    for seed, ws in zip((1, 2, 3), (0.5, 0.6, 0.4)):
+        _write_run(runs, "weighted_sum", seed, ws, ["g", "s"], 6, 0.1 + 0.1 * seed)
+        _write_run(runs, "weighted_sum_mb12", seed, 0.2, ["g", "s"], 12, 0.5)
+        _write_run(runs, "marble_n5", seed, 0.0, ["g", "s"], 6, 0.6)
+        _write_run(runs, "control_weighted_sum", seed, 0.1, ["b", "b_copy"], 6, 1.0)
+    out = tmp_path / "out"
+    assert main(["--runs", str(runs), "--marble-arm", "marble_n5", "--baseline-arm", "weighted_sum",
+                 "--pilot", str(tmp_path / "none.json"), "--out", str(out)]) == 0
+    v = json.loads((out / "verdict.json").read_text())
+    assert "control_weighted_sum" not in v["arms"] and v["rewards"] == ["g", "s"]
+    sweep = v["noise"]["sweep"]["weighted_sum"]
+    assert sweep["arms"] == {"6": "weighted_sum", "12": "weighted_sum_mb12"}
+    falls = sweep["levels"]["step"]["falls_with_batch_size"]
+    assert falls["means"] == {"6": pytest.approx(0.5), "12": pytest.approx(0.2)} and falls["answer"] is True
+    control = v["noise"]["control"]["control_weighted_sum"]
+    assert control["levels"]["update"]["mean"] == pytest.approx(0.1)
+    assert control["conflict_beyond_control"]["applied_micro"]["difference"]["mean"] == pytest.approx(0.4)
+    dil = v["dilution"]["rewards"]["s"]
+    assert dil["specialist"] and dil["weighted_sum_advantage"]["weighted_sum"]["mean"] == pytest.approx(0.3)
+    assert dil["weighted_sum_advantage"]["marble_n5"]["mean"] == pytest.approx(0.6)
+    assert v["replication"]["pretrained_models"]["per_seed"] is True
+    assert any(s.startswith("No-conflict control control_weighted_sum") for s in v["sentences"])
+    assert any(s.startswith("Dilution of s:") for s in v["sentences"])
+
+
+def test_noise_sentences_say_true_false_or_a_bound():
+    sweep = {"w": {"levels": {"step": {"falls_with_batch_size": {"means": {6: 0.5, 24: None}, "answer": True}}}}}
+    control = {"control_w": {"base_arm": "w", "levels": {"step": {"mean": 0.1}},
+                             "conflict_beyond_control": {"step": {"answer": "no difference larger than 0.2"}}}}
+    assert noise_sentences({"sweep": sweep, "control": control}, {}) == [
+        "w, anti-aligned fraction by micro-batch size: step (6: 0.500, 24: n/a) falls: true.",
+        "No-conflict control control_w, anti-aligned fraction: step 0.100 (beyond the control in w: "
+        "no difference larger than 0.2)."]

@@ -131,6 +131,11 @@ def _fmt(x) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
 
+def _said(answer) -> str:
+    """An answer in the verdict's words: true / false / "no difference larger than X"."""
+    return str(answer).lower() if isinstance(answer, bool) else str(answer)
+
+
 def noise_sentences(noise: dict, dilution: dict) -> list[str]:
     """One sentence per sweep, control and specialist, in the verdict's words."""
     out = []
@@ -139,11 +144,12 @@ def noise_sentences(noise: dict, dilution: dict) -> list[str]:
         for level, v in entry["levels"].items():
             f = v["falls_with_batch_size"]
             means = ", ".join(f"{s}: {_fmt(m)}" for s, m in f["means"].items())
-            parts.append(f"{level} ({means}) falls: {f['answer']}")
+            parts.append(f"{level} ({means}) falls: {_said(f['answer'])}")
         out.append(f"{base}, anti-aligned fraction by micro-batch size: " + "; ".join(parts) + ".")
     for arm, entry in noise.get("control", {}).items():
+        beyond = entry["conflict_beyond_control"]
         parts = [f"{level} {_fmt(iv['mean'])} (beyond the control in {entry['base_arm']}: "
-                 f"{entry['conflict_beyond_control'][level]['answer']})" for level, iv in entry["levels"].items()]
+                 f"{_said(beyond[level]['answer'])})" for level, iv in entry["levels"].items()]
         out.append(f"No-conflict control {arm}, anti-aligned fraction: " + "; ".join(parts) + ".")
     for r, v in dilution.get("rewards", {}).items():
         if v["specialist"]:
