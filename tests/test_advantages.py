@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from marble.maths.advantages import (
+    advantage_correlation,
     combine_advantages,
     group_advantages,
     nan_mean_reward,
@@ -88,3 +89,39 @@ def test_combine_advantages_fills_nan_with_zero():
     adv = torch.tensor([[1.0, float("nan")], [2.0, -4.0]])
     out = combine_advantages(adv, [0.25, 0.75])
     torch.testing.assert_close(out, torch.tensor([0.25, 0.5 - 3.0]))
+
+
+def test_advantage_correlation_by_hand():
+    """combined [1, -1, 1, -1], own [2, NaN, 0, -2]: the three finite pairs (1, 2), (1, 0),
+    (-1, -2); centred c = [2/3, 2/3, -4/3], o = [2, 0, -2]; sum co = 4, sum c^2 = 8/3,
+    sum o^2 = 8, so r = 4 / sqrt(64/3) = sqrt(3)/2."""
+    combined = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    own = torch.tensor([2.0, float("nan"), 0.0, -2.0])
+    assert advantage_correlation(combined, own) == pytest.approx(math.sqrt(3) / 2, rel=1e-12)
+    # the reward's own advantage against itself (MARBLE's per-reward term): 1; negated: -1
+    assert advantage_correlation(own, own) == pytest.approx(1.0)
+    assert advantage_correlation(-own, own) == pytest.approx(-1.0)
+    # scale-free: the weighted sum's 1/K factor does not count as dilution
+    assert advantage_correlation(0.25 * combined, own) == pytest.approx(math.sqrt(3) / 2)
+
+
+def test_advantage_correlation_undefined_cases():
+    nan = float("nan")
+    assert math.isnan(advantage_correlation([1.0, 2.0, 3.0], [nan, 1.0, nan]))  # one pair
+    assert math.isnan(advantage_correlation([1.0, 2.0, 3.0], [0.0, 0.0, 0.0]))  # constant own
+    with pytest.raises(ValueError, match="differ in length"):
+        advantage_correlation([1.0, 2.0], [1.0, 2.0, 3.0])
+
+
+def test_epoch_reward_metrics_logs_dilution_per_reward():
+    """`dilution/<reward>` in the epoch's metrics: the one-per-sample advantage against each
+    reward's own (a generalist equal to it up to scale: 1; the hand case above: sqrt(3)/2)."""
+    from marble.training.rollout import epoch_reward_metrics
+
+    avg = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    adv = torch.stack([2 * avg, torch.tensor([2.0, float("nan"), 0.0, -2.0])], dim=1)
+    rewards = torch.tensor([[0.5, 0.2], [0.1, float("nan")], [0.4, 0.1], [0.2, 0.0]])
+    out = epoch_reward_metrics(["gen", "spec"], rewards, ~torch.isnan(rewards), adv, avg)
+    assert out["dilution/gen"] == pytest.approx(1.0)
+    assert out["dilution/spec"] == pytest.approx(math.sqrt(3) / 2)
+    assert out["reward_applicable/spec"] == 3

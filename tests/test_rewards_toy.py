@@ -113,3 +113,15 @@ def test_cli_list_and_score(tmp_path, capsys):
     assert main(["score", "--reward", "toy_text_contrast", "--image", str(tmp_path / "red.png"),
                  "--prompt", "no quotes"]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[0])["score"] is None  # NaN -> null
+
+
+def test_brightness_copy_is_brightness_under_a_second_name():
+    """The claim's no-conflict control (docs/claim.md): toy_brightness_copy scores exactly as
+    toy_brightness, and with `applies_to: [ocr]` only the OCR prompts (the rest NaN)."""
+    images = torch.stack([solid([1, 1, 1]), solid([0.5, 0.25, 0.5]), solid([0, 0, 0])])
+    meta = [{"source": "ocr"}, {"source": "pickscore"}, {"source": "ocr"}]
+    copy = build("toy_brightness_copy", applies_to=["ocr"])(images, ["p"] * 3, meta)
+    bright = build("toy_brightness")(images, ["p"] * 3, meta)
+    assert copy[0] == bright[0] == 1.0 and copy[2] == bright[2] == 0.0
+    assert torch.isnan(copy[1]) and bright[1] == pytest.approx(0.299 * 0.5 + 0.587 * 0.25 + 0.114 * 0.5)
+    assert "toy_brightness_copy" in set(available())

@@ -83,7 +83,7 @@ def test_tiny_training_each_balancer(method, tiny_model_dir, table_path, tmp_pat
     for key in ["epoch", "balancer", "time/step_s", "time/rollout_s", "loss/policy", "loss/kl",
                 "grad_norm", "old_decay", "ema_decay", "full_solve"] + [
             f"{p}/{n}" for n in REWARDS for p in ("reward", "reward_applicable", "reward_nan",
-                                                   "adv_std")] + [
+                                                   "adv_std", "dilution")] + [
             f"time/reward_{n}_s" for n in REWARDS]:
         assert key in last, f"{method}: metrics.jsonl lacks {key}"
     assert last["balancer"] == method

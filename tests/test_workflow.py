@@ -151,15 +151,17 @@ def test_tiny_pipeline_end_to_end(tiny_pipeline):
 
 @pytest.mark.slow
 def test_claim_shrunk_in_the_pipeline(tiny_pipeline, tmp_path):
-    """`snakemake -c2 claim` shrunk by .test/config.yaml (2 arms x 2 seeds x 3 steps), in a copy
-    of the fixture's repro (the claim is not a DVC stage: it runs only when named): the
-    verdict's documented keys, an answer per question that is true, false or a bound, and the
-    full-solve property on every full-solve step."""
+    """`snakemake -c2 claim` shrunk by .test/config.yaml (2 arms x 2 seeds x 3 steps, the sweep's
+    one extra micro-batch size and the no-conflict control on the weighted sum, one pretrained
+    model per seed), in a copy of the fixture's repro (the claim is not a DVC stage: it runs
+    only when named): the verdict's documented keys, an answer per question that is true,
+    false or a bound, and the full-solve property on every full-solve step."""
     work = tmp_path / "repo"
     shutil.copytree(tiny_pipeline["dir"], work, symlinks=True)
     snakemake(["-c2", "claim", "--profile", "workflow/profiles/local"], work, timeout=1200)
     verdict = json.loads((work / "results/claim/verdict.json").read_text())
-    assert set(verdict["arms"]) == {"weighted_sum", "marble_n5"} and verdict["seeds"] == [1, 2]
+    assert set(verdict["arms"]) == {"weighted_sum", "marble_n5", "weighted_sum_mb12"}
+    assert verdict["seeds"] == [1, 2]
     assert set(verdict) >= {"questions", "sentences", "arm_results", "specialists", "cost",
                             "published_anti_aligned", "arm_settings", "rewards"}
     for name, q in verdict["questions"].items():
@@ -176,6 +178,19 @@ def test_claim_shrunk_in_the_pipeline(tiny_pipeline, tmp_path):
     assert verdict["replication"]["status"] == "not computable"  # one seed per half
     assert "a_every_reward_rises_under_marble" in verdict["multiplicity"]["families"]
     assert verdict["pilot"] == "no pilot"
+    # issue 36 items 3 and 5: the micro-batch sweep, the no-conflict control, the dilution and
+    # one independently pretrained model per seed
+    sweep = verdict["noise"]["sweep"]["weighted_sum"]
+    assert sweep["arms"] == {"6": "weighted_sum", "12": "weighted_sum_mb12"}
+    for level, v in sweep["levels"].items():
+        a = v["falls_with_batch_size"]["answer"]
+        assert a is True or a is False or a.startswith("no difference larger than "), (level, a)
+    control = verdict["noise"]["control"]["control_weighted_sum"]
+    assert control["base_arm"] == "weighted_sum" and control["levels"]["applied_micro"]["n"] == 2
+    dilution = verdict["dilution"]["rewards"]["toy_text_contrast"]
+    assert dilution["specialist"] and dilution["weighted_sum_advantage"]["weighted_sum"]["n"] == 2
+    models = verdict["replication"]["pretrained_models"]
+    assert models["per_seed"] is True and models["by_seed"]["1"] == ["data/models/claim/tiny-sd3-s1"]
     assert "## The claim at CPU scale" in (work / "results/claim/claim.md").read_text()
     assert {p.name for p in (work / "results/claim/figures").glob("*.png")} == {
         "change.png", "anti_aligned_vs_n.png", "cost.png"}

@@ -11,7 +11,8 @@ from typing import Hashable, Sequence
 import numpy as np
 import torch
 
-__all__ = ["group_advantages", "nan_weighted_mean", "nan_mean_reward", "combine_advantages"]
+__all__ = ["group_advantages", "nan_weighted_mean", "nan_mean_reward", "combine_advantages",
+           "advantage_correlation"]
 
 
 def _as_tensor(x) -> torch.Tensor:
@@ -95,3 +96,24 @@ def combine_advantages(advantages: torch.Tensor, alpha) -> torch.Tensor:
         )
     # In the advantages' dtype, like the reference (the product is rounded there, then summed).
     return (torch.nan_to_num(advantages, nan=0.0) * a.to(advantages.dtype)).sum(1)
+
+
+def advantage_correlation(combined, own) -> float:
+    """Pearson correlation of a one-per-sample advantage (the weighted sum's, [N]) with one
+    reward's own group advantage ([N], NaN where the reward does not apply), over the samples
+    where both are finite: how much of the reward's per-prompt signal survives in the combined
+    advantage (issue 36 item 3, the dilution (b) is about). A balancer that trains on the
+    reward's own advantage (MARBLE's per-reward terms) has correlation 1 by construction. NaN
+    when fewer than 2 samples count or either side is constant there (no signal to compare)."""
+    c = _as_tensor(combined).double().flatten()
+    o = _as_tensor(own).double().flatten()
+    if c.numel() != o.numel():
+        raise ValueError(f"combined [{c.numel()}] and own [{o.numel()}] advantages differ in length")
+    keep = torch.isfinite(c) & torch.isfinite(o)
+    c, o = c[keep], o[keep]
+    if c.numel() < 2:
+        return float("nan")
+    c, o = c - c.mean(), o - o.mean()
+    denom = float(torch.sqrt((c * c).sum() * (o * o).sum()))
+    # exactly constant (a group of identical rewards has advantage 0 everywhere): no correlation
+    return float((c * o).sum()) / denom if denom > 0 else float("nan")

@@ -28,7 +28,8 @@ from marble.report.claim_markdown import claim_markdown
 from marble.report.loading import ReportInputError, load_run, read_json_file, run_folders
 from marble.report.verdict import specialist_rewards
 from marble.runtime.io import write_json, write_text
-from marble.workflow.claim import ALONE_PREFIX, parse_run_name
+from marble.report.claim_noise import control_section, dilution_section, noise_sentences, sweep_section
+from marble.workflow.claim import ALONE_PREFIX, CONTROL_PREFIX, parse_run_name
 
 
 def cpu_seconds(summary: dict, benchmarks: Path | None, run: str) -> float:
@@ -49,7 +50,8 @@ def cpu_seconds(summary: dict, benchmarks: Path | None, run: str) -> float:
 
 
 def collect(runs_dir: Path, benchmarks: Path | None):
-    """(measures, rewards, specialists, arm settings, cpu seconds per arm)."""
+    """(measures, rewards, specialists, arm settings, cpu seconds per arm, run -> the model it
+    started from)."""
     loaded = []
     for folder in run_folders(runs_dir):
         try:
@@ -57,7 +59,9 @@ def collect(runs_dir: Path, benchmarks: Path | None):
         except ValueError as exc:
             raise ReportInputError(str(exc)) from exc
         loaded.append((arm, seed, load_run(folder)))
-    main = [r for a, _, r in loaded if not a.startswith(ALONE_PREFIX)]
+    # alone and control arms train other rewards than the claim's
+    own = (ALONE_PREFIX, CONTROL_PREFIX)
+    main = [r for a, _, r in loaded if not a.startswith(own)]
     if not main:
         raise ReportInputError(f"--runs {runs_dir}: no claim run folders with metrics.jsonl")
     rewards = main[0].reward_names
@@ -67,15 +71,29 @@ def collect(runs_dir: Path, benchmarks: Path | None):
         if run.evals is None:  # the workflow's claim runs evaluate at step 0 and at the end
             raise ReportInputError(f"{run.path}: no eval.jsonl: a claim run needs the held-out "
                                    "evaluation (train.eval_every; marble.workflow.claim sets it)")
-    measures = [measure_run(a, s, r.metrics, r.reward_names if a.startswith(ALONE_PREFIX) else rewards,
+    measures = [measure_run(a, s, r.metrics, r.reward_names if a.startswith(own) else rewards,
                             r.evals, r.max_steps) for a, s, r in loaded]
-    settings, cpu = {}, {}
+    settings, cpu, models = {}, {}, {}
     for arm, seed, run in loaded:
         bal = run.config.get("balancer") or {}
         settings[arm] = {"method": bal.get("method"), "amortize_every": bal.get("amortize_every"),
-                         "alpha_ema": bal.get("alpha_ema"), "weighting": bal.get("weighting")}
+                         "alpha_ema": bal.get("alpha_ema"), "weighting": bal.get("weighting"),
+                         "micro_batch": (run.config.get("train") or {}).get("batch_size")}
         cpu.setdefault(arm, []).append(cpu_seconds(run.summary, benchmarks, run.name))
-    return measures, rewards, specialists, settings, cpu
+        models[run.name] = (run.config.get("model") or {}).get("path")
+    return measures, rewards, specialists, settings, cpu, models
+
+
+def pretrained_models(models: dict[str, str | None]) -> dict:
+    """seed -> the pretrained model(s) its runs started from, and whether every seed had its
+    own (issue 36 item 5: a verdict that hangs on one starting model is not replicated)."""
+    by_seed: dict[int, set] = {}
+    for run, path in models.items():
+        by_seed.setdefault(parse_run_name(run)[1], set()).add(str(path))
+    paths = {s: sorted(p) for s, p in sorted(by_seed.items())}
+    firsts = [p[0] for p in paths.values()]
+    own = all(len(p) == 1 for p in paths.values()) and len(set(firsts)) == len(firsts)
+    return {"per_seed": own, "by_seed": {str(s): p for s, p in paths.items()}}
 
 
 def min_norm_arms(settings: dict) -> dict[str, float]:
@@ -91,7 +109,9 @@ def min_norm_arms(settings: dict) -> dict[str, float]:
 
 
 def build(args) -> dict:
-    measures, rewards, specialists, settings, cpu = collect(args.runs, args.benchmarks)
+    measures, rewards, specialists, settings, cpu, models = collect(args.runs, args.benchmarks)
+    control = [m for m in measures if m.arm.startswith(CONTROL_PREFIX)]
+    measures = [m for m in measures if not m.arm.startswith(CONTROL_PREFIX)]
     min_norm = min_norm_arms(settings)
     methods = {a: s["method"] for a, s in settings.items()}
     verdict = claim_verdict(measures, rewards, specialists, args.marble_arm, args.baseline_arm,
@@ -103,7 +123,14 @@ def build(args) -> dict:
     verdict["replication"] = replication(measures, rewards, specialists, args.marble_arm,
                                          args.baseline_arm, effect_fraction=args.effect_fraction,
                                          min_norm_arms=min_norm, arm_methods=methods)
+    verdict["replication"]["pretrained_models"] = pretrained_models(models)
     verdict["pilot"] = pilot_section(load_pilot(args.pilot), len(verdict["seeds"]))
+    # Issue 36 item 3: the micro-batch sweep, the no-conflict control, the dilution
+    verdict["noise"] = {"sweep": sweep_section(measures, {a: s["micro_batch"] for a, s in settings.items()}),
+                        "control": control_section(control, measures)}
+    verdict["dilution"] = dilution_section(measures, rewards, specialists,
+                                           [a for a in (args.baseline_arm, args.marble_arm) if a in verdict["arms"]])
+    verdict["sentences"] += noise_sentences(verdict["noise"], verdict["dilution"])
     costs = read_json_file(args.cost) if args.cost else {}
     verdict["arm_settings"] = {a: settings[a] for a in verdict["arms"]}
     verdict["cost"] = {a: {"counted_flops": (costs.get(a) or {}).get("flops"),

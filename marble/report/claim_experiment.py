@@ -22,6 +22,7 @@ import pandas as pd
 
 from marble.report import claim_stats as cs
 from marble.report.claim_levels import levels_verdict, run_levels
+from marble.report.claim_noise import run_dilution
 from marble.report.claim_stats import json_number
 from marble.report.published import PUBLISHED_ANTI_ALIGNED
 from marble.workflow.claim import ALONE_PREFIX
@@ -50,6 +51,7 @@ class RunMeasure:
     full_solve_steps: int
     diag_steps: int = 0  # diagnostic steps the fractions count (their sampling error)
     levels: dict = field(default_factory=dict)  # claim_levels.run_levels: the three levels
+    dilution: dict = field(default_factory=dict)  # reward -> mean `dilution/<reward>` (claim_noise)
 
 
 def eval_change(evals: pd.DataFrame | None, reward: str, final_step: int | None = None) -> float:
@@ -105,7 +107,7 @@ def measure_run(arm: str, seed: int, metrics: pd.DataFrame, rewards: list[str],
     cos = cos[np.isfinite(cos)]
     return RunMeasure(arm, seed, {r: eval_change(evals, r, final_step) for r in rewards}, anti, angles,
                       float(cos.min()) if len(cos) else math.nan, solves, len(diag),
-                      run_levels(metrics))
+                      run_levels(metrics), run_dilution(metrics, rewards))
 
 
 def _micro_minima(diag: pd.DataFrame) -> tuple[np.ndarray | None, np.ndarray | None]:

@@ -68,8 +68,11 @@ def change_figure(v: dict, path: Path) -> str:
 def anti_figure(v: dict, path: Path) -> str:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     settings = v["arm_settings"]
+    ref = settings.get(v["marble_arm"], {})
+    # the N curve at the MARBLE arm's alpha EMA and micro-batch size (not the sweep's arms)
     marble = [a for a in v["arms"] if settings.get(a, {}).get("method") == "marble"
-              and settings[a].get("alpha_ema") == settings.get(v["marble_arm"], {}).get("alpha_ema")]
+              and settings[a].get("alpha_ema") == ref.get("alpha_ema")
+              and settings[a].get("micro_batch") == ref.get("micro_batch")]
     marble.sort(key=lambda a: settings[a]["amortize_every"])
     for key, label in (("applied", "applied direction"), ("fresh_solve", "fresh solve, same gradients")):
         vals = [_err(v["arm_results"][a]["anti_aligned"][key]) for a in marble]

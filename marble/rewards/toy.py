@@ -107,3 +107,13 @@ class ToyTextContrast(Reward):
 
     def score(self, images, prompts, metadata):
         return rms_contrast(images)
+
+
+class ToyBrightnessCopy(ToyBrightness):
+    """toy_brightness under a second name: the claim's no-conflict control (issue 36 item 3,
+    docs/claim.md). A run's rewards need distinct names, so a second copy of one objective
+    needs its own; with `applies_to: [ocr]` it is a specialist with text contrast's prompts
+    and brightness's objective, so every reward wants the same image and any negative cosine
+    is gradient noise, not conflict."""
+
+    name = "toy_brightness_copy"

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from marble.config import RunConfig
 from marble.data.records import reward_masks
-from marble.maths.advantages import group_advantages, nan_weighted_mean
+from marble.maths.advantages import advantage_correlation, group_advantages, nan_weighted_mean
 from marble.maths.advantage_balancers import gdpo_advantages, reward_sum_advantages
 from marble.models.encode import decode_latents, encode_prompts, latent_shape
 from marble.models.lora import use_adapter
@@ -122,11 +122,16 @@ def compute_advantages(rewards_all: torch.Tensor, groups_all: torch.Tensor,
     return adv.float(), avg_adv.float()
 
 
-def epoch_reward_metrics(names, rewards_all, applicable_all, adv_all) -> dict:
+def epoch_reward_metrics(names, rewards_all, applicable_all, adv_all, avg_all) -> dict:
+    """Per reward: its reward statistics, its advantage's std and `dilution/<name>`, the
+    correlation of the one-per-sample advantage (`avg_all`: the weighted sum's) with the
+    reward's own advantage on the samples it applies to (issue 36 item 3: how much of a
+    specialist's signal the weighted sum keeps; MARBLE's per-reward terms keep all of it)."""
     out: dict = {}
     for k, name in enumerate(names):
         out.update(reward_stats(name, rewards_all[:, k], applicable_all[:, k]))
         out[f"adv_std/{name}"] = advantage_std(adv_all[:, k])
+        out[f"dilution/{name}"] = advantage_correlation(avg_all, adv_all[:, k])
     return out
 
 
@@ -212,7 +217,7 @@ class RolloutEngine:
                                               self.cfg.balancer.method)
         n, rank = len(rows), self.info.rank
         mine = slice(rank * n, (rank + 1) * n)
-        metrics = epoch_reward_metrics(self.names, rewards_all, applicable_all, adv_all)
+        metrics = epoch_reward_metrics(self.names, rewards_all, applicable_all, adv_all, avg_all)
         metrics["time/rollout_s"] = rollout_s
         for name, secs in self.scorer.seconds.items():
             metrics[f"time/reward_{name}_s"] = secs

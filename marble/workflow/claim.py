@@ -7,9 +7,19 @@ section's `set:` first, then the arm's, then `train.seed=<seed>`. Run folders ar
 folder name parses back. Every run evaluates the held-out split at step 0 and at its last
 step (`train.eval_every` = its steps, marble.training.heldout): the claim's change of a
 reward is the difference of the two. Torch-free: the Snakemake DAG build uses it.
+
+Issue 36 (noise told from conflict, replication): `claim.sweep` adds each listed arm again at
+other micro-batch sizes (`<arm>_mb<size>`: `train.batch_size=<size>`, the same samples per
+step, so fewer, larger micro-batches); `claim.control` trains listed arms on rewards that
+cannot conflict (`control_<arm>`: `claim.control.rewards`, by default toy_brightness and its
+copy on the OCR prompts); `claim.pretrain_per_seed` gives each seed its own pretrained tiny
+model (`data/models/claim/<model>-s<seed>`, pretraining keyed by that seed).
 """
 
 from __future__ import annotations
+
+import json
+import os
 
 from marble.workflow.runs import configured
 
@@ -54,6 +64,63 @@ def parse_run_name(name: str) -> tuple[str, int]:
 
 
 ALONE_PREFIX = "alone_"
+CONTROL_PREFIX = "control_"
+SWEEP_INFIX = "_mb"  # <arm>_mb<size>: the arm at train.batch_size=<size>
+CLAIM_MODELS_DIR = "data/models/claim"
+
+
+def sweep_arms(section: dict) -> dict[str, dict]:
+    """`<arm>_mb<size>` -> spec: each arm of `sweep.arms` again with `train.batch_size=<size>`
+    for every size of `sweep.micro_batch` (the rollouts per step stay the preset's, so only the
+    micro-batch size and with it the micro-steps per step change)."""
+    sweep = section.get("sweep") or {}
+    base = arms(section)
+    out = {}
+    for arm in sweep.get("arms", []):
+        if arm not in base:
+            raise ValueError(f"claim.sweep.arms: {arm!r} is not a claim arm ({', '.join(base) or 'none'})")
+        for size in sweep.get("micro_batch", []):
+            spec = base[arm]
+            out[f"{arm}{SWEEP_INFIX}{int(size)}"] = {**spec, "set": spec["set"] + [f"train.batch_size={int(size)}"]}
+    return out
+
+
+def sweep_base(arm: str) -> tuple[str, int] | None:
+    """(base arm, micro-batch size) of a sweep arm's name, None for any other arm."""
+    base, sep, size = arm.rpartition(SWEEP_INFIX)
+    return (base, int(size)) if sep and base and size.isdigit() else None
+
+
+def control_arms(section: dict) -> dict[str, dict]:
+    """`control_<arm>` -> spec: each arm of `control.arms` with `control.rewards` instead of the
+    toy rewards: copies of one objective on different prompts, so no reward can oppose another
+    and any anti-aligned micro-step is gradient noise (docs/claim.md)."""
+    control = section.get("control") or {}
+    base = arms(section)
+    out = {}
+    for arm in control.get("arms", []):
+        if arm not in base:
+            raise ValueError(f"claim.control.arms: {arm!r} is not a claim arm ({', '.join(base) or 'none'})")
+        if not control.get("rewards"):  # the schema's default names them; a bare section does not
+            raise ValueError("claim.control.rewards: name the control's rewards (config.yaml's: "
+                             "toy_brightness and toy_brightness_copy on the OCR prompts)")
+        # JSON is YAML flow syntax: the override parser reads the list as written
+        rewards = json.dumps(control["rewards"], separators=(", ", ": "))
+        out[f"{CONTROL_PREFIX}{arm}"] = {**base[arm], "set": base[arm]["set"] + [f"rewards={rewards}"]}
+    return out
+
+
+def seed_model_pattern(shared: str) -> str:
+    """The per-seed pretrained model's folder, `{seed}` a Snakemake wildcard."""
+    return f"{CLAIM_MODELS_DIR}/{os.path.basename(os.path.normpath(shared))}-s{{seed}}"
+
+
+def model_dir(section: dict, run: str, shared: str) -> str:
+    """The pretrained model a claim run starts from: the shared one, or with
+    `pretrain_per_seed` its seed's own (issue 36 item 5: seeds vary the starting model too)."""
+    if not section.get("pretrain_per_seed"):
+        return shared
+    return seed_model_pattern(shared).format(seed=parse_run_name(run)[1])
 
 
 def alone_arms(section: dict) -> dict[str, dict]:
@@ -78,10 +145,11 @@ def alone_arms(section: dict) -> dict[str, dict]:
 
 
 def runs(section: dict) -> dict[str, dict]:
-    """run name -> spec with its seed override: every arm x `seeds`, every alone arm x
-    `alone.seeds`."""
+    """run name -> spec with its seed override: every arm, sweep arm and control arm x
+    `seeds`, every alone arm x `alone.seeds`."""
     out = {}
-    groups = [(arms(section), section["seeds"]),
+    groups = [(arms(section), section["seeds"]), (sweep_arms(section), section["seeds"]),
+              (control_arms(section), section["seeds"]),
               (alone_arms(section), (section.get("alone") or {}).get("seeds", []))]
     for group, seeds in groups:
         for arm, spec in group.items():

@@ -10,15 +10,48 @@ CLAIM = config["claim"]
 CLAIM_DIR = wf_claim.CLAIM_DIR
 CLAIM_RUNS = wf_claim.runs(CLAIM)
 CLAIM_ARMS = wf_claim.arms(CLAIM)
+# the pretrained model of each claim run (`claim.pretrain_per_seed`: one per seed, tiny mode)
+CLAIM_MODELS = {
+    r: wf_claim.model_dir(CLAIM if MODE == "tiny" else {}, r, MODEL_DIR)
+    for r in CLAIM_RUNS
+}
 
 
 wildcard_constraints:
     claimrun=r"[A-Za-z0-9][A-Za-z0-9_.]*-s[0-9]+",
 
 
+# Issue 36 item 5 (`claim.pretrain_per_seed`): each seed's runs start from their own tiny
+# model, pretrained as the demo's (same steps) with the seed as its key, so the seeds vary
+# the starting point too; the demo keeps MODEL_DIR.
+if MODE == "tiny":
+
+    rule claim_pretrain_model:
+        input:
+            table=f"{DATASET_DIR}/train.parquet",
+        output:
+            directory(wf_claim.seed_model_pattern(MODEL_DIR)),
+        wildcard_constraints:
+            seed=r"[0-9]+",
+        log:
+            "logs/claim/model-s{seed}.log",
+        conda:
+            MARBLE_ENV
+        threads: 1
+        resources:
+            **resources_of("report"),
+        params:
+            vae=config["pretrain"]["vae_steps"],
+            flow=config["pretrain"]["flow_steps"],
+        shell:
+            "marble models pretrain --table {input.table:q} --out {output:q}"
+            " --vae-steps {params.vae:q} --flow-steps {params.flow:q} --seed {wildcards.seed:q}"
+            " --threads {threads} > {log:q} 2>&1"
+
+
 rule claim_run:
     input:
-        model=MODEL_DIR,
+        model=lambda wc: CLAIM_MODELS[wc.claimrun],
         train=f"{DATASET_DIR}/train.parquet",
         test=f"{DATASET_DIR}/test.parquet",
     output:
@@ -36,7 +69,7 @@ rule claim_run:
         args=lambda wc: wf_runs.train_args(
             CLAIM_RUNS[wc.claimrun],
             wf_runs.run_overrides(
-                CLAIM_RUNS[wc.claimrun], MODEL_DIR, DATASET_DIR, None
+                CLAIM_RUNS[wc.claimrun], CLAIM_MODELS[wc.claimrun], DATASET_DIR, None
             ),
         ),
     shell:

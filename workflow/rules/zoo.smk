@@ -44,7 +44,12 @@ wildcard_constraints:
     zoorun=r"[A-Za-z0-9][A-Za-z0-9_.]*-s[0-9]+",
 
 
+# The zoo keeps the shared pretrained model (claim_run's input names a claim run).
 use rule claim_run as zoo_run with:
+    input:
+        model=MODEL_DIR,
+        train=f"{DATASET_DIR}/train.parquet",
+        test=f"{DATASET_DIR}/test.parquet",
     output:
         f"{ZOO_DIR}/runs/{{zoorun}}/train_summary.json",
     log:
