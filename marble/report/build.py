@@ -10,11 +10,12 @@ import pandas as pd
 from tqdm import tqdm
 
 from marble.runtime.io import atomic_path
+from marble.runtime.oserrors import not_a_folder
 from marble.report import figures, glance, lead, published, tables
 from marble.report.claim_markdown import interval_text
 from marble.report.demo_claim import demo_verdict
 from marble.report.experiments import experiment_section
-from marble.report.loading import (RunData, eval_samples, load_bench, load_eval_summary,
+from marble.report.loading import (ReportInputError, RunData, eval_samples, load_bench, load_eval_summary,
                                          load_runs, read_json_file)
 from marble.report.provenance import provenance_table
 from marble.report.render import Figure, Section, Table, Text, to_html, to_markdown
@@ -332,6 +333,9 @@ def _check_out(out: Path) -> None:
     """The whole folder is replaced: refuse one that holds anything a report does not write.
     Judged by every entry, not by report.md alone: Snakemake deletes the declared outputs
     (report.md, report.html) before a rerun and leaves figures/, tables/ and verdict.json."""
+    problem = not_a_folder(out, "--out")  # a file there failed only at the final rename, in a traceback
+    if problem:
+        raise ReportInputError(problem)
     foreign = sorted(p.name for p in out.iterdir() if p.name not in REPORT_ENTRIES) if out.is_dir() else []
     if foreign:
         raise FileExistsError(f"--out {out}: holds {', '.join(foreign[:5])}, which no report "

@@ -28,6 +28,7 @@ from marble.report.claim_markdown import claim_markdown
 from marble.report.loading import ReportInputError, load_run, read_json_file, run_folders
 from marble.report.verdict import specialist_rewards
 from marble.runtime.io import write_json, write_text
+from marble.runtime.oserrors import describe_write_failure
 from marble.workflow.claim import ALONE_PREFIX, parse_run_name
 
 
@@ -150,9 +151,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ReportInputError, ValueError) as exc:
         print(f"marble report claim: error: {exc}", file=sys.stderr)
         return 2
-    figures = write_figures(verdict, args.out / "figures")
-    write_json(args.out / "verdict.json", verdict)
-    write_text(args.out / "claim.md", claim_markdown(verdict, figures))
+    try:
+        figures = write_figures(verdict, args.out / "figures")
+        write_json(args.out / "verdict.json", verdict)
+        write_text(args.out / "claim.md", claim_markdown(verdict, figures))
+    except OSError as exc:  # a full disk, an --out that is a file: one line, never a traceback
+        message = describe_write_failure(exc, args.out)
+        if message is None:
+            raise
+        print(f"marble report claim: error: {message}", file=sys.stderr)
+        return 2
     print("\n".join(verdict["sentences"]))
     return 0
 

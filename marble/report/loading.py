@@ -17,6 +17,7 @@ import pandas as pd
 import yaml
 
 from marble.runtime.io import read_jsonl
+from marble.runtime.schema import check_metrics_line, check_result_row
 
 IMAGE_SUFFIXES = (".jpg", ".png")
 
@@ -77,9 +78,8 @@ def read_metrics(path: Path) -> pd.DataFrame:
     keeps the last."""
     records = []
     for lineno, record in read_jsonl(path, ReportInputError):
-        if not isinstance(record, dict) or "step" not in record:
-            raise ReportInputError(f"{path}:{lineno}: expected an object with a `step` key")
-        records.append(record)
+        # Typed: a quoted number was coerced, and text became a silent NaN (a missing point).
+        records.append(check_metrics_line(record, f"{path}:{lineno}", ReportInputError))
     frame = pd.DataFrame.from_records(records)
     if frame.empty:
         return pd.DataFrame({"step": pd.Series(dtype=float)})
@@ -205,7 +205,8 @@ def _dataset_samples(ds_dir: Path, limit: int) -> list[ScoredImage]:
         for lineno, rec in read_jsonl(results, ReportInputError):
             if not isinstance(rec, dict):
                 raise ReportInputError(f"{results}:{lineno}: expected a JSON object")
-            name = Path(str(rec.get("image_path", ""))).name
+            check_result_row(rec, f"{results}:{lineno}", ReportInputError)  # the evaluation's row types
+            name = Path(str(rec.get("image_path") or "")).name
             by_image[name] = (str(rec.get("prompt", "")), _finite_scores(rec.get("scores")))
     # `marble evaluate --image_format`: .jpg (the reference's layout, default) or .png.
     images = sorted((p for p in (ds_dir / "images").glob("*") if p.suffix in IMAGE_SUFFIXES),

@@ -1,0 +1,162 @@
+"""Typed reads and one-line errors (issue 38 items 4-5), tried through the commands a user runs.
+
+Each fault is a file a careful user or a hostile filesystem hands in: a prompt file whose text
+carries what no one sees (a byte-order mark, a NUL, an escape sequence, a Unicode line break),
+a training table whose reward mask holds the strings "True"/"False" (pandas reads both as true),
+a results row or a metrics line whose value is not what its key means, an output path that is
+a file, and a disk that fills in the final write. Each must end in one line naming file, line
+(or row) and key, exit non-zero, and never a traceback or a silently different result.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+import pytest
+
+from marble import evaluate, train
+from marble.data import cli as data_cli
+from marble.data.records import PromptRecord, to_frame
+from marble.evaluation.results import ResultsError, read_results
+from marble.report import claim_cli
+from marble.report import cli as report_cli
+
+
+def one_line(err: str, prefix: str) -> str:
+    lines = [x for x in err.splitlines() if x.startswith(prefix)]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.fault("prompt file text that changes a prompt (BOM, NUL, escape, line separator)")
+@pytest.mark.parametrize("content,said", [
+    ("\ufeffa cat\na dog\n".encode(), "ocr/test.txt:1: a byte-order mark"),
+    (b"a cat\na\x00dog\n", "ocr/test.txt:2: control character '\\x00'"),
+    (b"a cat\na \x1b[1mdog\n", "ocr/test.txt:2: control character '\\x1b'"),
+    ("a cat\na\u2028dog\n".encode(), "ocr/test.txt:2: a line separator (U+2028)"),
+])
+def test_a_prompt_file_with_invisible_characters_is_one_line(tmp_path, capsys, content, said):
+    (tmp_path / "ocr").mkdir()
+    (tmp_path / "ocr" / "test.txt").write_bytes(content)
+    argv = ["--model_path", "never-loaded", "--dataset", "ocr", "--data_dir", str(tmp_path), "--output_dir",
+            str(tmp_path / "out"), "--rewards", "toy_brightness", "--skip_generation"]
+    assert evaluate.main(argv) == 2
+    line = one_line(capsys.readouterr().err, "marble evaluate")
+    assert said in line and str(tmp_path) in line
+
+
+def table_with(tmp_path, **columns):
+    df = to_frame([PromptRecord.make("a cat", "pickscore"), PromptRecord.make("a dog", "ocr")],
+                  {"toy_brightness": [True, True]})
+    for name, values in columns.items():
+        df[name] = values
+    path = tmp_path / "train.parquet"
+    df.to_parquet(path)
+    return path
+
+
+@pytest.mark.fault("training table value not what its column means")
+@pytest.mark.parametrize("column,values,said", [
+    ("applies__toy_brightness", ["False", "False"], "row 0: `applies__toy_brightness` must be true or false"),
+    ("applies__toy_brightness", [True, None], "row 1: `applies__toy_brightness` must be true or false"),
+    ("metadata", ["{}", "not json"], "row 1: `metadata` is not JSON"),
+    ("prompt", ["a cat", "a\x00dog"], "row 1: `prompt`: control character"),
+])
+def test_a_training_table_with_a_mistyped_value_is_one_line_from_marble_train(tmp_path, capsys, column,
+                                                                                values, said):
+    table = table_with(tmp_path, **{column: values})
+    with pytest.raises(SystemExit) as exc:
+        train.main(["--preset", "tiny", "--output-dir", str(tmp_path / "run"), "--set", "model.path=random:tiny",
+                    "--set", f"data.train={table}", "--set", "rewards=[{name: toy_brightness}]"])
+    line = one_line(capsys.readouterr().err, "marble train")
+    assert exc.value.code == 2 and said in line and str(table) in line
+    assert not (tmp_path / "run").exists()  # refused before the first write
+
+
+@pytest.mark.fault("results row value not what its key means")
+@pytest.mark.parametrize("key,value", [("not_applicable", "pickscore,ocr"), ("failed", "ocr"),
+                                       ("metadata", "counting"), ("prompt_id", 7)])
+def test_an_edited_results_row_names_file_line_and_key(tmp_path, key, value):
+    path = tmp_path / "evaluation_results.jsonl"
+    row = {"sample_id": 0, "rev": 1, "prompt_id": "ab", "prompt": "a cat", "metadata": {},
+           "scores": {"ocr": None}, "not_applicable": ["ocr"], "failed": [], "image_path": None}
+    path.write_text(json.dumps(row) + "\n" + json.dumps({**row, "sample_id": 1, key: value}) + "\n")
+    with pytest.raises(ResultsError) as err:
+        read_results(path)
+    assert str(err.value).startswith(f"{path}:2: sample 1: `{key}`") and "\n" not in str(err.value)
+
+
+def a_run(runs, name="a", lines=None):
+    run = runs / name
+    run.mkdir(parents=True)
+    lines = lines or [{"step": s, "reward/ocr": 0.1 * s} for s in (1, 2, 3)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return run
+
+
+@pytest.mark.fault("metrics line value not what its key means (report)")
+@pytest.mark.parametrize("bad,said", [({"step": 2, "reward/ocr": "0.7"}, "`reward/ocr` = '0.7' is not a number"),
+                                      ({"step": "2", "reward/ocr": 0.2}, "`step` must be an integer"),
+                                      ({"step": 2, "reward/ocr": "nan?"}, "`reward/ocr` = 'nan?'")])
+def test_a_mistyped_metrics_line_is_one_line_from_marble_report(tmp_path, capsys, bad, said):
+    run = a_run(tmp_path / "runs", lines=[{"step": 1, "reward/ocr": 0.1}, bad])
+    assert report_cli.main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "report")]) == 2
+    line = one_line(capsys.readouterr().err, "marble report")
+    assert f"{run / 'metrics.jsonl'}:2: {said}" in line
+    assert not (tmp_path / "report").exists()
+
+
+@pytest.mark.fault("output path that is a file")
+def test_an_output_path_that_is_a_file_is_one_line(tmp_path, capsys):
+    a_run(tmp_path / "runs")
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    for out in (afile, afile / "report"):
+        assert report_cli.main(["--runs", str(tmp_path / "runs"), "--out", str(out)]) == 2
+        assert "not a folder" in one_line(capsys.readouterr().err, "marble report")
+    assert data_cli.main(["tiny", "--out", str(afile)]) == 1
+    assert f"--out {afile} is a file, not a folder" in one_line(capsys.readouterr().err, "marble data tiny")
+    assert data_cli.main(["embed", "--table", "t.parquet", "--model", "random:tiny", "--out", str(afile)]) == 1
+    assert "is a file, not a folder" in one_line(capsys.readouterr().err, "marble data embed")
+    assert afile.read_text() == "mine\n"
+
+
+def full_disk(monkeypatch):
+    """Every rename fails as on a full disk: the atomic writes' last step (marble.runtime.io)."""
+    def replace(src, dst, *, src_dir_fd=None, dst_dir_fd=None):  # os.replace's signature
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
+
+    monkeypatch.setattr("marble.runtime.io.os.replace", replace)
+
+
+@pytest.mark.fault("full disk in a final write (report, claim, data)")
+def test_a_full_disk_in_the_final_write_is_one_line(tmp_path, capsys, monkeypatch):
+    a_run(tmp_path / "runs")
+    (tmp_path / "raw" / "ocr").mkdir(parents=True)
+    full_disk(monkeypatch)
+    assert report_cli.main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "report")]) == 2
+    line = one_line(capsys.readouterr().err, "marble report")
+    assert line.startswith("marble report: error: No space left on device: ") and "report" in line
+    assert not (tmp_path / "report").exists()  # nothing half written
+    assert data_cli.main(["tiny", "--out", str(tmp_path / "tiny")]) == 1
+    assert "No space left on device" in one_line(capsys.readouterr().err, "marble data tiny")
+    monkeypatch.setattr(claim_cli, "build", lambda args: {"sentences": ["s"], "arms": []})
+    monkeypatch.setattr(claim_cli, "write_figures", lambda verdict, folder: {})
+    assert claim_cli.main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "claim")]) == 2
+    assert "No space left on device" in one_line(capsys.readouterr().err, "marble report claim")
+
+
+@pytest.mark.fault("missing model path says not found")
+def test_a_missing_model_path_says_not_found(tmp_path, capsys):
+    table = table_with(tmp_path)
+    missing = tmp_path / "no-model"
+    assert data_cli.main(["embed", "--table", str(table), "--model", str(missing), "--out", str(tmp_path / "e")]) == 1
+    line = one_line(capsys.readouterr().err, "marble data embed")
+    assert f"{str(missing)!r} not found" in line
+    with pytest.raises(SystemExit):
+        train.main(["--preset", "tiny", "--output-dir", str(tmp_path / "run"), "--set", f"model.path={missing}",
+                    "--set", f"data.train={table}"])
+    assert "not found" in one_line(capsys.readouterr().err, "marble train")
+
