@@ -25,7 +25,8 @@ from marble.report.claim_design import load_pilot, multiplicity, pilot_section, 
 from marble.report.claim_experiment import claim_verdict, measure_run
 from marble.report.claim_figures import write_figures
 from marble.report.claim_markdown import claim_markdown
-from marble.report.loading import ReportInputError, load_run, read_json_file, run_folders
+from marble.report.loading import (ReportInputError, incomplete_reason, left_out_sentence, load_run,
+                                   read_json_file, run_folders)
 from marble.report.verdict import specialist_rewards
 from marble.runtime.io import write_json, write_text
 from marble.runtime.oserrors import describe_write_failure
@@ -50,14 +51,19 @@ def cpu_seconds(summary: dict, benchmarks: Path | None, run: str) -> float:
 
 
 def collect(runs_dir: Path, benchmarks: Path | None):
-    """(measures, rewards, specialists, arm settings, cpu seconds per arm)."""
-    loaded = []
+    """(measures, rewards, specialists, arm settings, cpu seconds per arm, {run left out: why})."""
+    loaded, left_out = [], {}
     for folder in run_folders(runs_dir):
         try:
             arm, seed = parse_run_name(folder.name)
         except ValueError as exc:
             raise ReportInputError(str(exc)) from exc
-        loaded.append((arm, seed, load_run(folder)))
+        run = load_run(folder)
+        reason = incomplete_reason(run)  # a run still training is named in the verdict, never measured
+        if reason is None:
+            loaded.append((arm, seed, run))
+        else:
+            left_out[run.name] = reason
     main = [r for a, _, r in loaded if not a.startswith(ALONE_PREFIX)]
     if not main:
         raise ReportInputError(f"--runs {runs_dir}: no claim run folders with metrics.jsonl")
@@ -76,7 +82,7 @@ def collect(runs_dir: Path, benchmarks: Path | None):
         settings[arm] = {"method": bal.get("method"), "amortize_every": bal.get("amortize_every"),
                          "alpha_ema": bal.get("alpha_ema"), "weighting": bal.get("weighting")}
         cpu.setdefault(arm, []).append(cpu_seconds(run.summary, benchmarks, run.name))
-    return measures, rewards, specialists, settings, cpu
+    return measures, rewards, specialists, settings, cpu, left_out
 
 
 def min_norm_arms(settings: dict) -> dict[str, float]:
@@ -92,7 +98,7 @@ def min_norm_arms(settings: dict) -> dict[str, float]:
 
 
 def build(args) -> dict:
-    measures, rewards, specialists, settings, cpu = collect(args.runs, args.benchmarks)
+    measures, rewards, specialists, settings, cpu, left_out = collect(args.runs, args.benchmarks)
     min_norm = min_norm_arms(settings)
     methods = {a: s["method"] for a, s in settings.items()}
     verdict = claim_verdict(measures, rewards, specialists, args.marble_arm, args.baseline_arm,
@@ -105,6 +111,9 @@ def build(args) -> dict:
                                          args.baseline_arm, effect_fraction=args.effect_fraction,
                                          min_norm_arms=min_norm, arm_methods=methods)
     verdict["pilot"] = pilot_section(load_pilot(args.pilot), len(verdict["seeds"]))
+    verdict["runs_left_out"] = left_out
+    if left_out:
+        verdict["sentences"].append(left_out_sentence(left_out))
     costs = read_json_file(args.cost) if args.cost else {}
     verdict["arm_settings"] = {a: settings[a] for a in verdict["arms"]}
     verdict["cost"] = {a: {"counted_flops": (costs.get(a) or {}).get("flops"),

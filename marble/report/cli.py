@@ -13,7 +13,7 @@ from pathlib import Path
 
 from marble.report.build import ReportInputs, build_report
 from marble.report.glance import summary_line
-from marble.report.loading import ReportInputError
+from marble.report.loading import ReportInputError, left_out_sentence
 from marble.runtime.oserrors import describe_write_failure
 
 
@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"wrote {args.out / 'report.md'} and {args.out / 'report.html'}")
     print(f"verdict: {summary_line(result)}")
+    if result.get("runs_left_out"):
+        print(left_out_sentence(result["runs_left_out"]))
     return 0
 
 

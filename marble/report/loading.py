@@ -120,9 +120,45 @@ def run_folders(runs_dir: Path) -> list[Path]:
                   if not p.name.startswith(".") and (p / "metrics.jsonl").is_file())
 
 
+def incomplete_reason(run: RunData) -> str | None:
+    """Why a run is not complete (None when it is): its metrics stop short of its config's
+    `train.max_steps` (a run still training, stopped or killed). Averaged in, its early curve
+    stood beside finished runs' in the verdict as if it were one. A train_summary.json (written
+    only when training ended) or a config without max_steps says complete, the latter as before.
+    Steps are logged every `train.log_every`: the last one logged may fall short of max_steps."""
+    if run.max_steps is None or (run.path / "train_summary.json").is_file():
+        return None
+    steps = run.metrics["step"].dropna() if "step" in run.metrics else []
+    last = int(steps.max()) if len(steps) else 0
+    log_every = (run.config.get("train") or {}).get("log_every") or 1
+    if last + max(1, int(log_every)) <= run.max_steps:
+        return f"logged up to step {last} of train.max_steps {run.max_steps}: still training, or stopped"
+    return None
+
+
+def load_complete_runs(runs_dir: Path) -> tuple[list[RunData], dict[str, str]]:
+    """(the complete runs of `runs_dir`, {left-out run: why}): a report or verdict reads only the
+    first and names the second."""
+    runs, left_out = [], {}
+    for run in (load_run(p) for p in run_folders(runs_dir)):
+        reason = incomplete_reason(run)
+        if reason is None:
+            runs.append(run)
+        else:
+            left_out[run.name] = reason
+    return runs, left_out
+
+
+def left_out_sentence(left_out: dict[str, str]) -> str | None:
+    """One sentence naming the runs a report left out, and why (None when none was)."""
+    if not left_out:
+        return None
+    return "Left out (not complete): " + "; ".join(f"`{n}` ({why})" for n, why in sorted(left_out.items())) + "."
+
+
 def load_runs(runs_dir: Path) -> list[RunData]:
-    """Every run folder of `runs_dir` (`run_folders`)."""
-    return [load_run(p) for p in run_folders(runs_dir)]
+    """The complete run folders of `runs_dir` (`load_complete_runs`)."""
+    return load_complete_runs(runs_dir)[0]
 
 
 def _read_json(path: Path) -> Any:

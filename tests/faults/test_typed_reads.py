@@ -160,3 +160,44 @@ def test_a_missing_model_path_says_not_found(tmp_path, capsys):
                     "--set", f"data.train={table}"])
     assert "not found" in one_line(capsys.readouterr().err, "marble train")
 
+
+
+@pytest.mark.fault("report and verdict read a run still training")
+def test_a_run_short_of_its_max_steps_is_left_out_and_named(tmp_path, capsys):
+    import yaml
+
+    runs = tmp_path / "runs"
+    for name, last in (("done", 4), ("live", 2)):
+        run = a_run(runs, name, [{"step": s, "reward/ocr": 0.1 * s} for s in range(1, last + 1)])
+        (run / "config.yaml").write_text(yaml.safe_dump({"train": {"max_steps": 4, "seed": 1},
+                                                         "rewards": [{"name": "ocr"}]}))
+    assert report_cli.main(["--runs", str(runs), "--out", str(tmp_path / "report")]) == 0
+    verdict = json.loads((tmp_path / "report" / "verdict.json").read_text())
+    assert list(verdict["runs_left_out"]) == ["live"]
+    assert "step 2 of train.max_steps 4" in verdict["runs_left_out"]["live"]
+    assert list(verdict["reward_change"]) == ["done"]  # measured: the complete run only
+    assert "Left out (not complete): `live`" in (tmp_path / "report" / "report.md").read_text()
+    assert "`live`" in capsys.readouterr().out
+    (runs / "live" / "train_summary.json").write_text("{}")  # it ended (every 3rd step logged)
+    (runs / "sparse").mkdir()
+    (runs / "sparse" / "metrics.jsonl").write_text(json.dumps({"step": 3, "reward/ocr": 0.3}) + "\n")
+    (runs / "sparse" / "config.yaml").write_text(yaml.safe_dump({"train": {"max_steps": 4, "log_every": 3}}))
+    assert report_cli.main(["--runs", str(runs), "--out", str(tmp_path / "report")]) == 0
+    assert json.loads((tmp_path / "report" / "verdict.json").read_text())["runs_left_out"] == {}
+
+
+@pytest.mark.fault("claim verdict reads a run still training")
+def test_the_claim_leaves_out_a_run_short_of_its_max_steps_and_names_it(tmp_path):
+    import yaml
+
+    runs = tmp_path / "runs"
+    for name, last in (("marble_n5-s1", 4), ("weighted_sum-s1", 2)):
+        run = a_run(runs, name, [{"step": s, "reward/ocr": 0.1 * s, "reward_applicable/ocr": 4}
+                                 for s in range(1, last + 1)])
+        (run / "config.yaml").write_text(yaml.safe_dump({"train": {"max_steps": 4, "seed": 1},
+                                                         "rewards": [{"name": "ocr"}]}))
+        (run / "eval.jsonl").write_text("".join(json.dumps({"step": s, "eval_reward/ocr": 0.1 * s}) + "\n"
+                                                for s in (0, last)))
+    measures, *_, left_out = claim_cli.collect(runs, None)
+    assert [m.arm for m in measures] == ["marble_n5"]
+    assert list(left_out) == ["weighted_sum-s1"] and "step 2 of train.max_steps 4" in left_out["weighted_sum-s1"]
