@@ -192,7 +192,13 @@ def load_eval_summary(path: Path | None) -> pd.DataFrame | None:
     missing = {"run", "checkpoint", "dataset", "metric", "value"} - set(frame.columns)
     if missing:
         raise ReportInputError(f"{path}: missing columns {sorted(missing)}")
-    frame["value"] = pd.to_numeric(frame["value"], errors="coerce")
+    values = pd.to_numeric(frame["value"], errors="coerce")
+    bad = frame.index[frame["value"].notna() & values.isna()]
+    if len(bad):  # text where a number goes was a silent NaN: a score missing from the tables
+        row = bad[0]
+        raise ReportInputError(f"{path}:{row + 2}: `value` = {frame['value'][row]!r} "
+                               "is not a number (rebuild it with the eval_summary rule)")
+    frame["value"] = values
     frame["checkpoint"] = frame["checkpoint"].astype(str)
     return frame
 

@@ -201,3 +201,22 @@ def test_the_claim_leaves_out_a_run_short_of_its_max_steps_and_names_it(tmp_path
     measures, *_, left_out = claim_cli.collect(runs, None)
     assert [m.arm for m in measures] == ["marble_n5"]
     assert list(left_out) == ["weighted_sum-s1"] and "step 2 of train.max_steps 4" in left_out["weighted_sum-s1"]
+
+
+@pytest.mark.fault("evaluation averages and summary value not what the key means")
+def test_a_mistyped_average_or_summary_value_is_one_line(tmp_path, capsys):
+    from marble.evaluation import summary
+    from marble.report.loading import ReportInputError, load_eval_summary
+
+    folder = tmp_path / "eval" / "run" / "checkpoint-4" / "ocr"
+    folder.mkdir(parents=True)
+    (folder / "average_scores.json").write_text(json.dumps({"num_samples": 2, "ocr": "0.7"}))
+    argv = ["--eval-dir", str(tmp_path / "eval"), "--out-csv", str(tmp_path / "s.csv"),
+            "--out-md", str(tmp_path / "s.md")]
+    assert summary.main(argv) == 2
+    line = one_line(capsys.readouterr().err, "marble eval summary")
+    assert f"{folder / 'average_scores.json'}: `ocr` = '0.7' is not a number" in line
+    assert not (tmp_path / "s.csv").exists()
+    (tmp_path / "summary.csv").write_text("run,checkpoint,dataset,metric,value\nr,c,ocr,ocr,0.5\nr,c,ocr,clip,high\n")
+    with pytest.raises(ReportInputError, match=r"summary.csv:3: `value` = 'high' is not a number"):
+        load_eval_summary(tmp_path / "summary.csv")
