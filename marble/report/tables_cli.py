@@ -85,6 +85,27 @@ def build(args):
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from marble.report.loading import ReportInputError
+    from marble.runtime.oserrors import describe_write_failure, not_a_folder
+
+    problem = not_a_folder(args.out, "--out") if args.out is not None else None
+    if problem:
+        print(f"marble tables {args.name}: error: {problem}", file=sys.stderr)
+        return 2
+    try:
+        return _write(args)
+    except ReportInputError as exc:  # an input that is not what it says: one line, never a traceback
+        print(f"marble tables {args.name}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the final writes: a full disk, an --out that is a file
+        message = describe_write_failure(exc, args.out)
+        if message is None:
+            raise
+        print(f"marble tables {args.name}: error: {message}", file=sys.stderr)
+        return 2
+
+
+def _write(args) -> int:
     if args.name == "paper_tables":
         missing = [str(p) for p in args.inputs if not p.is_file()]
         if missing:

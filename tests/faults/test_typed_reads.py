@@ -20,7 +20,8 @@ from marble import evaluate, train
 from marble.data import cli as data_cli
 from marble.data.records import PromptRecord, to_frame
 from marble.evaluation.results import ResultsError, read_results
-from marble.report import claim_cli
+from marble.models import cli as models_cli
+from marble.report import claim_cli, tables_cli
 from marble.report import cli as report_cli
 
 
@@ -73,6 +74,8 @@ def test_a_training_table_with_a_mistyped_value_is_one_line_from_marble_train(tm
     line = one_line(capsys.readouterr().err, "marble train")
     assert exc.value.code == 2 and said in line and str(table) in line
     assert not (tmp_path / "run").exists()  # refused before the first write
+    assert models_cli.main(["pretrain", "--table", str(table), "--out", str(tmp_path / "pre")]) == 2
+    assert said in one_line(capsys.readouterr().err, "marble models pretrain")
 
 
 @pytest.mark.fault("results row value not what its key means")
@@ -106,6 +109,8 @@ def test_a_mistyped_metrics_line_is_one_line_from_marble_report(tmp_path, capsys
     line = one_line(capsys.readouterr().err, "marble report")
     assert f"{run / 'metrics.jsonl'}:2: {said}" in line
     assert not (tmp_path / "report").exists()
+    assert tables_cli.main(["harmony", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "t")]) == 2
+    assert said in one_line(capsys.readouterr().err, "marble tables harmony")
 
 
 @pytest.mark.fault("output path that is a file")
@@ -120,6 +125,10 @@ def test_an_output_path_that_is_a_file_is_one_line(tmp_path, capsys):
     assert f"--out {afile} is a file, not a folder" in one_line(capsys.readouterr().err, "marble data tiny")
     assert data_cli.main(["embed", "--table", "t.parquet", "--model", "random:tiny", "--out", str(afile)]) == 1
     assert "is a file, not a folder" in one_line(capsys.readouterr().err, "marble data embed")
+    assert models_cli.main(["tiny", "--out", str(afile)]) == 2
+    assert "is a file, not a folder" in one_line(capsys.readouterr().err, "marble models tiny")
+    assert tables_cli.main(["harmony", "--runs", str(tmp_path / "runs"), "--out", str(afile)]) == 2
+    assert "is a file, not a folder" in one_line(capsys.readouterr().err, "marble tables harmony")
     assert afile.read_text() == "mine\n"
 
 
