@@ -41,7 +41,10 @@ def sleeps(token: str) -> list[int]:
 
 
 @pytest.mark.fault("SIGINT to Snakemake's own process (its jobs must stop)")
-def test_sigint_to_snakemake_alone_stops_its_jobs(tmp_path, fault_trials):
+@pytest.mark.parametrize("to_group", [False, True], ids=["kill -INT pid", "Ctrl-C to the group"])
+def test_sigint_to_snakemake_alone_stops_its_jobs(tmp_path, fault_trials, to_group):
+    """The group's Ctrl-C (each job gets it twice now: the terminal's and Snakemake's) must
+    still end everything and leave no Snakemake lock."""
     if not SNAKEMAKE.is_file():
         pytest.skip(f"no snakemake beside {sys.executable}")
     common = (ROOT / "workflow" / "rules" / "common.smk").read_text(encoding="utf-8")
@@ -61,7 +64,10 @@ def test_sigint_to_snakemake_alone_stops_its_jobs(tmp_path, fault_trials):
         while not sleeps(token) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert sleeps(token), f"the job never started: {proc.communicate(timeout=30)[0][-2000:]}"
-        os.kill(proc.pid, signal.SIGINT)  # Snakemake's own process, not its group
+        if to_group:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(proc.pid, signal.SIGINT)  # Snakemake's own process, not its group
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -73,6 +79,8 @@ def test_sigint_to_snakemake_alone_stops_its_jobs(tmp_path, fault_trials):
             time.sleep(0.1)
         fault_trials.record(not sleeps(token), f"the job it started is gone (left: {sleeps(token)})")
         fault_trials.record(not (tmp_path / "done.txt").exists(), "no output of the interrupted job")
+        locks = sorted(p.name for p in (tmp_path / ".snakemake" / "locks").glob("*"))
+        fault_trials.record(not locks, f"no Snakemake lock left ({locks})")  # it removes locks/ when done
     finally:
         for pid in sleeps(token):  # never leave the sleep behind, whatever happened
             os.kill(pid, signal.SIGKILL)
