@@ -80,12 +80,14 @@ def test_a_training_table_with_a_mistyped_value_is_one_line_from_marble_train(tm
 
 @pytest.mark.fault("results row value not what its key means")
 @pytest.mark.parametrize("key,value", [("not_applicable", "pickscore,ocr"), ("failed", "ocr"),
-                                       ("metadata", "counting"), ("prompt_id", 7)])
+                                       ("metadata", "counting"), ("prompt_id", 7),
+                                       ("metadata.tag", {"source": "geneval", "tag": "countin"})])
 def test_an_edited_results_row_names_file_line_and_key(tmp_path, key, value):
     path = tmp_path / "evaluation_results.jsonl"
     row = {"sample_id": 0, "rev": 1, "prompt_id": "ab", "prompt": "a cat", "metadata": {},
            "scores": {"ocr": None}, "not_applicable": ["ocr"], "failed": [], "image_path": None}
-    path.write_text(json.dumps(row) + "\n" + json.dumps({**row, "sample_id": 1, key: value}) + "\n")
+    edited = {**row, "sample_id": 1, key.split(".")[0]: value}
+    path.write_text(json.dumps(row) + "\n" + json.dumps(edited) + "\n")
     with pytest.raises(ResultsError) as err:
         read_results(path)
     assert str(err.value).startswith(f"{path}:2: sample 1: `{key}`") and "\n" not in str(err.value)
