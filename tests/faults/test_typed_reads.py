@@ -115,23 +115,32 @@ def test_a_mistyped_metrics_line_is_one_line_from_marble_report(tmp_path, capsys
     assert said in one_line(capsys.readouterr().err, "marble tables harmony")
 
 
+def tried(fault_trials, capsys, what: str, code: int, want: int, prefix: str, said: str) -> None:
+    """Record one command's injection: its exit status, and one line saying `said`."""
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.startswith(prefix)]
+    fault_trials.record(code == want and len(lines) == 1 and said in lines[0] and "Traceback" not in err,
+                        f"{what}: exit {code}, {lines or err[-300:]!r}")
+
+
 @pytest.mark.fault("output path that is a file")
-def test_an_output_path_that_is_a_file_is_one_line(tmp_path, capsys):
+def test_an_output_path_that_is_a_file_is_one_line(tmp_path, capsys, fault_trials):
     a_run(tmp_path / "runs")
     afile = tmp_path / "afile"
     afile.write_text("mine\n")
+    runs = str(tmp_path / "runs")
     for out in (afile, afile / "report"):
-        assert report_cli.main(["--runs", str(tmp_path / "runs"), "--out", str(out)]) == 2
-        assert "not a folder" in one_line(capsys.readouterr().err, "marble report")
-    assert data_cli.main(["tiny", "--out", str(afile)]) == 1
-    assert f"--out {afile} is a file, not a folder" in one_line(capsys.readouterr().err, "marble data tiny")
-    assert data_cli.main(["embed", "--table", "t.parquet", "--model", "random:tiny", "--out", str(afile)]) == 1
-    assert "is a file, not a folder" in one_line(capsys.readouterr().err, "marble data embed")
-    assert models_cli.main(["tiny", "--out", str(afile)]) == 2
-    assert "is a file, not a folder" in one_line(capsys.readouterr().err, "marble models tiny")
-    assert tables_cli.main(["harmony", "--runs", str(tmp_path / "runs"), "--out", str(afile)]) == 2
-    assert "is a file, not a folder" in one_line(capsys.readouterr().err, "marble tables harmony")
-    assert afile.read_text() == "mine\n"
+        code = report_cli.main(["--runs", runs, "--out", str(out)])
+        tried(fault_trials, capsys, f"marble report --out {out.name}", code, 2, "marble report", "not a folder")
+    commands = [("marble data tiny", 1, lambda: data_cli.main(["tiny", "--out", str(afile)])),
+                ("marble data embed", 1, lambda: data_cli.main(["embed", "--table", "t.parquet", "--model",
+                                                                "random:tiny", "--out", str(afile)])),
+                ("marble models tiny", 2, lambda: models_cli.main(["tiny", "--out", str(afile)])),
+                ("marble tables harmony", 2, lambda: tables_cli.main(["harmony", "--runs", runs, "--out", str(afile)]))]
+    for prog, want, command in commands:
+        tried(fault_trials, capsys, prog, command(), want, prog, f"--out {afile} is a file, not a folder")
+    fault_trials.record(afile.read_text() == "mine\n", "the file stands untouched")
+    assert not fault_trials.lost, fault_trials.lost
 
 
 def full_disk(monkeypatch):
@@ -143,20 +152,39 @@ def full_disk(monkeypatch):
 
 
 @pytest.mark.fault("full disk in a final write (report, claim, data)")
-def test_a_full_disk_in_the_final_write_is_one_line(tmp_path, capsys, monkeypatch):
+def test_a_full_disk_in_the_final_write_is_one_line(tmp_path, capsys, monkeypatch, fault_trials):
     a_run(tmp_path / "runs")
-    (tmp_path / "raw" / "ocr").mkdir(parents=True)
     full_disk(monkeypatch)
-    assert report_cli.main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "report")]) == 2
-    line = one_line(capsys.readouterr().err, "marble report")
-    assert line.startswith("marble report: error: No space left on device: ") and "report" in line
-    assert not (tmp_path / "report").exists()  # nothing half written
-    assert data_cli.main(["tiny", "--out", str(tmp_path / "tiny")]) == 1
-    assert "No space left on device" in one_line(capsys.readouterr().err, "marble data tiny")
-    monkeypatch.setattr(claim_cli, "build", lambda args: {"sentences": ["s"], "arms": []})
-    monkeypatch.setattr(claim_cli, "write_figures", lambda verdict, folder: {})
-    assert claim_cli.main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "claim")]) == 2
-    assert "No space left on device" in one_line(capsys.readouterr().err, "marble report claim")
+    nospace = "No space left on device: "
+    tried(fault_trials, capsys, "marble report",
+          report_cli.main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "report")]),
+          2, "marble report", nospace)
+    fault_trials.record(not (tmp_path / "report").exists(), "no report half written")
+    tried(fault_trials, capsys, "marble data tiny", data_cli.main(["tiny", "--out", str(tmp_path / "tiny")]),
+          1, "marble data tiny", nospace)
+    tried(fault_trials, capsys, "marble tables harmony",
+          tables_cli.main(["harmony", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "tables")]),
+          2, "marble tables harmony", nospace)
+    from marble.evaluation import summary
+
+    (tmp_path / "eval" / "r" / "c" / "ocr").mkdir(parents=True)
+    (tmp_path / "eval" / "r" / "c" / "ocr" / "average_scores.json").write_text('{"num_samples": 1, "ocr": 0.5}')
+    tried(fault_trials, capsys, "marble eval summary",
+          summary.main(["--eval-dir", str(tmp_path / "eval"), "--out-csv", str(tmp_path / "s.csv"),
+                        "--out-md", str(tmp_path / "s.md")]), 2, "marble eval summary", nospace)
+
+    def build(args):  # the claim's real signature; its arms need trained runs, not what is tried here
+        return {"sentences": ["s"], "arms": []}
+
+    def write_figures(v, folder):
+        return {}
+
+    monkeypatch.setattr(claim_cli, "build", build)
+    monkeypatch.setattr(claim_cli, "write_figures", write_figures)
+    tried(fault_trials, capsys, "marble report claim",
+          claim_cli.main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "claim")]),
+          2, "marble report claim", nospace)
+    assert not fault_trials.lost, fault_trials.lost
 
 
 @pytest.mark.fault("missing model path says not found")
