@@ -259,3 +259,30 @@ def test_a_mistyped_average_or_summary_value_is_one_line(tmp_path, capsys):
     (tmp_path / "summary.csv").write_text("run,checkpoint,dataset,metric,value\nr,c,ocr,ocr,0.5\nr,c,ocr,clip,high\n")
     with pytest.raises(ReportInputError, match=r"summary.csv:3: `value` = 'high' is not a number"):
         load_eval_summary(tmp_path / "summary.csv")
+
+
+@pytest.mark.fault("a stage's reward applies to no prompt of its sources (error at start)")
+@pytest.mark.parametrize("ocr_rows,said", [
+    (False, "stage 'ocr': `stages[2].sources` ['ocr'] have no rows"),
+    (True, "reward 'toy_text_contrast' of stage 'ocr' applies to no prompt of its sources ['ocr']"),
+])
+def test_a_stage_that_would_train_on_nothing_is_refused_at_start(tmp_path, capsys, monkeypatch, ocr_rows, said):
+    """tiny_sequential's third stage draws ocr rows for toy_text_contrast: a table without ocr rows,
+    or whose ocr rows the reward does not score, failed only when that stage began (step 20)."""
+    def run_training(cfg, out_dir, device=None, progress=True, stop=None, fresh=False,
+                     adopt=False):  # the real signature: reached only when the start let it through
+        raise AssertionError(f"the start let {out_dir} through to training")
+
+    monkeypatch.setattr("marble.training.run.run_training", run_training)
+    sources = ["pickscore", "geneval"] + (["ocr"] if ocr_rows else [])
+    rows = [PromptRecord.make(f"prompt {i} of {s}", s) for s in sources for i in range(4)]
+    names = ("toy_brightness", "toy_saturation", "toy_color_match", "toy_text_contrast")
+    masks = {n: [n != "toy_text_contrast" or r.source == "pickscore" for r in rows] for n in names}
+    table = tmp_path / "train.parquet"
+    to_frame(rows, masks).to_parquet(table)
+    with pytest.raises(SystemExit) as exc:
+        train.main(["--preset", "tiny_sequential", "--output-dir", str(tmp_path / "run"),
+                    "--set", "model.path=random:tiny", "--set", f"data.train={table}", "--set", "train.eval_every=0"])
+    line = one_line(capsys.readouterr().err, "marble train")
+    assert exc.value.code == 2 and said in line
+    assert not (tmp_path / "run").exists()
