@@ -29,7 +29,7 @@ from marble.report.loading import (ReportInputError, incomplete_reason, left_out
                                    read_json_file, run_folders)
 from marble.report.verdict import specialist_rewards
 from marble.runtime.io import write_json, write_text
-from marble.runtime.oserrors import describe_write_failure
+from marble.runtime.oserrors import describe_write_failure, not_a_folder
 from marble.workflow.claim import ALONE_PREFIX, parse_run_name
 
 
@@ -151,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="the committed pilot (docs/claim.md); absent: the verdict says 'no pilot'")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
+    problem = not_a_folder(args.out, "--out")  # before the verdict's work, not at its first write
+    if problem:
+        print(f"marble report claim: error: {problem}", file=sys.stderr)
+        return 2
     if args.no_arms:
         return write_no_arms(args.out)
     if args.runs is None:

@@ -136,7 +136,8 @@ def test_an_output_path_that_is_a_file_is_one_line(tmp_path, capsys, fault_trial
                 ("marble data embed", 1, lambda: data_cli.main(["embed", "--table", "t.parquet", "--model",
                                                                 "random:tiny", "--out", str(afile)])),
                 ("marble models tiny", 2, lambda: models_cli.main(["tiny", "--out", str(afile)])),
-                ("marble tables harmony", 2, lambda: tables_cli.main(["harmony", "--runs", runs, "--out", str(afile)]))]
+                ("marble tables harmony", 2, lambda: tables_cli.main(["harmony", "--runs", runs, "--out", str(afile)])),
+                ("marble report claim", 2, lambda: claim_cli.main(["--no-arms", "--out", str(afile)]))]
     for prog, want, command in commands:
         tried(fault_trials, capsys, prog, command(), want, prog, f"--out {afile} is a file, not a folder")
     fault_trials.record(afile.read_text() == "mine\n", "the file stands untouched")
