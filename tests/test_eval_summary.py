@@ -89,5 +89,7 @@ def test_cli_writes_csv_and_markdown(tmp_path, capsys):
                  "--out-md", str(tmp_path / "t.md")]) == 0
     assert pd.read_csv(tmp_path / "s.csv").query("metric == 'ocr'")["value"].tolist() == [0.5]
     assert "| r/c | 0.50 |" in (tmp_path / "t.md").read_text()
-    with pytest.raises(FileNotFoundError, match="--eval-dir"):
-        main(["--eval-dir", str(tmp_path / "none"), "--out-csv", "x", "--out-md", "y"])
+    # one line, exit 2, never a traceback (issue 38)
+    capsys.readouterr()
+    assert main(["--eval-dir", str(tmp_path / "none"), "--out-csv", "x", "--out-md", "y"]) == 2
+    assert "--eval-dir" in capsys.readouterr().err

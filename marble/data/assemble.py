@@ -20,6 +20,7 @@ import pandas as pd
 from marble.data.records import DataError, PromptRecord, compute_masks, mask_column, to_frame
 from marble.rewards.geneval_rules import TAGS as GENEVAL_TAGS  # the one definition of the six tags
 from marble.runtime.io import atomic_path
+from marble.runtime.schema import check_prompt_text, prompt_text_problem
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,9 @@ def read_text_prompts(path: Path, name: str) -> list[str]:
         prompt = line.strip()
         if not prompt:
             raise DataError(f"{name}:{lineno}: empty prompt")
+        problem = prompt_text_problem(prompt)  # a BOM, a NUL, an escape sequence: not what was meant
+        if problem:
+            raise DataError(f"{name}:{lineno}: {problem}")
         prompts.append(prompt)
     return prompts
 
@@ -66,6 +70,7 @@ def check_geneval_record(obj: object, where: str) -> dict:
     prompt = obj.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         raise DataError(f"{where}: missing or empty `prompt`")
+    check_prompt_text(prompt, where, "prompt", DataError)
     include = obj.get("include")
     if not isinstance(include, list) or not include:
         raise DataError(f"{where}: missing or empty `include` list")

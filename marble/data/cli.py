@@ -8,6 +8,7 @@ import sys
 
 from marble.data.assemble import SPLITS
 from marble.data.records import DataError
+from marble.runtime.oserrors import describe_write_failure, not_a_folder
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -95,10 +96,21 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     args = _parser().parse_args(argv)
     handler = {"assemble": cmd_assemble, "tiny": cmd_tiny, "embed": cmd_embed}[args.cmd]
+    flag, out = ("--out-dir", args.out_dir) if args.cmd == "assemble" else ("--out", args.out)
+    problem = not_a_folder(out, flag)  # checked before any work, not found by mkdir in a traceback
+    if problem:
+        print(f"marble data {args.cmd}: error: {problem}", file=sys.stderr)
+        return 1
     try:
         return handler(args)
     except (ValueError, FileNotFoundError, KeyError) as exc:  # DataError, ConfigError
         print(f"marble data {args.cmd}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # the final writes: a full disk, a read-only folder
+        message = describe_write_failure(exc, out)
+        if message is None:
+            raise
+        print(f"marble data {args.cmd}: error: {message}", file=sys.stderr)
         return 1
 
 

@@ -18,6 +18,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
+from marble.runtime.schema import check_json_object, check_mask_value, check_prompt_text, check_str
+
 MASK_PREFIX = "applies__"
 BASE_COLUMNS = ["prompt_id", "prompt", "source", "metadata"]
 
@@ -105,7 +107,26 @@ def load_table(path: str | Path) -> pd.DataFrame:
     missing = [c for c in BASE_COLUMNS if c not in df.columns]
     if missing:
         raise DataError(f"{path}: missing columns {missing} (have {list(df.columns)})")
+    check_table_values(df, str(path))
     return df
+
+
+def check_table_values(df: pd.DataFrame, name: str) -> None:
+    """Every cell is what its column means (DataError naming file, row and column): ids and
+    sources non-empty text, prompts text without invisible characters, metadata a JSON
+    object, masks true/false. A mask column of strings or with a null was read as true on
+    every row ("False" is a non-empty string), so a reward trained on prompts it excludes."""
+    for col in mask_columns(df):
+        if df[col].dtype != bool:  # a bool column holds nothing else; find the first cell that is not
+            for row, value in zip(df.index, df[col]):
+                check_mask_value(value, f"{name}: row {row}", col, DataError)
+    for row, pid, prompt, source, meta in zip(df.index, df["prompt_id"], df["prompt"], df["source"],
+                                              df["metadata"]):
+        where = f"{name}: row {row}"
+        check_str(pid, where, "prompt_id", DataError)
+        check_prompt_text(prompt, where, "prompt", DataError)
+        check_str(source, where, "source", DataError)
+        check_json_object(meta, where, "metadata", DataError)
 
 
 def records(df: pd.DataFrame) -> list[PromptRecord]:

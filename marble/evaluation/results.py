@@ -18,6 +18,7 @@ from typing import Iterable
 from marble.rewards.geneval_rules import TAGS as GENEVAL_TAGS  # the one definition of the six tags
 from marble.rewards.geneval_rules import per_tag_means
 from marble.runtime.io import read_jsonl
+from marble.runtime.schema import check_result_row
 
 GENEVAL_DETAIL_KEYS = ("accuracy", "strict_accuracy")
 # The results file of an evaluation folder (marble.evaluation.runner writes it; summary reads it).
@@ -79,6 +80,11 @@ def check_row(path: Path, lineno: int, row: dict, previous: dict | None) -> None
         if value is not None and not finite(value):
             raise ResultsError(f"{path}:{lineno}: sample {sid}: score {name!r} = {value!r} is not a finite "
                                "number (unscorable samples are stored as null); the file was edited")
+    check_result_row(row, f"{path}:{lineno}: sample {sid}", ResultsError)
+    meta = row.get("metadata") or {}
+    if meta.get("source") == "geneval" and meta.get("tag") not in GENEVAL_TAGS:  # dropped from every per-tag mean
+        raise ResultsError(f"{path}:{lineno}: sample {sid}: `metadata.tag` = {meta.get('tag')!r} is not a GenEval "
+                           f"tag ({', '.join(sorted(GENEVAL_TAGS))}); the file was edited")
     legacy = previous is not None and "rev" not in previous and "rev" not in row  # files of before revisions
     want = 1 if previous is None else previous.get("rev", 1) + 1
     if not legacy and row.get("rev", 1) != want:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -25,6 +26,8 @@ import pandas as pd
 from marble.evaluation.results import RESULTS_FILE, ResultsError, read_results
 from marble.rewards import descriptors
 from marble.runtime.io import write_text
+from marble.runtime.oserrors import describe_write_failure
+from marble.runtime.schema import is_number
 
 
 # (column, candidate keys in order, datasets in order of preference, scale, decimals): each
@@ -110,10 +113,15 @@ def collect(eval_dir) -> pd.DataFrame:
             scores = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: invalid JSON: {exc}") from exc
+        if not isinstance(scores, dict):
+            raise ValueError(f"{path}: expected a JSON object of averages, got {type(scores).__name__}")
         check_recorded_count(path, scores)
         for metric, value in sorted(scores.items()):
-            if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
-                records.append((run, checkpoint, dataset, metric, math.nan if value is None else float(value)))
+            # Typed: a quoted "0.7" or a true was left out of the table without a word.
+            if value is not None and not is_number(value):
+                raise ValueError(f"{path}: `{metric}` = {value!r} is not a number or null; the file was edited, "
+                                 "rerun `marble evaluate` into its folder")
+            records.append((run, checkpoint, dataset, metric, math.nan if value is None else float(value)))
     return pd.DataFrame(records, columns=["run", "checkpoint", "dataset", "metric", "value"])
 
 
@@ -198,11 +206,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-csv", required=True, help="long CSV: run,checkpoint,dataset,metric,value")
     parser.add_argument("--out-md", required=True, help="Table-1-style markdown table")
     args = parser.parse_args(argv)
-    long = collect(args.eval_dir)
-    table, decimals = wide_table(long)
-    write_text(args.out_csv, long.to_csv(index=False))
+    try:  # a results file that is not what it says (ResultsError is a ValueError), a missing folder
+        long = collect(args.eval_dir)
+        table, decimals = wide_table(long)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"marble eval summary: error: {exc}", file=sys.stderr)
+        return 2
     markdown = render_markdown(table, decimals)
-    write_text(args.out_md, markdown)
+    try:
+        write_text(args.out_csv, long.to_csv(index=False))
+        write_text(args.out_md, markdown)
+    except OSError as exc:  # a full disk or an output path under a file: one line, never a traceback
+        message = describe_write_failure(exc, Path(args.out_csv).parent)
+        if message is None:
+            raise
+        print(f"marble eval summary: error: {message}", file=sys.stderr)
+        return 2
     print(markdown, end="")
     print(f"{len(long)} values from {long.groupby(['run', 'checkpoint', 'dataset']).ngroups} evaluations")
     return 0

@@ -33,9 +33,29 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--seed", type=int, default=0, help="init seed (the build is deterministic)")
     _pretrain_parser(sub)
     args = parser.parse_args(argv)
-    if args.command == "pretrain":
-        return _pretrain(args)
+    import sys
 
+    from marble.runtime.oserrors import describe_write_failure, not_a_folder
+
+    prog = f"marble models {args.command}"
+    problem = not_a_folder(args.out, "--out")  # found before the build, not by its final rename
+    if problem:
+        print(f"{prog}: error: {problem}", file=sys.stderr)
+        return 2
+    try:
+        return _pretrain(args) if args.command == "pretrain" else _tiny(args)
+    except (ValueError, FileNotFoundError) as exc:  # a table that is not what it says (DataError), none
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the final write: a full disk, a read-only folder
+        message = describe_write_failure(exc, args.out)
+        if message is None:
+            raise
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        return 2
+
+
+def _tiny(args) -> int:
     from marble.models.loading import load_pipeline
     from marble.models.tiny import folder_size_bytes, parameter_count, save_tiny_pipeline
 

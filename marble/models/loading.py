@@ -39,7 +39,7 @@ def looks_local(path: str) -> bool:
 
 
 def _missing_model_message(path: str) -> str:
-    return (f"model folder {path!r} does not exist. Create it with "
+    return (f"model folder {path!r} not found. Create it with "
             f"`marble models tiny --out {path}` (tiny random model, no download) or "
             f"`marble download model --out {path}` (SD3.5 Medium from the hub, needs HF_TOKEN).")
 

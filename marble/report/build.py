@@ -10,12 +10,13 @@ import pandas as pd
 from tqdm import tqdm
 
 from marble.runtime.io import atomic_path
+from marble.runtime.oserrors import not_a_folder
 from marble.report import figures, glance, lead, published, tables
 from marble.report.claim_markdown import interval_text
 from marble.report.demo_claim import demo_verdict
 from marble.report.experiments import experiment_section
-from marble.report.loading import (RunData, eval_samples, load_bench, load_eval_summary,
-                                         load_runs, read_json_file)
+from marble.report.loading import (ReportInputError, RunData, eval_samples, left_out_sentence, load_bench,
+                                   load_complete_runs, load_eval_summary, read_json_file)
 from marble.report.provenance import provenance_table
 from marble.report.render import Figure, Section, Table, Text, to_html, to_markdown
 from marble.report.table1 import report_frame
@@ -281,7 +282,7 @@ def build_report(inp: ReportInputs) -> dict:
     """Write report.md, report.html, figures/, tables/ and verdict.json under `inp.out`,
     all at once (built in a temporary sibling, then renamed); returns the verdict's data."""
     _check_out(inp.out)
-    runs = load_runs(inp.runs_dir)
+    runs, left_out = load_complete_runs(inp.runs_dir)  # a run still training is named, never averaged in
     trends = run_trends(runs, inp.window, inp.min_gain)
     specialists = all_specialists(runs)
     with atomic_path(inp.out) as tmp:
@@ -290,14 +291,18 @@ def build_report(inp: ReportInputs) -> dict:
         # then what was run; the experiments' verdicts (marble.report.experiments), the
         # paper's tables beside ours, the figures; the long per-run tables last, collapsed.
         data = demo_verdict(runs, trends, specialists)
+        data["runs_left_out"] = left_out
+        if left_out:
+            data["sentences"].append(left_out_sentence(left_out))
         if runs:
             _verdict_section(b, data)
             b.section("What was run").blocks += glance.what_was_run(runs)
         b.sections += [experiment_section(folder, tmp) for folder in inp.experiments]
         if not runs:
             b.section("Runs").blocks.append(Text(
-                f"Missing: no run folder with a metrics.jsonl under `{inp.runs_dir}`. Train with "
-                "`marble train --preset tiny --output-dir results/runs/<run>`."))
+                f"Missing: no complete run folder with a metrics.jsonl under `{inp.runs_dir}`. Train with "
+                "`marble train --preset tiny --output-dir results/runs/<run>`. "
+                + (left_out_sentence(left_out) or "")))
         long_eval = load_eval_summary(inp.eval_summary)
         toy = not runs or not all(lead.is_paper_scale(r) for r in runs)
         frames = lead.paper_frames(runs, long_eval, load_bench(inp.bench), read_json_file(inp.flops))
@@ -332,6 +337,9 @@ def _check_out(out: Path) -> None:
     """The whole folder is replaced: refuse one that holds anything a report does not write.
     Judged by every entry, not by report.md alone: Snakemake deletes the declared outputs
     (report.md, report.html) before a rerun and leaves figures/, tables/ and verdict.json."""
+    problem = not_a_folder(out, "--out")  # a file there failed only at the final rename, in a traceback
+    if problem:
+        raise ReportInputError(problem)
     foreign = sorted(p.name for p in out.iterdir() if p.name not in REPORT_ENTRIES) if out.is_dir() else []
     if foreign:
         raise FileExistsError(f"--out {out}: holds {', '.join(foreign[:5])}, which no report "

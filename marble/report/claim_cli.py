@@ -25,10 +25,12 @@ from marble.report.claim_design import load_pilot, multiplicity, pilot_section, 
 from marble.report.claim_experiment import claim_verdict, measure_run
 from marble.report.claim_figures import write_figures
 from marble.report.claim_markdown import claim_markdown
-from marble.report.loading import ReportInputError, load_run, read_json_file, run_folders
+from marble.report.loading import (ReportInputError, incomplete_reason, left_out_sentence, load_run,
+                                   read_json_file, run_folders)
 from marble.report.verdict import specialist_rewards
 from marble.runtime.io import write_json, write_text
 from marble.report.claim_noise import control_section, dilution_section, noise_sentences, sweep_section
+from marble.runtime.oserrors import describe_write_failure, not_a_folder
 from marble.workflow.claim import ALONE_PREFIX, CONTROL_PREFIX, parse_run_name
 
 
@@ -51,14 +53,19 @@ def cpu_seconds(summary: dict, benchmarks: Path | None, run: str) -> float:
 
 def collect(runs_dir: Path, benchmarks: Path | None):
     """(measures, rewards, specialists, arm settings, cpu seconds per arm, run -> the model it
-    started from)."""
-    loaded = []
+    started from, {run left out: why})."""
+    loaded, left_out = [], {}
     for folder in run_folders(runs_dir):
         try:
             arm, seed = parse_run_name(folder.name)
         except ValueError as exc:
             raise ReportInputError(str(exc)) from exc
-        loaded.append((arm, seed, load_run(folder)))
+        run = load_run(folder)
+        reason = incomplete_reason(run)  # a run still training is named in the verdict, never measured
+        if reason is None:
+            loaded.append((arm, seed, run))
+        else:
+            left_out[run.name] = reason
     # alone and control arms train other rewards than the claim's
     own = (ALONE_PREFIX, CONTROL_PREFIX)
     main = [r for a, _, r in loaded if not a.startswith(own)]
@@ -81,7 +88,7 @@ def collect(runs_dir: Path, benchmarks: Path | None):
                          "micro_batch": (run.config.get("train") or {}).get("batch_size")}
         cpu.setdefault(arm, []).append(cpu_seconds(run.summary, benchmarks, run.name))
         models[run.name] = (run.config.get("model") or {}).get("path")
-    return measures, rewards, specialists, settings, cpu, models
+    return measures, rewards, specialists, settings, cpu, models, left_out
 
 
 def pretrained_models(models: dict[str, str | None]) -> dict:
@@ -109,7 +116,7 @@ def min_norm_arms(settings: dict) -> dict[str, float]:
 
 
 def build(args) -> dict:
-    measures, rewards, specialists, settings, cpu, models = collect(args.runs, args.benchmarks)
+    measures, rewards, specialists, settings, cpu, models, left_out = collect(args.runs, args.benchmarks)
     control = [m for m in measures if m.arm.startswith(CONTROL_PREFIX)]
     measures = [m for m in measures if not m.arm.startswith(CONTROL_PREFIX)]
     min_norm = min_norm_arms(settings)
@@ -131,6 +138,9 @@ def build(args) -> dict:
     verdict["dilution"] = dilution_section(measures, rewards, specialists,
                                            [a for a in (args.baseline_arm, args.marble_arm) if a in verdict["arms"]])
     verdict["sentences"] += noise_sentences(verdict["noise"], verdict["dilution"])
+    verdict["runs_left_out"] = left_out
+    if left_out:
+        verdict["sentences"].append(left_out_sentence(left_out))
     costs = read_json_file(args.cost) if args.cost else {}
     verdict["arm_settings"] = {a: settings[a] for a in verdict["arms"]}
     verdict["cost"] = {a: {"counted_flops": (costs.get(a) or {}).get("flops"),
@@ -168,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="the committed pilot (docs/claim.md); absent: the verdict says 'no pilot'")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
+    problem = not_a_folder(args.out, "--out")  # before the verdict's work, not at its first write
+    if problem:
+        print(f"marble report claim: error: {problem}", file=sys.stderr)
+        return 2
     if args.no_arms:
         return write_no_arms(args.out)
     if args.runs is None:
@@ -177,9 +191,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ReportInputError, ValueError) as exc:
         print(f"marble report claim: error: {exc}", file=sys.stderr)
         return 2
-    figures = write_figures(verdict, args.out / "figures")
-    write_json(args.out / "verdict.json", verdict)
-    write_text(args.out / "claim.md", claim_markdown(verdict, figures))
+    try:
+        figures = write_figures(verdict, args.out / "figures")
+        write_json(args.out / "verdict.json", verdict)
+        write_text(args.out / "claim.md", claim_markdown(verdict, figures))
+    except OSError as exc:  # a full disk, an --out that is a file: one line, never a traceback
+        message = describe_write_failure(exc, args.out)
+        if message is None:
+            raise
+        print(f"marble report claim: error: {message}", file=sys.stderr)
+        return 2
     print("\n".join(verdict["sentences"]))
     return 0
 

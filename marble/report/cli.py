@@ -13,6 +13,8 @@ from pathlib import Path
 
 from marble.report.build import ReportInputs, build_report
 from marble.report.glance import summary_line
+from marble.report.loading import ReportInputError, left_out_sentence
+from marble.runtime.oserrors import describe_write_failure
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -61,14 +63,26 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["summary"]:
         return summary(argv[1:])
     args = _parser().parse_args(argv)
-    result = build_report(ReportInputs(
-        runs_dir=args.runs, out=args.out, eval_summary=args.eval_summary, bench=args.bench,
-        flops=args.flops, eval_dir=args.eval_dir, table1=args.table1,
-        images_per_dataset=args.images_per_dataset, window=args.window,
-        min_gain=args.min_gain, smooth=args.smooth, experiments=tuple(args.experiment),
-    ))
+    try:
+        result = build_report(ReportInputs(
+            runs_dir=args.runs, out=args.out, eval_summary=args.eval_summary, bench=args.bench,
+            flops=args.flops, eval_dir=args.eval_dir, table1=args.table1,
+            images_per_dataset=args.images_per_dataset, window=args.window,
+            min_gain=args.min_gain, smooth=args.smooth, experiments=tuple(args.experiment),
+        ))
+    except (ReportInputError, FileExistsError) as exc:  # an input, or an --out it must not replace
+        print(f"marble report: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the final write: a full disk, a read-only folder (nothing was replaced)
+        message = describe_write_failure(exc, args.out)
+        if message is None:
+            raise
+        print(f"marble report: error: {message}; nothing was written", file=sys.stderr)
+        return 2
     print(f"wrote {args.out / 'report.md'} and {args.out / 'report.html'}")
     print(f"verdict: {summary_line(result)}")
+    if result.get("runs_left_out"):
+        print(left_out_sentence(result["runs_left_out"]))
     return 0
 
 

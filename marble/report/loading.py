@@ -17,6 +17,7 @@ import pandas as pd
 import yaml
 
 from marble.runtime.io import read_jsonl
+from marble.runtime.schema import check_metrics_line, check_result_row
 
 IMAGE_SUFFIXES = (".jpg", ".png")
 
@@ -77,9 +78,8 @@ def read_metrics(path: Path) -> pd.DataFrame:
     keeps the last."""
     records = []
     for lineno, record in read_jsonl(path, ReportInputError):
-        if not isinstance(record, dict) or "step" not in record:
-            raise ReportInputError(f"{path}:{lineno}: expected an object with a `step` key")
-        records.append(record)
+        # Typed: a quoted number was coerced, and text became a silent NaN (a missing point).
+        records.append(check_metrics_line(record, f"{path}:{lineno}", ReportInputError))
     frame = pd.DataFrame.from_records(records)
     if frame.empty:
         return pd.DataFrame({"step": pd.Series(dtype=float)})
@@ -120,9 +120,45 @@ def run_folders(runs_dir: Path) -> list[Path]:
                   if not p.name.startswith(".") and (p / "metrics.jsonl").is_file())
 
 
+def incomplete_reason(run: RunData) -> str | None:
+    """Why a run is not complete (None when it is): its metrics stop short of its config's
+    `train.max_steps` (a run still training, stopped or killed). Averaged in, its early curve
+    stood beside finished runs' in the verdict as if it were one. A train_summary.json (written
+    only when training ended) or a config without max_steps says complete, the latter as before.
+    Steps are logged every `train.log_every`: the last one logged may fall short of max_steps."""
+    if run.max_steps is None or (run.path / "train_summary.json").is_file():
+        return None
+    steps = run.metrics["step"].dropna() if "step" in run.metrics else []
+    last = int(steps.max()) if len(steps) else 0
+    log_every = (run.config.get("train") or {}).get("log_every") or 1
+    if last + max(1, int(log_every)) <= run.max_steps:
+        return f"logged up to step {last} of train.max_steps {run.max_steps}: still training, or stopped"
+    return None
+
+
+def load_complete_runs(runs_dir: Path) -> tuple[list[RunData], dict[str, str]]:
+    """(the complete runs of `runs_dir`, {left-out run: why}): a report or verdict reads only the
+    first and names the second."""
+    runs, left_out = [], {}
+    for run in (load_run(p) for p in run_folders(runs_dir)):
+        reason = incomplete_reason(run)
+        if reason is None:
+            runs.append(run)
+        else:
+            left_out[run.name] = reason
+    return runs, left_out
+
+
+def left_out_sentence(left_out: dict[str, str]) -> str | None:
+    """One sentence naming the runs a report left out, and why (None when none was)."""
+    if not left_out:
+        return None
+    return "Left out (not complete): " + "; ".join(f"`{n}` ({why})" for n, why in sorted(left_out.items())) + "."
+
+
 def load_runs(runs_dir: Path) -> list[RunData]:
-    """Every run folder of `runs_dir` (`run_folders`)."""
-    return [load_run(p) for p in run_folders(runs_dir)]
+    """The complete run folders of `runs_dir` (`load_complete_runs`)."""
+    return load_complete_runs(runs_dir)[0]
 
 
 def _read_json(path: Path) -> Any:
@@ -156,7 +192,13 @@ def load_eval_summary(path: Path | None) -> pd.DataFrame | None:
     missing = {"run", "checkpoint", "dataset", "metric", "value"} - set(frame.columns)
     if missing:
         raise ReportInputError(f"{path}: missing columns {sorted(missing)}")
-    frame["value"] = pd.to_numeric(frame["value"], errors="coerce")
+    values = pd.to_numeric(frame["value"], errors="coerce")
+    bad = frame.index[frame["value"].notna() & values.isna()]
+    if len(bad):  # text where a number goes was a silent NaN: a score missing from the tables
+        row = bad[0]
+        raise ReportInputError(f"{path}:{row + 2}: `value` = {frame['value'][row]!r} "
+                               "is not a number (rebuild it with the eval_summary rule)")
+    frame["value"] = values
     frame["checkpoint"] = frame["checkpoint"].astype(str)
     return frame
 
@@ -205,7 +247,8 @@ def _dataset_samples(ds_dir: Path, limit: int) -> list[ScoredImage]:
         for lineno, rec in read_jsonl(results, ReportInputError):
             if not isinstance(rec, dict):
                 raise ReportInputError(f"{results}:{lineno}: expected a JSON object")
-            name = Path(str(rec.get("image_path", ""))).name
+            check_result_row(rec, f"{results}:{lineno}", ReportInputError)  # the evaluation's row types
+            name = Path(str(rec.get("image_path") or "")).name
             by_image[name] = (str(rec.get("prompt", "")), _finite_scores(rec.get("scores")))
     # `marble evaluate --image_format`: .jpg (the reference's layout, default) or .png.
     images = sorted((p for p in (ds_dir / "images").glob("*") if p.suffix in IMAGE_SUFFIXES),

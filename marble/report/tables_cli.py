@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from marble.runtime.io import write_text
@@ -42,13 +43,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _runs(args):
-    from marble.report.loading import load_runs
+    from marble.report.loading import left_out_sentence, load_complete_runs
 
     if args.runs is None:
         raise SystemExit(f"marble tables {args.name}: --runs is required")
-    runs = load_runs(args.runs)
+    runs, left_out = load_complete_runs(args.runs)
     only = [r for r in args.only.split(",") if r]
-    missing = sorted(set(only) - {r.name for r in runs})
+    left_out = {n: why for n, why in left_out.items() if not only or n in only}
+    if left_out:  # named, never tabulated beside finished runs
+        print(f"marble tables {args.name}: {left_out_sentence(left_out)}", file=sys.stderr)
+    missing = sorted(set(only) - {r.name for r in runs} - set(left_out))
     if missing:
         raise SystemExit(f"marble tables {args.name}: --only names runs with no metrics.jsonl "
                          f"under {args.runs}: {', '.join(missing)}")
@@ -81,6 +85,27 @@ def build(args):
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from marble.report.loading import ReportInputError
+    from marble.runtime.oserrors import describe_write_failure, not_a_folder
+
+    problem = not_a_folder(args.out, "--out") if args.out is not None else None
+    if problem:
+        print(f"marble tables {args.name}: error: {problem}", file=sys.stderr)
+        return 2
+    try:
+        return _write(args)
+    except ReportInputError as exc:  # an input that is not what it says: one line, never a traceback
+        print(f"marble tables {args.name}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the final writes: a full disk, an --out that is a file
+        message = describe_write_failure(exc, args.out)
+        if message is None:
+            raise
+        print(f"marble tables {args.name}: error: {message}", file=sys.stderr)
+        return 2
+
+
+def _write(args) -> int:
     if args.name == "paper_tables":
         missing = [str(p) for p in args.inputs if not p.is_file()]
         if missing:

@@ -21,6 +21,8 @@ _MESSAGES = {
     errno.EROFS: "Read-only file system",
     errno.EACCES: "Permission denied",
     errno.EPERM: "Operation not permitted",
+    # A path through a file (`--out some_file/...`, or a folder the write needs is a file).
+    errno.ENOTDIR: "Not a directory (a file stands where a folder must be)",
 }
 # The OS's words (and Rust's `os error N`) inside other libraries' messages.
 _TEXT = {errno.ENOSPC: ("No space left on device", "os error 28"),
@@ -63,4 +65,18 @@ def describe_write_failure(exc: BaseException, where: str | os.PathLike) -> str 
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         # A short write on a local disk is almost always a full disk or quota.
         return f"writing under {where} failed (a short write: is the disk full or over quota?): {first}"
+    return None
+
+
+def not_a_folder(out: str | os.PathLike, flag: str) -> str | None:
+    """`<flag> <out> is a file, not a folder` when `out`, or the nearest of its parents that exists,
+    is no folder (None otherwise): a command that writes a folder there fails only at its first
+    or final write, with mkdir's or rename's traceback."""
+    out = Path(out)
+    for path in (out, *out.parents):
+        if path.exists() or path.is_symlink():
+            if path.is_dir():
+                return None
+            where = "is a file" if path == out else f"lies under {path}, a file"
+            return f"{flag} {out} {where}, not a folder; give a folder's path"
     return None

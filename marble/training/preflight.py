@@ -74,6 +74,29 @@ def check_reward_coverage(cfg: RunConfig, table) -> None:
             raise TrainError(f"reward {name!r} applies to no prompt of `data.train` = {cfg.data.train!r} "
                              f"(its applies__{name} column is false on all {len(mask)} rows); train on a table "
                              "assembled with prompts it scores, or drop the reward")
+    for k, stage in enumerate(cfg.stages):
+        check_stage_coverage(cfg, table, k, stage.sources)
+
+
+def check_stage_coverage(cfg: RunConfig, table, index: int, sources: list[str] | None) -> None:
+    """A stage draws only its `sources`' rows: a source without rows, or a reward of the stage that
+    applies to none of them, failed only when that stage began (hours in, for a later stage)."""
+    from marble.data.records import reward_masks
+
+    if sources is None:
+        return
+    name = cfg.stages[index].name or f"stages[{index}]"
+    have = set(table["source"])
+    missing = [s for s in sources if s not in have]
+    if missing:
+        raise TrainError(f"stage {name!r}: `stages[{index}].sources` {missing} have no rows in `data.train` = "
+                         f"{cfg.data.train!r} (its sources: {sorted(have)})")
+    rows = table[table["source"].isin(sources)]
+    for reward, mask in reward_masks(rows, stage_config(cfg, index).reward_names).items():
+        if not any(mask):
+            raise TrainError(f"reward {reward!r} of stage {name!r} applies to no prompt of its sources {sources} "
+                             f"in `data.train` = {cfg.data.train!r} ({len(mask)} rows); give the stage sources "
+                             "it scores, or drop the reward from the stage")
 
 
 def unreadable_weights(folder: Path) -> str | None:

@@ -15,8 +15,12 @@ from marble.workflow import plan as wf_plan
 from marble.workflow import prompt_digest as wf_prompts
 from marble.workflow import runs as wf_runs
 from marble.workflow import slurm as wf_slurm
+from marble.workflow.interrupts import forward_interrupt_to_jobs
 
 min_version("8.20")
+
+# `kill -INT <snakemake pid>` stops the jobs too, not Snakemake alone (marble/workflow/interrupts.py).
+forward_interrupt_to_jobs()
 
 
 # A --configfile replaces the embedded default instead of merging into it (Snakemake

@@ -1,0 +1,90 @@
+"""Fault: SIGINT sent to Snakemake's own process, not to its group (issue 38 item 5).
+
+A real `snakemake` runs a tiny Snakefile whose one job sleeps ten minutes; `kill -INT` reaches
+Snakemake alone (a supervisor, a user in another terminal). Snakemake 9's local executor then
+waited for the job: the sleep ran to its end after Snakemake itself was gone. The project's
+Snakefile forwards the interrupt to its jobs (`forward_interrupt_to_jobs`, called in
+workflow/rules/common.smk); the tiny Snakefile here makes the same call, and the test reads
+common.smk to hold the project to it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from .interrupts import as_foreground_job
+
+ROOT = Path(__file__).resolve().parents[2]
+SNAKEMAKE = Path(sys.executable).with_name("snakemake")
+CALL = "forward_interrupt_to_jobs()"
+
+
+def sleeps(token: str) -> list[int]:
+    """Pids of the job's `sleep` (found by its unique argument, not by the code under test)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if entry.name.isdigit() and argv[:1] == [b"sleep"] and token.encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.fault("SIGINT to Snakemake's own process (its jobs must stop)")
+@pytest.mark.parametrize("to_group", [False, True], ids=["kill -INT pid", "Ctrl-C to the group"])
+def test_sigint_to_snakemake_alone_stops_its_jobs(tmp_path, fault_trials, to_group):
+    """The group's Ctrl-C (each job gets it twice now: the terminal's and Snakemake's) must
+    still end everything and leave no Snakemake lock."""
+    if not SNAKEMAKE.is_file():
+        pytest.skip(f"no snakemake beside {sys.executable}")
+    common = (ROOT / "workflow" / "rules" / "common.smk").read_text(encoding="utf-8")
+    fault_trials.record(CALL in common and "from marble.workflow.interrupts import" in common,
+                        "workflow/rules/common.smk forwards Snakemake's interrupt")
+    token = f"6{uuid.uuid4().int % 10**6:06d}.5"  # a unique duration: `sleep 6123456.5`
+    (tmp_path / "Snakefile").write_text(
+        f"from marble.workflow.interrupts import forward_interrupt_to_jobs\n{CALL}\n\n"
+        f"rule all:\n    output: 'done.txt'\n    shell: 'sleep {token} && touch {{output}}'\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    command = [str(SNAKEMAKE), "-c1", "--profile", str(ROOT / "workflow" / "profiles" / "local")]
+    proc = subprocess.Popen(as_foreground_job(command),
+                            cwd=tmp_path, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not sleeps(token) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sleeps(token), f"the job never started: {proc.communicate(timeout=30)[0][-2000:]}"
+        if to_group:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(proc.pid, signal.SIGINT)  # Snakemake's own process, not its group
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+        fault_trials.record(proc.returncode is not None,
+                            f"Snakemake ended after the interrupt (exit {proc.returncode})")
+        deadline = time.monotonic() + 10
+        while sleeps(token) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        fault_trials.record(not sleeps(token), f"the job it started is gone (left: {sleeps(token)})")
+        fault_trials.record(not (tmp_path / "done.txt").exists(), "no output of the interrupted job")
+        locks = sorted(p.name for p in (tmp_path / ".snakemake" / "locks").glob("*"))
+        fault_trials.record(not locks, f"no Snakemake lock left ({locks})")  # it removes locks/ when done
+    finally:
+        for pid in sleeps(token):  # never leave the sleep behind, whatever happened
+            os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    assert not fault_trials.lost, fault_trials.lost
