@@ -8,7 +8,7 @@ import json
 import re
 
 import pytest
-from test_workflow_lib import ROOT, snakemake
+from test_workflow_lib import ROOT, copy_workflow, snakemake
 
 from marble.balancers.weightings import WEIGHTINGS
 from marble.config import load_config
@@ -221,8 +221,15 @@ def test_marble_plan_runs_the_targets_dry_run_and_writes_json(tmp_path, capsys):
         plan_main(["--config", str(tmp_path / "none.yaml")])
 
 
-def test_dry_run_of_paper_tables_plans_the_runs_and_prints_the_estimate():
-    proc = snakemake(["-n", "paper_tables", "--configfile", "config/paper.yaml"], ROOT)
+@pytest.fixture(scope="module")
+def clean_tree(tmp_path_factory):
+    """The workflow without results: a dry run in the checkout itself would plan around the
+    demo's results/ (`make demo`, then `make test`) and count fewer runs."""
+    return copy_workflow(tmp_path_factory.mktemp("plan") / "repo", config=None)
+
+
+def test_dry_run_of_paper_tables_plans_the_runs_and_prints_the_estimate(clean_tree):
+    proc = snakemake(["-n", "paper_tables", "--configfile", "config/paper.yaml"], clean_tree)
     trained = re.findall(r"rule train_run:\n(?:\s+\S.*\n)*?\s+wildcards: run=(\S+)", proc.stdout)
     assert sorted(trained) == sorted(RHO_RUNS + ["weighted_sum", "sequential"])  # once each, no equal_alpha
     for rule in ("rho_ablation", "harmony", "cost", "paper_tables", "bench_step"):
@@ -261,8 +268,8 @@ def test_marble_plan_of_harmony_prints_only_harmony(capsys):
         assert other not in printed, printed
 
 
-def test_dry_run_of_eval_only_prices_evaluation_only():
-    proc = snakemake(["-n", "eval_only", "--configfile", "config/paper.yaml"], ROOT)
+def test_dry_run_of_eval_only_prices_evaluation_only(clean_tree):
+    proc = snakemake(["-n", "eval_only", "--configfile", "config/paper.yaml"], clean_tree)
     assert "rule train_run" not in proc.stdout
     err = proc.stderr
     assert "training: nothing to train" in err

@@ -31,10 +31,10 @@ if MODE == "tiny":
             table=f"{DATASET_DIR}/train.parquet",
         output:
             directory(wf_claim.seed_model_pattern(MODEL_DIR)),
-        wildcard_constraints:
-            seed=r"[0-9]+",
         log:
             "logs/claim/model-s{seed}.log",
+        wildcard_constraints:
+            seed=r"[0-9]+",
         conda:
             MARBLE_ENV
         threads: 1
