@@ -254,11 +254,12 @@ def test_a_later_stage_without_rows_fails_before_the_first_step(
     line naming the stage, not at its boundary hours into a long run."""
     run = tmp_path / "run"
     argv = args(tiny_model_dir, table_path, run, 1, "sampling.batch_size=2", "train.batch_size=2",
-                ("stages=[{name: a, steps: 1, sources: [pickscore]},"
-                 " {name: b, steps: 1, sources: [drawbench]}]"))
+                ("stages=[{name: a, steps: 1, sources: [pickscore], rewards: [toy_brightness]},"
+                 " {name: b, steps: 1, sources: [drawbench], rewards: [toy_brightness]}]"))
     argv[argv.index("tiny")] = "tiny_sequential"
     with pytest.raises(SystemExit) as exc:
         train_main(argv)
     assert exc.value.code == 2
-    assert "stage 'b': `sources` ['drawbench'] have no rows" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "stage 'b': `stages[1].sources` ['drawbench'] have no rows" in err and err.count("\n") == 1
     assert not (run / "checkpoints").exists()
