@@ -348,3 +348,22 @@ def test_kept_checkpoints_are_the_plans_size_times_each_runs_keep():
     one = cost.checkpoint_gb(cfg, load_table())
     assert one > 0 and cost.checkpoint_seconds(cfg, load_table())[2] == pytest.approx(one)
     assert checks.kept_checkpoints_gb(config) == pytest.approx(6 * one)
+
+
+def test_a_run_at_an_uncounted_batch_or_rank_is_sized_from_its_models_counted_lora():
+    """paper-mini trains SD3.5M at rank 4 and batch 2, a shape the FLOPs table does not count:
+    the disk estimate sizes its checkpoints from a counted SD3.5M shape, scaled by rank (a
+    LoRA's size is linear in r), instead of stopping the preflight with a traceback."""
+    from marble.config import load_config
+    from marble.workflow import cost
+    from marble.workflow.flops import Missing, load_table, micro_key
+
+    table = load_table()
+    paper = load_config("sd35m")
+    small = load_config("sd35m", overrides=["model.lora_rank=4", "train.batch_size=2", "sampling.batch_size=2",
+                                            "sampling.resolution=64"])
+    assert micro_key(small) not in table["micro_step"]
+    assert cost.lora_params(small, table) * paper.model.lora_rank == cost.lora_params(paper, table) * 4
+    assert cost.lora_params(paper, table) == table["micro_step"][micro_key(paper)]["lora_params"]
+    with pytest.raises(Missing, match="micro_step"):
+        cost.lora_params(small, {"micro_step": {}})

@@ -192,10 +192,30 @@ def training_flops(cfg, table: dict, from_step: int = 0) -> dict[str, float]:
     return parts
 
 
+def lora_params(cfg, table: dict) -> int:
+    """The counted LoRA parameters of run `cfg`: its own shape's, else those of a counted shape
+    of the same architecture and LoRA targets, scaled by rank. A LoRA's size is r x the sum of
+    its targets' in + out features, whatever the batch, resolution, rewards, text length or
+    dtypes, so a run at another batch or rank (paper-mini's) is sized exactly without a count
+    of its own. Missing (naming the run's shape) when no such shape is counted."""
+    key = wf_flops.micro_key(cfg)
+    counted = table.get("micro_step") or {}
+    if key in counted:
+        return counted[key]["lora_params"]
+    arch, _, _, lora = key.split("/")[:4]
+    rank, _, targets = lora.partition(":")
+    for other, row in counted.items():
+        o_arch, _, _, o_lora = other.split("/")[:4]
+        o_rank, _, o_targets = o_lora.partition(":")
+        if (o_arch, o_targets) == (arch, targets) and "lora_params" in row:
+            return row["lora_params"] * int(rank[1:]) // int(o_rank[1:])
+    return lookup(table, "micro_step", key)["lora_params"]  # Missing: nothing of this model counted
+
+
 def checkpoint_gb(cfg, table: dict) -> float:
     """GB of one checkpoint of run `cfg`: its counted LoRA parameters x CHECKPOINT_BYTES_PER_PARAM
     (the one size model: the plan's write time and the doctor's disk estimate)."""
-    return lookup(table, "micro_step", wf_flops.micro_key(cfg))["lora_params"] * CHECKPOINT_BYTES_PER_PARAM / 1e9
+    return lora_params(cfg, table) * CHECKPOINT_BYTES_PER_PARAM / 1e9
 
 
 def checkpoint_seconds(cfg, table: dict, from_step: int = 0) -> tuple[float, int, float]:
