@@ -1,8 +1,11 @@
-"""Shared fixtures: the tiny SD3 model (built once per session) and ../shared."""
+"""Shared fixtures: the tiny SD3 model (built once per session) and ../shared; the fault
+table (tests/faults) and the grouping that lets `make test` run on pytest-xdist workers."""
 
 from __future__ import annotations
 
 import os
+from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -23,7 +26,10 @@ def shared_dir() -> Path:
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    """Name the tests ../shared would have run, so they do not vanish into a skip count."""
+    """The fault table (when fault cases ran); then the tests ../shared would have run, named
+    so they do not vanish into a skip count."""
+    if FAULT_TABLE:
+        _print_fault_table(terminalreporter)
     skipped = [r for r in terminalreporter.stats.get("skipped", [])
                if NEEDS_SHARED in str(getattr(r, "longrepr", ""))]
     if skipped:
@@ -41,3 +47,106 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("models") / "tiny-sd3"
     save_tiny_pipeline(out, seed=0)
     return out
+
+
+# ------------------------------------------------------------------ pytest-xdist groups
+# `make test` runs two pytest-xdist workers. Each test module is one unit of work, so its
+# module-scoped fixtures are built once; every module with a test of the localhost SLURM joins
+# one unit "slurm", so two such tests never share its one 2-CPU node and its timers. The units
+# start in the workers' collection order, which puts slurm first and then the modules with the
+# most `slow` tests: the longest start first instead of leaving one worker idle at the end.
+# (xdist's own `--dist loadgroup` marks do nothing under pytest 9.2, which no longer reads the
+# node id it rewrites: the unit is chosen here, from the node id's module.)
+
+def _uses_localhost_slurm(path: Path) -> bool:
+    try:
+        return "mark.slurm" in path.read_text(encoding="utf-8")
+    except OSError:
+        return False
+
+
+def work_unit(nodeid: str, rootpath: Path, slurm_cache: dict) -> str:
+    module = nodeid.split("::", 1)[0]
+    if module not in slurm_cache:
+        slurm_cache[module] = _uses_localhost_slurm(rootpath / module)
+    return "slurm" if slurm_cache[module] else module
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        """xdist's per-module scheduling, with every localhost-SLURM module one unit and the
+        units in collection order (no reorder by size)."""
+
+        def __init__(self, config, log=None):
+            config.option.loadscopereorder = False
+            super().__init__(config, log)
+            self._slurm = {}
+
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid, config.rootpath, self._slurm)
+
+    return ModuleScheduling(config, log)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items) -> None:
+    """In an xdist worker: the units (above) slurm first, then by their count of slow tests."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    cache = {}
+    unit = {item.nodeid: work_unit(item.nodeid, config.rootpath, cache) for item in items}
+    slow, first = defaultdict(int), {}
+    for index, item in enumerate(items):
+        slow[unit[item.nodeid]] += bool(item.get_closest_marker("slow"))
+        first.setdefault(unit[item.nodeid], index)
+    rank = {u: (u != "slurm", -slow[u], first[u]) for u in first}
+    items.sort(key=lambda item: rank[unit[item.nodeid]])  # stable: a module keeps its order
+
+
+# ------------------------------------------------------------------ the fault table
+
+@dataclass
+class FaultRow:
+    tried: int = 0
+    held: int = 0
+    lost: int = 0
+    skipped: list[str] = field(default_factory=list)
+    trials: list[str] = field(default_factory=list)  # what each recorded injection did
+
+
+FAULT_TABLE: dict[str, FaultRow] = defaultdict(FaultRow)
+
+
+def pytest_runtest_logreport(report) -> None:
+    """tests/faults/conftest.py puts each fault case's outcome on its report; reports reach
+    this hook in the process that prints the summary, with or without xdist workers."""
+    fault = getattr(report, "fault", None)
+    if not fault:
+        return
+    row = FAULT_TABLE[fault["case"]]
+    if fault["skipped"] is not None:
+        row.skipped.append(fault["skipped"])
+        return
+    row.trials += fault["trials"]
+    row.tried += len(fault["results"])
+    row.held += sum(bool(held) for held, _ in fault["results"])
+    row.lost += sum(not held for held, _ in fault["results"])
+
+
+def _print_fault_table(terminalreporter) -> None:
+    write = terminalreporter.write_line
+    width = max(len(case) for case in FAULT_TABLE)
+    terminalreporter.section("fault table")
+    write(f"{'case':<{width}}  tried  held  lost")
+    for case, row in sorted(FAULT_TABLE.items()):
+        line = f"{case:<{width}}  {row.tried:>5}  {row.held:>4}  {row.lost:>4}"
+        if row.skipped:
+            line += f"  (skipped: {'; '.join(sorted(set(row.skipped)))})"
+        write(line)
+        for trial in row.trials:
+            write(f"    {trial}")
+    rows = FAULT_TABLE.values()
+    write(f"{'total':<{width}}  {sum(r.tried for r in rows):>5}  {sum(r.held for r in rows):>4}  "
+          f"{sum(r.lost for r in rows):>4}")

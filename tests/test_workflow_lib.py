@@ -8,10 +8,12 @@ config.yaml) once per session through `dvc repro`, whose stages run `snakemake -
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -122,12 +124,32 @@ _PIPELINE: dict = {}  # one run per session: each importing module gets its own 
 @pytest.fixture(scope="session")
 def tiny_pipeline(tmp_path_factory) -> dict:
     if not _PIPELINE:
-        _PIPELINE.update(_make_pipeline(tmp_path_factory))
+        _PIPELINE.update(_shared_pipeline(tmp_path_factory))
     return _PIPELINE
 
 
-def _make_pipeline(tmp_path_factory) -> dict:
-    """The CI pipeline run once through `dvc repro` in a temp git copy.
+def _shared_pipeline(tmp_path_factory) -> dict:
+    """One build per test session. Under pytest-xdist (`make test`) each worker is its own
+    process: the first to ask builds under a file lock in the session's shared temp folder,
+    the others wait for it and read its record, instead of each paying the ~4 min build."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("MARBLE_TEST_PIPELINE_DIR"):
+        return _make_pipeline(tmp_path_factory.mktemp("pipeline"))
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent  # pytest-N/, above each worker's popen-gwK/
+    record = shared / "pipeline.json"
+    with FileLock(str(shared / "pipeline.lock")):
+        if not record.is_file():
+            made = _make_pipeline(Path(tempfile.mkdtemp(prefix="pipeline-", dir=shared)))
+            tmp = record.with_suffix(".tmp")
+            tmp.write_text(json.dumps({**made, "dir": str(made["dir"])}))
+            tmp.replace(record)
+    made = json.loads(record.read_text())
+    return {**made, "dir": Path(made["dir"])}
+
+
+def _make_pipeline(base: Path) -> dict:
+    """The CI pipeline run once through `dvc repro` in a temp git copy under `base`.
 
     MARBLE_TEST_PIPELINE_DIR (developers only) reuses a folder a previous session made.
     """
@@ -135,14 +157,13 @@ def _make_pipeline(tmp_path_factory) -> dict:
     if reuse:
         work = Path(reuse)
         dry_all = snakemake(["-n", "all", *DVC_TRIGGERS], work)
-        return {"dir": work, "wall_s": float("nan"), "repro": None,
-                "dry_all": dry_all.stdout + dry_all.stderr}
-    work = copy_workflow(tmp_path_factory.mktemp("pipeline") / "repo")
+        return {"dir": work, "wall_s": float("nan"), "dry_all": dry_all.stdout + dry_all.stderr}
+    work = copy_workflow(base / "repo")
     init_dvc(work)
     start = time.perf_counter()
-    proc = dvc(["repro"], work, timeout=1500)
+    dvc(["repro"], work, timeout=1500)
     wall = time.perf_counter() - start
     print(f"\n[bench] tiny CI pipeline via dvc repro (snakemake -c2 per stage): {wall:.1f} s")
     # Checked here, before other tests touch the folder (a dvc pull resets mtimes).
     dry_all = snakemake(["-n", "all", *DVC_TRIGGERS], work)
-    return {"dir": work, "wall_s": wall, "repro": proc, "dry_all": dry_all.stdout + dry_all.stderr}
+    return {"dir": work, "wall_s": wall, "dry_all": dry_all.stdout + dry_all.stderr}

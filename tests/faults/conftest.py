@@ -4,27 +4,13 @@ A test injects one fault or several (the `fault_trials` fixture records each inj
 and whether it held); at the end of the session the table prints, one row per case:
 tried (injections), held (nothing lost, the rerun finished, the error named the cause),
 lost (data lost, silently wrong, or a run no rerun can finish), skipped (with the reason).
-A test that records nothing counts as one injection: held when it passes.
+A test that records nothing counts as one injection: held when it passes. The table itself
+is kept and printed by tests/conftest.py (so a run under pytest-xdist prints it too).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import dataclass, field
-
 import pytest
-
-
-@dataclass
-class Row:
-    tried: int = 0
-    held: int = 0
-    lost: int = 0
-    skipped: list[str] = field(default_factory=list)
-    trials: list[str] = field(default_factory=list)  # what each recorded injection did
-
-
-TABLE: dict[str, Row] = defaultdict(Row)
 
 
 class Trials:
@@ -59,44 +45,27 @@ def fault_trials(request) -> Trials:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
+    """The case's outcome rides on the report (`report.fault`): under pytest-xdist the
+    table is kept by the controller, which sees reports and never this module's state;
+    tests/conftest.py adds each report's `fault` to the table and prints it."""
     outcome = yield
     report = outcome.get_result()
-    row = TABLE[case_of(item)]
+    fault = {"case": case_of(item), "skipped": None, "results": [], "trials": []}
     if report.skipped and report.when in ("setup", "call"):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        row.skipped.append(reason.removeprefix("Skipped: "))
-        return
-    if report.when != "call":
-        if report.failed:  # a fixture that failed: the case could not be tried
-            row.tried, row.lost = row.tried + 1, row.lost + 1
-        return
-    trials = getattr(item, "fault_trials", None)
-    results = trials.results if trials is not None and trials.results else []
-    if not results:
-        results = [(report.passed, item.name)]
-    elif report.failed and all(held for held, _ in results):
-        results = [*results, (False, "assertion after the injections")]
-    if trials is not None:
-        row.trials += [f"{'held' if held else 'LOST'}: {what}" for held, what in trials.results]
-    row.tried += len(results)
-    row.held += sum(held for held, _ in results)
-    row.lost += sum(not held for held, _ in results)
-
-
-def pytest_terminal_summary(terminalreporter):
-    if not TABLE:
-        return
-    write = terminalreporter.write_line
-    width = max(len(case) for case in TABLE)
-    terminalreporter.section("fault table")
-    write(f"{'case':<{width}}  tried  held  lost")
-    for case, row in sorted(TABLE.items()):
-        line = f"{case:<{width}}  {row.tried:>5}  {row.held:>4}  {row.lost:>4}"
-        if row.skipped:
-            line += f"  (skipped: {'; '.join(sorted(set(row.skipped)))})"
-        write(line)
-        for trial in row.trials:
-            write(f"    {trial}")
-    total = Row(sum(r.tried for r in TABLE.values()), sum(r.held for r in TABLE.values()),
-                sum(r.lost for r in TABLE.values()))
-    write(f"{'total':<{width}}  {total.tried:>5}  {total.held:>4}  {total.lost:>4}")
+        fault["skipped"] = reason.removeprefix("Skipped: ")
+    elif report.when != "call":
+        if not report.failed:
+            return
+        fault["results"] = [[False, "a fixture failed: the case could not be tried"]]
+    else:
+        trials = getattr(item, "fault_trials", None)
+        results = [list(r) for r in trials.results] if trials is not None and trials.results else []
+        if not results:
+            results = [[report.passed, item.name]]
+        elif report.failed and all(held for held, _ in results):
+            results.append([False, "assertion after the injections"])
+        fault["results"] = results
+        if trials is not None:
+            fault["trials"] = [f"{'held' if held else 'LOST'}: {what}" for held, what in trials.results]
+    report.fault = fault
