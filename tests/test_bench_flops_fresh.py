@@ -41,3 +41,35 @@ def test_runs_of_the_options_are_priced_from_their_rows():
     assert kind_row("marble", "retain", True, False, None, "marble_norm_corrected") == "mgda"
     with pytest.raises(KeyError, match="marble_output_gram"):
         run_overhead(load_config("tiny_output_gram", overrides=sparse), {"weighted_sum": 1.0, "marble_diag": 1.0})
+
+
+def test_every_claim_and_zoo_arm_is_priced_with_the_rows_its_cadence_names(tmp_path):
+    """The cost rules ask `claim_cost --print-rows` which bench rows to count: every arm of
+    config.yaml's claim and zoo, as run and without diagnostics (`plain`, the cost a user pays
+    for the balancer), is priced from exactly those rows. The claim rule's fixed row list had
+    no `marble_output_gram`: pricing the output-space arm without diagnostics failed after
+    every training had run."""
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    from marble.tools import claim_cost
+    from marble.workflow import claim as wf_claim
+
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "config.yaml").read_text())
+    for section in (cfg["claim"], wf_claim.zoo_section(cfg)):
+        arms = wf_claim.arms(section)
+        assert claim_cost.main(["--print-rows", "--arms", json.dumps(arms), "--model", "unused"]) == 0
+        rows = claim_cost.arm_rows(arms, "unused")
+        flops = {row: 1.0 + i for i, row in enumerate(rows)}
+        costs = claim_cost.arm_costs(arms, flops, "unused")
+        assert set(costs) == set(arms)
+        for arm, cost in costs.items():
+            assert cost["plain"]["diagnostic_micro_steps"] == 0, arm
+            assert cost["plain"]["micro_steps"] == cost["micro_steps"], arm
+    assert {"marble_output_gram", "marble_norm_corrected"} <= set(claim_cost.arm_rows(wf_claim.arms(cfg["claim"]), "x"))
+    # a pricing row missing from the bench is named, never priced as another row
+    with pytest.raises(KeyError, match="marble_output_gram"):
+        claim_cost.arm_costs({"o": {"preset": "tiny_output_gram", "set": [], "max_steps": 2}},
+                             {"weighted_sum": 1.0, "marble_diag": 1.0}, "unused")

@@ -18,7 +18,7 @@ from marble.balancers import build_balancer
 from marble.config import grad_accumulation, training_timesteps
 from marble.config_balancers import balancer_descriptor
 
-__all__ = ["micro_step_kinds", "kind_row", "fresh_variant_row", "run_overhead"]
+__all__ = ["micro_step_kinds", "kind_row", "fresh_variant_row", "rows_for", "run_overhead"]
 
 
 # Runs with the same balancer settings, rewards and length have the same cadence (seeds of one
@@ -85,13 +85,22 @@ def kind_row(method: str, full_solve_mode: str, full: bool, diagnostics: bool,
     return base + ("_diag" if diagnostics else "")
 
 
+def rows_for(cfg, from_step: int = 0) -> set[str]:
+    """The `marble bench flops` rows `run_overhead` needs to price the run `cfg`: one per kind
+    of micro-step its cadence has, and the weighted sum's (the ratio's base)."""
+    kinds = micro_step_kinds(cfg, from_step)
+    method, mode, weighting = cfg.balancer.method, cfg.balancer.full_solve, cfg.balancer.weighting
+    variant = fresh_variant_row(cfg.balancer)
+    return {kind_row(method, mode, *kind, weighting, variant) for kind in kinds} | {"weighted_sum"}
+
+
 def run_overhead(cfg, row_flops: dict[str, float], from_step: int = 0) -> dict:
     """Whole-run FLOPs of `cfg`'s cadence over its max_steps (from `from_step` on), relative
     to a weighted-sum run of the same length without diagnostics (`overhead` = ratio - 1)."""
     kinds = micro_step_kinds(cfg, from_step)
     method, mode, weighting = cfg.balancer.method, cfg.balancer.full_solve, cfg.balancer.weighting
     variant = fresh_variant_row(cfg.balancer)
-    missing = {kind_row(method, mode, *kind, weighting, variant) for kind in kinds} - set(row_flops)
+    missing = rows_for(cfg, from_step) - set(row_flops)
     if missing:
         raise KeyError(f"pricing run {cfg.preset!r} needs rows {sorted(missing)}")
     total = sum(n * row_flops[kind_row(method, mode, full, diag, weighting, variant)]

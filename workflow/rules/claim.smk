@@ -90,10 +90,13 @@ rule claim_cost:
         MARBLE_ENV
     params:
         arms=json.dumps(CLAIM_ARMS, sort_keys=True),
+    # the rows come from the arms' own cadences (claim_cost --print-rows), so an arm of a new
+    # kind is priced instead of failing after every training
     shell:
-        "marble bench flops --preset tiny --set model.path={input.model:q}"
-        " --rows weighted_sum,weighted_sum_diag,marble,marble_diag,mgda,mgda_diag --runs tiny"
-        " --json {output.flops:q} > {log:q} 2>&1"
+        "rows=$(python -m marble.tools.claim_cost --print-rows --arms {params.arms:q}"
+        " --model {input.model:q} 2> {log:q})"
+        " && marble bench flops --preset tiny --set model.path={input.model:q}"
+        ' --rows "$rows" --runs tiny --json {output.flops:q} >> {log:q} 2>&1'
         " && python -m marble.tools.claim_cost --flops {output.flops:q} --arms {params.arms:q}"
         " --model {input.model:q} --out {output.cost:q} >> {log:q} 2>&1"
 

@@ -9,35 +9,6 @@ ZOO = wf_claim.zoo_section(config)
 ZOO_DIR = wf_claim.ZOO_DIR
 ZOO_RUNS = wf_claim.runs(ZOO)
 ZOO_ARMS = wf_claim.arms(ZOO)
-# the bench rows that price every zoo arm (marble.balancers.cadence.kind_row)
-ZOO_ROWS = ",".join(
-    [
-        "weighted_sum",
-        "weighted_sum_diag",
-        "marble",
-        "marble_diag",
-        "mgda",
-        "mgda_diag",
-        "gdpo",
-        "reward_sum",
-    ]
-    + [
-        f"zoo_{w}{s}"
-        for w in (
-            "mgda",
-            "upgrad",
-            "cagrad",
-            "nash_mtl",
-            "imtl_g",
-            "dualproj",
-            "aligned_mtl",
-            "pcgrad",
-            "random",
-            "fairgrad",
-        )
-        for s in ("", "_full")
-    ]
-)
 
 
 wildcard_constraints:
@@ -77,10 +48,12 @@ rule zoo_cost:
         MARBLE_ENV
     params:
         arms=json.dumps(ZOO_ARMS, sort_keys=True),
-        rows=ZOO_ROWS,
+    # the rows that price every zoo arm, from the arms' cadences (marble.balancers.cadence)
     shell:
-        "marble bench flops --preset tiny --set model.path={input.model:q}"
-        " --rows {params.rows:q} --runs tiny --json {output.flops:q} > {log:q} 2>&1"
+        "rows=$(python -m marble.tools.claim_cost --print-rows --arms {params.arms:q}"
+        " --model {input.model:q} 2> {log:q})"
+        " && marble bench flops --preset tiny --set model.path={input.model:q}"
+        ' --rows "$rows" --runs tiny --json {output.flops:q} >> {log:q} 2>&1'
         " && python -m marble.tools.claim_cost --flops {output.flops:q} --arms {params.arms:q}"
         " --model {input.model:q} --out {output.cost:q} >> {log:q} 2>&1"
 
