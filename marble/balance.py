@@ -41,14 +41,22 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 import numpy as np
 import torch
 
-from marble.balancers import METHODS, STRATEGIES, build_balancer
+from marble.balancers import STRATEGIES, build_balancer
 from marble.balancers.common import add_into_grads, flat_grad, flat_zeros
 from marble.balancers.solve import combine, reduce_reward_grads
 from marble.balancers.weightings import weighting_names
 from marble.config import BalancerConfig
 from marble.config_ranges import RANGES
 
-__all__ = ["Balancer", "Balanced", "METHODS"]
+__all__ = ["Balancer", "Balanced", "METHODS"]  # noqa: F822 - METHODS is served by __getattr__ below
+
+
+def __getattr__(name: str):
+    """`METHODS`: the balancer names registered now (marble.balancers' live registry), never an
+    import-time copy: `from marble.balancers import METHODS` here would freeze it."""
+    if name == "METHODS":
+        return tuple(STRATEGIES)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 STATE_FORMAT = "marble.balance/1"
 

@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 from marble.config import ConfigError, RunConfig, load_config
-from marble.runtime.oserrors import describe_write_failure
+from marble.runtime.oserrors import describe_write_failure, print_write_failure
 from marble.training import run_lock
 from marble.training.checkpoint_format import checkpoint_name
 from marble.training.preflight import preflight
@@ -172,11 +172,7 @@ def _train(args: argparse.Namespace, cfg: RunConfig, stop) -> dict:
     except Exception as exc:  # noqa: BLE001 - re-raised unless it is a write failure
         # Disk full, read-only or forbidden run folder: the reason and the path, one line
         # (safetensors' errors are plain Exceptions, torch's RuntimeErrors).
-        message = describe_write_failure(exc, args.output_dir)
-        if message is None:
-            raise
-        print(f"marble train: error: {message}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(print_write_failure("marble train", exc, args.output_dir)) from None
 
 
 if __name__ == "__main__":

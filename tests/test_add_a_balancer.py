@@ -33,6 +33,22 @@ def test_unregistered_it_is_refused_and_never_priced():
         balancers.register(DESCRIPTOR, balancers.STRATEGIES["marble"])
 
 
+def test_methods_follow_the_registry_in_both_modules():
+    """`marble.balancers.METHODS` and `marble.balance.METHODS` are the live registry's names,
+    not a snapshot taken at import: a balancer registered later is listed, one removed is not."""
+    from marble import balance
+
+    assert METHOD not in balancers.METHODS and METHOD not in balance.METHODS
+    try:
+        balancers.register(DESCRIPTOR, FirstReward)
+        assert METHOD in balancers.METHODS and METHOD in balance.METHODS
+        assert balancers.METHODS == balance.METHODS == tuple(balancers.STRATEGIES)
+    finally:
+        balancers.unregister(METHOD)
+    assert METHOD not in balancers.METHODS and METHOD not in balance.METHODS
+    assert "marble" in balance.METHODS  # the built-in ones stay
+
+
 def test_config_builds_and_the_cadence_prices_it(probe):
     cfg = load_config("tiny", overrides=[f"balancer.method={METHOD}", "train.max_steps=3"])
     bal = balancers.build_balancer(cfg.balancer, cfg.reward_names)

@@ -47,7 +47,14 @@ __all__ = ["MicroStep", "Balancer", "build_balancer", "register", "unregister", 
 
 STRATEGIES = {cls.method: cls for cls in (WeightedSum, EqualAlpha, MGDA, Marble, Gramian, GDPO,
                                           RewardSum)}
-METHODS = tuple(STRATEGIES)
+
+
+def __getattr__(name: str):
+    """`METHODS`: the names in the registry now. Read on each access, not a tuple taken at import,
+    so a balancer `register`ed (or `unregister`ed) later is listed (or not) like the built-in ones."""
+    if name == "METHODS":
+        return tuple(STRATEGIES)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register(descriptor: BalancerDescriptor, strategy: type[Balancer]) -> None:

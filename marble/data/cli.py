@@ -8,7 +8,7 @@ import sys
 
 from marble.data.assemble import SPLITS
 from marble.data.records import DataError
-from marble.runtime.oserrors import describe_write_failure, not_a_folder
+from marble.runtime.oserrors import not_a_folder, print_write_failure
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -107,11 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"marble data {args.cmd}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:  # the final writes: a full disk, a read-only folder
-        message = describe_write_failure(exc, out)
-        if message is None:
-            raise
-        print(f"marble data {args.cmd}: error: {message}", file=sys.stderr)
-        return 1
+        return print_write_failure(f"marble data {args.cmd}", exc, out, status=1)
 
 
 if __name__ == "__main__":

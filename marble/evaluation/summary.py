@@ -26,7 +26,7 @@ import pandas as pd
 from marble.evaluation.results import RESULTS_FILE, ResultsError, read_results
 from marble.rewards import descriptors
 from marble.runtime.io import write_text
-from marble.runtime.oserrors import describe_write_failure
+from marble.runtime.oserrors import print_write_failure
 from marble.runtime.schema import is_number
 
 
@@ -217,11 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         write_text(args.out_csv, long.to_csv(index=False))
         write_text(args.out_md, markdown)
     except OSError as exc:  # a full disk or an output path under a file: one line, never a traceback
-        message = describe_write_failure(exc, Path(args.out_csv).parent)
-        if message is None:
-            raise
-        print(f"marble eval summary: error: {message}", file=sys.stderr)
-        return 2
+        return print_write_failure("marble eval summary", exc, Path(args.out_csv).parent)
     print(markdown, end="")
     print(f"{len(long)} values from {long.groupby(['run', 'checkpoint', 'dataset']).ngroups} evaluations")
     return 0

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import sys
 
-    from marble.runtime.oserrors import describe_write_failure, not_a_folder
+    from marble.runtime.oserrors import not_a_folder, print_write_failure
 
     prog = f"marble models {args.command}"
     problem = not_a_folder(args.out, "--out")  # found before the build, not by its final rename
@@ -48,11 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # the final write: a full disk, a read-only folder
-        message = describe_write_failure(exc, args.out)
-        if message is None:
-            raise
-        print(f"{prog}: error: {message}", file=sys.stderr)
-        return 2
+        return print_write_failure(prog, exc, args.out)
 
 
 def _tiny(args) -> int:

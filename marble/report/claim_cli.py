@@ -30,7 +30,7 @@ from marble.report.loading import (ReportInputError, incomplete_reason, left_out
 from marble.report.verdict import specialist_rewards
 from marble.runtime.io import write_json, write_text
 from marble.report.claim_noise import control_section, dilution_section, noise_sentences, sweep_section
-from marble.runtime.oserrors import describe_write_failure, not_a_folder
+from marble.runtime.oserrors import not_a_folder, print_write_failure
 from marble.workflow.claim import ALONE_PREFIX, CONTROL_PREFIX, parse_run_name
 
 
@@ -196,11 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.out / "verdict.json", verdict)
         write_text(args.out / "claim.md", claim_markdown(verdict, figures))
     except OSError as exc:  # a full disk, an --out that is a file: one line, never a traceback
-        message = describe_write_failure(exc, args.out)
-        if message is None:
-            raise
-        print(f"marble report claim: error: {message}", file=sys.stderr)
-        return 2
+        return print_write_failure("marble report claim", exc, args.out)
     print("\n".join(verdict["sentences"]))
     return 0
 

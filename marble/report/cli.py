@@ -14,7 +14,7 @@ from pathlib import Path
 from marble.report.build import ReportInputs, build_report
 from marble.report.glance import summary_line
 from marble.report.loading import ReportInputError, left_out_sentence
-from marble.runtime.oserrors import describe_write_failure
+from marble.runtime.oserrors import print_write_failure
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -74,11 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"marble report: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # the final write: a full disk, a read-only folder (nothing was replaced)
-        message = describe_write_failure(exc, args.out)
-        if message is None:
-            raise
-        print(f"marble report: error: {message}; nothing was written", file=sys.stderr)
-        return 2
+        return print_write_failure("marble report", exc, args.out, suffix="; nothing was written")
     print(f"wrote {args.out / 'report.md'} and {args.out / 'report.html'}")
     print(f"verdict: {summary_line(result)}")
     if result.get("runs_left_out"):

@@ -86,7 +86,7 @@ def build(args):
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from marble.report.loading import ReportInputError
-    from marble.runtime.oserrors import describe_write_failure, not_a_folder
+    from marble.runtime.oserrors import not_a_folder, print_write_failure
 
     problem = not_a_folder(args.out, "--out") if args.out is not None else None
     if problem:
@@ -98,11 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"marble tables {args.name}: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # the final writes: a full disk, an --out that is a file
-        message = describe_write_failure(exc, args.out)
-        if message is None:
-            raise
-        print(f"marble tables {args.name}: error: {message}", file=sys.stderr)
-        return 2
+        return print_write_failure(f"marble tables {args.name}", exc, args.out)
 
 
 def _write(args) -> int:

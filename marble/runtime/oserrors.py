@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -66,6 +67,21 @@ def describe_write_failure(exc: BaseException, where: str | os.PathLike) -> str 
         # A short write on a local disk is almost always a full disk or quota.
         return f"writing under {where} failed (a short write: is the disk full or over quota?): {first}"
     return None
+
+
+def print_write_failure(prog: str, exc: BaseException, where: str | os.PathLike, *,
+                        suffix: str = "", status: int = 2) -> int:
+    """Print `<prog>: error: <reason>: <path><suffix>` on stderr for a write failure and return the
+    exit status `status` (a command's `main` returns it); re-raise `exc` when it is no write failure.
+
+    Why re-raise: an error describe_write_failure does not know is a bug or an input error a
+    caller must name itself, and its traceback is the only account of it.
+    """
+    message = describe_write_failure(exc, where)
+    if message is None:
+        raise exc
+    print(f"{prog}: error: {message}{suffix}", file=sys.stderr)
+    return status
 
 
 def not_a_folder(out: str | os.PathLike, flag: str) -> str | None:

@@ -4,6 +4,7 @@ resolved paths, max_steps below the last checkpoint, a full disk and a read-only
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -13,7 +14,7 @@ import torch
 
 from marble import evaluate, train
 from marble.config import ConfigError, dump_yaml, load_config
-from marble.runtime.oserrors import describe_write_failure
+from marble.runtime.oserrors import describe_write_failure, print_write_failure
 
 
 @pytest.mark.parametrize("override,key", [
@@ -222,3 +223,22 @@ def test_a_full_disk_under_safetensors_says_no_space_and_names_the_folder(mount_
         save_file({"w": torch.zeros(1 << 18)}, str(disk / "adapters.safetensors"))
     assert describe_write_failure(err.value, disk) == f"No space left on device: {disk}"
     assert describe_write_failure(KeyError("x"), disk) is None
+
+
+def test_print_write_failure_prints_one_line_returns_the_status_and_reraises_the_rest(tmp_path, capsys):
+    """The six commands' shared block: one `<prog>: error: <reason>: <path>` line and their exit status."""
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "report.md"))
+    assert print_write_failure("marble report", full, tmp_path, suffix="; nothing was written") == 2
+    assert capsys.readouterr().err == \
+        f"marble report: error: No space left on device: {tmp_path / 'report.md'}; nothing was written\n"
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    with pytest.raises(NotADirectoryError) as err:  # a real write through a path that is a file
+        (afile / "out.csv").write_text("x")
+    assert print_write_failure("marble data tiny", err.value, afile, status=1) == 1
+    assert capsys.readouterr().err == ("marble data tiny: error: Not a directory (a file stands where a folder "
+                                       f"must be): {afile / 'out.csv'}\n")
+    exists = FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(afile))  # not a write failure
+    with pytest.raises(FileExistsError) as raised:
+        print_write_failure("marble tables cost", exists, afile)
+    assert raised.value is exists and capsys.readouterr().err == ""
