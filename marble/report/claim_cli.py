@@ -22,7 +22,9 @@ import pandas as pd
 from marble.balancers import min_norm_tolerance
 from marble.report import claim_stats as cs
 from marble.report.claim_design import load_pilot, multiplicity, pilot_section, replication
-from marble.report.claim_experiment import claim_verdict, measure_run
+from marble.report.claim_beyond import arms_versus_baseline, beyond_sentence
+from marble.report.claim_experiment import claim_verdict, effects_of_interest, measure_run
+from marble.report.published import PUBLISHED_ANTI_ALIGNED
 from marble.report.claim_figures import write_figures
 from marble.report.claim_markdown import claim_markdown
 from marble.report.loading import (ReportInputError, incomplete_reason, left_out_sentence, load_run,
@@ -148,6 +150,14 @@ def build(args) -> dict:
                            "full_solve_micro_steps": (costs.get(a) or {}).get("full_solves"),
                            "cpu_s": cs.t_interval(cpu.get(a, [])).as_json()}
                        for a in verdict["arms"]}
+    # Issue 37: the question beyond the paper, of every arm beside the baseline
+    alone = [m for m in measures if m.arm.startswith(ALONE_PREFIX)]
+    gap = PUBLISHED_ANTI_ALIGNED["weighted_sum"] - PUBLISHED_ANTI_ALIGNED["marble"]
+    verdict["arms_versus_baseline"] = arms_versus_baseline(
+        [m for m in measures if not m.arm.startswith(ALONE_PREFIX)], verdict["arms"], args.baseline_arm,
+        rewards, specialists, effects_of_interest(alone, args.effect_fraction), args.effect_fraction * gap,
+        costs)
+    verdict["sentences"] += [beyond_sentence(a, part) for a, part in verdict["arms_versus_baseline"].items()]
     return verdict
 
 

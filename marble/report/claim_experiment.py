@@ -52,6 +52,10 @@ class RunMeasure:
     diag_steps: int = 0  # diagnostic steps the fractions count (their sampling error)
     levels: dict = field(default_factory=dict)  # claim_levels.run_levels: the three levels
     dilution: dict = field(default_factory=dict)  # reward -> mean `dilution/<reward>` (claim_noise)
+    # every measured micro-step (`diag_micro` records, any weight source): the share whose
+    # applied direction opposes some reward, and the worst cosine of all (NaN: not logged)
+    micro_anti_aligned: float = math.nan
+    micro_min_cos: float = math.nan
 
 
 def eval_change(evals: pd.DataFrame | None, reward: str, final_step: int | None = None) -> float:
@@ -105,9 +109,12 @@ def measure_run(arm: str, seed: int, metrics: pd.DataFrame, rewards: list[str],
         anti["full_solve"] = float((fresh < 0).mean()) if len(fresh) else math.nan
         anti["amortized"] = float((other < 0).mean()) if len(other) else math.nan
     cos = cos[np.isfinite(cos)]
+    every = np.concatenate([fresh, other]) if fresh is not None else np.array([])
     return RunMeasure(arm, seed, {r: eval_change(evals, r, final_step) for r in rewards}, anti, angles,
                       float(cos.min()) if len(cos) else math.nan, solves, len(diag),
-                      run_levels(metrics), run_dilution(metrics, rewards))
+                      run_levels(metrics), run_dilution(metrics, rewards),
+                      float((every < 0).mean()) if len(every) else math.nan,
+                      float(every.min()) if len(every) else math.nan)
 
 
 def _micro_minima(diag: pd.DataFrame) -> tuple[np.ndarray | None, np.ndarray | None]:

@@ -87,6 +87,18 @@ def cost_frame(v: dict) -> pd.DataFrame:
     return pd.DataFrame(rows, index=pd.Index(v["arms"], name="arm"), columns=cols)
 
 
+def beyond_frame(v: dict) -> pd.DataFrame:
+    """arm: issue 37's question beyond the paper (marble.report.claim_beyond), one row per arm."""
+    parts = v.get("arms_versus_baseline") or {}
+    rows = [[interval_text(p["micro_anti_aligned"], pct=True), _num(p["worst_micro_cosine"], "+.3f"),
+             f"x{_num(p['flops_ratio_without_diagnostics'], '.4f')}", str(p["a_every_reward_rises"]),
+             str(p["b_specialists_rise_more"]), str(p["c_less_anti_aligned"]), "yes" if p["answer"] else "no"]
+            for p in parts.values()]
+    cols = ["micro-steps anti-aligned", "worst micro-step cosine", "FLOPs vs weighted sum (no diagnostics)",
+            "(a)", "(b) vs weighted sum", "(c) vs weighted sum", "all four"]
+    return pd.DataFrame(rows, index=pd.Index(list(parts), name="arm"), columns=cols)
+
+
 def _powered(p: dict) -> str:
     """'; effect of interest E: detected (MDD <= E) / not detected with these seeds (k would)'."""
     effect = p.get("effect_of_interest")
@@ -181,6 +193,13 @@ def claim_markdown(v: dict, figures: dict[str, str]) -> str:
         lines += ["### Cosines at three levels, beside the paper", "",
                   f"The paper's figures fit the `{q['level']}` level: {q['why']}", "",
                   markdown_table(levels_frame(v)), ""]
+    if v.get("arms_versus_baseline"):
+        lines += ["### Beyond the paper: each arm against the weighted sum", "",
+                  "Does the arm keep every reward's cosine positive on every measured micro-step (the "
+                  "paper's \"consistently positive\" worst cosine, read on each micro-step's own applied "
+                  "direction), at the weighted sum's cost (counted FLOPs without diagnostics within 1%), "
+                  "and keep (a) and (b)? \"all four\" is yes only when each holds.", "",
+                  markdown_table(beyond_frame(v)), ""]
     lines += ["### Cost", "", markdown_table(cost_frame(v)), ""]
     if "cost" in figures:
         lines += [f"![cost]({figures['cost']})", ""]

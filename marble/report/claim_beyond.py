@@ -1,0 +1,80 @@
+"""The verdict's `arms_versus_baseline` (issue 37): the question beyond the paper, asked of
+every arm beside the baseline.
+
+Does the arm's applied direction keep every reward's cosine positive on every measured
+micro-step (the paper's "consistently positive" worst cosine, read where it can fail: each
+micro-step's own direction, whatever solve its weights came from), at the weighted sum's
+cost (its counted FLOPs without diagnostics, `cost.json` `plain`, within 1%), and does it keep
+(a) every reward rises and (b) the specialists rise more than under the weighted sum? (c)
+(less often anti-aligned than the weighted sum, on the applied steps) is given beside them.
+One function on the run measures; no new statistics (claim_experiment's questions, reused).
+"""
+
+from __future__ import annotations
+
+import math
+
+from marble.report import claim_stats as cs
+from marble.report.claim_experiment import RunMeasure, question_a, question_b, question_c
+from marble.report.claim_stats import json_number
+
+__all__ = ["AT_COST", "arms_versus_baseline"]
+
+AT_COST = 1.01  # "at the weighted sum's cost": counted FLOPs within 1% (issue 37)
+
+
+def _one_arm(measures: list[RunMeasure], arm: str, baseline: str, rewards: list[str],
+             specialists: dict[str, float], effects: dict[str, float], effect_c: float,
+             ratio: float | None) -> dict:
+    mine = [m for m in measures if m.arm == arm]
+    worst = [m.micro_min_cos for m in mine if math.isfinite(m.micro_min_cos)]
+    measured = bool(worst) and len(worst) == len(mine)
+    positive = measured and min(worst) >= 0.0
+    a = question_a(measures, rewards, arm)["answer"]
+    b = question_b(measures, specialists, arm, baseline, effects)["answer"]
+    c = question_c(measures, arm, baseline, effect_c)
+    at_cost = ratio is not None and math.isfinite(ratio) and ratio <= AT_COST
+    answer = positive and at_cost and a is True and b is True
+    return {
+        "micro_anti_aligned": cs.t_interval([m.micro_anti_aligned for m in mine], bounds=(0.0, 1.0)).as_json(),
+        "worst_micro_cosine": json_number(min(worst)) if worst else None,
+        "positive_every_micro_step": positive if measured else "not measured (no per-micro-step records)",
+        "flops_ratio_without_diagnostics": json_number(ratio) if ratio is not None else None,
+        "at_weighted_sum_cost": at_cost,
+        "a_every_reward_rises": a, "b_specialists_rise_more": b,
+        "c_less_anti_aligned": c["answer"], "c_difference": c["difference"],
+        "answer": answer,
+    }
+
+
+def arms_versus_baseline(measures: list[RunMeasure], arms: list[str], baseline: str, rewards: list[str],
+                         specialists: dict[str, float], effects: dict[str, float], effect_c: float,
+                         costs: dict) -> dict:
+    """arm -> the question's parts and `answer` (true only when all four hold), for every arm
+    but the baseline; `costs`: claim_cost's cost.json (arm -> {"plain": {"ratio"}})."""
+    out = {}
+    for arm in arms:
+        if arm == baseline:
+            continue
+        ratio = ((costs.get(arm) or {}).get("plain") or {}).get("ratio")
+        out[arm] = _one_arm(measures, arm, baseline, rewards, specialists, effects, effect_c, ratio)
+    return out
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.0f}%"
+
+
+def beyond_sentence(arm: str, part: dict) -> str:
+    """One sentence per arm, in the answers' words."""
+    micro, worst, ratio = part["micro_anti_aligned"], part["worst_micro_cosine"], \
+        part["flops_ratio_without_diagnostics"]
+    positive = part["positive_every_micro_step"]
+    return (f"Beyond the paper, `{arm}`: worst cosine "
+            f"{'positive' if positive is True else 'not positive' if positive is False else positive} "
+            f"on every measured micro-step (worst {'n/a' if worst is None else f'{worst:+.3f}'}; "
+            f"anti-aligned on {_pct(micro['mean'])} of micro-steps, [{_pct(micro['low'])}, {_pct(micro['high'])}]), "
+            f"{'at' if part['at_weighted_sum_cost'] else 'not at'} the weighted sum's cost "
+            f"(x{'n/a' if ratio is None else f'{ratio:.4f}'} without diagnostics); (a) "
+            f"{part['a_every_reward_rises']}, (b) {part['b_specialists_rise_more']}: "
+            f"{'yes' if part['answer'] else 'no'}.")
