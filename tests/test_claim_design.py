@@ -170,3 +170,33 @@ def test_the_theorem_reads_fresh_micro_steps_not_a_lines_mixed_mean(tmp_path):
     assert m.full_solve_min_cos == 0.2 and m.full_solve_steps == 1
     assert m.anti["full_solve"] == 0.0 and m.anti["amortized"] == 0.5  # -0.8 of 2 finite
     assert m.anti["applied"] == pytest.approx(0.25)
+
+
+def test_a_pilot_from_runs_holds_each_questions_per_seed_values_and_effects(tmp_path):
+    """marble.report.claim_pilot by hand: (b) the arm minus the baseline per seed, (c) the
+    baseline's anti-aligned fraction minus the arm's, effects from the alone arms and the
+    paper's gap; the written file is one pilot_section reads."""
+    from marble.report.claim_pilot import pilot_from_measures
+    from marble.runtime.io import write_json
+
+    def run(arm, seed, g, s, anti):
+        m = _measure(arm, seed, g, s)
+        m.anti["applied"] = anti
+        return m
+
+    ms = [run("weighted_sum", 1, 0.1, 0.01, 0.6), run("weighted_sum", 2, 0.2, 0.02, 0.5),
+          run("out", 1, 0.1, 0.04, 0.1), run("out", 2, 0.3, 0.03, 0.2),
+          RunMeasure("alone_s", 1, {"s": 0.2}, {}, {}, math.nan, 0, 0),
+          RunMeasure("alone_s", 2, {"s": 0.4}, {}, {}, math.nan, 0, 0)]
+    pilot = pilot_from_measures(ms, ["g", "s"], {"s": 0.3}, "weighted_sum", 0.5, "abc1234")
+    b = pilot["questions"]["b_specialists_rise_more_under_out"]["s"]
+    assert b["per_seed"] == pytest.approx([0.03, 0.01]) and b["effect_of_interest"] == pytest.approx(0.15)
+    c = pilot["questions"]["c_out_less_anti_aligned"]["anti_aligned"]
+    assert c["per_seed"] == pytest.approx([0.5, 0.3]) and c["effect_of_interest"] == pytest.approx(0.4)
+    a = pilot["questions"]["a_every_reward_rises_under_out"]
+    assert a["g"]["per_seed"] == pytest.approx([0.1, 0.3]) and math.isnan(a["g"]["effect_of_interest"])
+    assert pilot["seeds"] == [1, 2] and "weighted_sum" not in "".join(pilot["questions"])
+    write_json(tmp_path / "claim_pilot.json", pilot)
+    sec = pilot_section(load_pilot(tmp_path / "claim_pilot.json"), 10)
+    assert sec["commit"] == "abc1234"
+    assert sec["questions"]["c_out_less_anti_aligned"]["anti_aligned"]["pilot_seeds"] == 2
