@@ -53,12 +53,12 @@ lint: setup
 
 # Two pytest-xdist workers (TEST_WORKERS=0: one process, as before). Most of the suite's minutes
 # are single-threaded subprocesses (imports, Snakemake, DVC) and waits on SLURM's timers, so a
-# second worker on 2 cores roughly halves it; tests/conftest.py groups the tests by module (one
-# group for every test of the localhost SLURM) and starts the slow groups first.
+# second worker on 2 cores shortens it; tests/conftest.py hands the workers whole modules (one
+# unit for every module of the localhost SLURM) and starts the slow ones first.
 TEST_WORKERS ?= 2
 test: setup lint
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q --timeout=1800 --durations=15 \
-	  $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder) tests
+	  $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS)) tests
 
 # Curated mutations of the core (marble/tools/mutants_catalogue.py), each applied in a scratch
 # copy of the tree and run against the tests that must catch it; prints caught / missed with

@@ -20,3 +20,41 @@ def test_process_table_reads_the_parent_after_a_command_name_with_parentheses(tm
     assert process_table(tmp_path) == {7: 3, 8: 7}
     assert descendants(3, process_table(tmp_path)) == [7, 8]
     assert process_table(tmp_path / "absent") == {}
+
+
+def test_the_first_interrupt_is_forwarded_then_snakemakes_handler_gets_it_outside_our_frame():
+    """A child gets SIGINT; the previous handler runs once, from the interrupted code (no frame
+    of marble's in its traceback), and is the handler from then on."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import signal, subprocess, sys, time, traceback
+        from marble.workflow.interrupts import forward_interrupt_to_jobs
+        seen = []
+        def snakemakes(signum, frame):
+            seen.append([f.name for f in traceback.extract_stack(frame)])
+            raise KeyboardInterrupt
+        signal.signal(signal.SIGINT, snakemakes)
+        assert forward_interrupt_to_jobs()
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        time.sleep(0.5)
+        try:
+            signal.raise_signal(signal.SIGINT)
+            for _ in range(100):
+                time.sleep(0.01)
+        except KeyboardInterrupt as exc:
+            frames = [f.name for f in traceback.extract_tb(exc.__traceback__)]
+            print("frames=" + repr(frames))
+        print(f"child={child.wait(timeout=30)}")
+        print(f"handler_is_snakemakes={signal.getsignal(signal.SIGINT) is snakemakes}")
+        print(f"calls={len(seen)}")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = dict(line.split("=", 1) for line in out.stdout.splitlines())
+    assert lines["child"] == str(-signal.SIGINT)  # forwarded: the sleeping child died of it
+    assert lines["handler_is_snakemakes"] == "True" and lines["calls"] == "1"
+    assert "on_interrupt" not in lines["frames"], lines["frames"]

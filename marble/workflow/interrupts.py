@@ -6,7 +6,8 @@ reaches Snakemake alone: its local executor then waits for its running jobs (its
 a thread pool's shutdown, which signals nobody), so a training ran on for hours after the
 interrupt, headless, beside the next run. The Snakefile calls `forward_interrupt_to_jobs()`:
 the first SIGINT Snakemake gets is passed on to every process under it, as `make` does,
-then Snakemake's own handling runs (KeyboardInterrupt: it cleans up its locks and exits).
+then Snakemake's own handler is put back and gets the signal (KeyboardInterrupt: it cleans
+up its locks and exits; a second Ctrl-C is its "quit now").
 A job that got the group's Ctrl-C already gets a second one: our jobs stop on the first
 (training resumes from its checkpoints, an evaluation from its rows), so that is harmless.
 SIGTERM keeps Snakemake's meaning: no new job, the running ones finish.
@@ -14,9 +15,11 @@ SIGTERM keeps Snakemake's meaning: no new job, the running ones finish.
 
 from __future__ import annotations
 
+import _thread
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 
@@ -49,6 +52,13 @@ def descendants(root: int, parents: dict[int, int]) -> list[int]:
     return out
 
 
+def _send_soon(pid: int, signum: int, delay_s: float = 0.05) -> None:
+    """Send `signum` after `delay_s` (a helper thread's: the handler that started it has
+    returned by then, so the main thread handles the signal where its own code is)."""
+    time.sleep(delay_s)
+    os.kill(pid, signum)
+
+
 def forward_interrupt_to_jobs() -> bool:
     """Install the SIGINT handler in this (Snakemake's) process; whether it was installed.
     Not where SIGINT is ignored (a run started in the background keeps ignoring Ctrl-C) or
@@ -58,20 +68,22 @@ def forward_interrupt_to_jobs() -> bool:
     previous = signal.getsignal(signal.SIGINT)
     if previous in (signal.SIG_IGN, None):
         return False
-    me, forwarded = os.getpid(), []
+    me = os.getpid()
 
     def on_interrupt(signum, frame):
-        if not forwarded:  # once: a second Ctrl-C is Snakemake's "quit now", nothing more to pass on
-            forwarded.append(signum)
-            for pid in descendants(me, process_table()):
-                try:
-                    os.kill(pid, signal.SIGINT)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        if callable(previous):
-            previous(signum, frame)
-        else:  # SIG_DFL: what the default would do to Snakemake
-            raise KeyboardInterrupt
+        # Once: pass the interrupt on, give SIGINT back to Snakemake's own handler and have a
+        # helper thread send it to us again 50 ms later, so Python runs that handler where
+        # Snakemake's main thread is, not inside this frame (a signal sent from here, or while
+        # waiting for a thread to start, is handled here): a
+        # KeyboardInterrupt raised from this frame carried it into the traceback Snakemake
+        # prints when a second Ctrl-C lands while it is still cleaning up.
+        for pid in descendants(me, process_table()):
+            try:
+                os.kill(pid, signal.SIGINT)
+            except (ProcessLookupError, PermissionError):
+                pass
+        signal.signal(signal.SIGINT, previous)  # SIG_DFL: the default action, on Snakemake
+        _thread.start_new_thread(_send_soon, (me, signal.SIGINT))  # no wait for the thread to start
 
     signal.signal(signal.SIGINT, on_interrupt)
     return True
