@@ -14,6 +14,7 @@ Formats:
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from pathlib import Path
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from marble.runtime.io import write_bytes, write_text
+from marble.runtime.io import sha256_file, write_bytes, write_text
 
 IMAGE_FORMATS = ("jpg", "png")
 DEFAULT_IMAGE_FORMAT = "jpg"
@@ -62,9 +63,22 @@ def encode_image(array: np.ndarray, fmt: str) -> bytes:
     return buffer.getvalue()
 
 
-def save_images(images: torch.Tensor, sample_ids: Iterable[int], output_dir: str | Path, fmt: str) -> None:
+def save_images(images: torch.Tensor, sample_ids: Iterable[int], output_dir: str | Path,
+                fmt: str) -> dict[int, str]:
+    """Write each image; returns sample_id -> sha256 of the bytes written (the results row
+    records it, so a resume reuses the file only while it still holds this image)."""
+    digests = {}
     for array, sample_id in zip(to_uint8_arrays(images), sample_ids):
-        write_bytes(image_path(output_dir, sample_id, fmt), encode_image(array, fmt))
+        data = encode_image(array, fmt)
+        write_bytes(image_path(output_dir, sample_id, fmt), data)
+        digests[sample_id] = hashlib.sha256(data).hexdigest()
+    return digests
+
+
+def file_digests(sample_ids: Iterable[int], output_dir: str | Path, fmt: str) -> dict[int, str | None]:
+    """sample_id -> sha256 of its saved image file (None where there is none)."""
+    paths = {i: image_path(output_dir, i, fmt) for i in sample_ids}
+    return {i: sha256_file(path) if path.is_file() else None for i, path in paths.items()}
 
 
 class ImageDecodeError(ValueError):

@@ -172,28 +172,14 @@ def not_applicable(rewards: dict, sample: EvalSample) -> list[str]:
 
 def process_batch(pipe, rewards, batch, previous: dict[int, dict], args, output_dir: Path):
     """Generate (or reload) and score one batch; returns result rows and phase timings."""
-    timing = {"generation_s": 0.0, "scoring_s": 0.0, "generated": 0}
+    timing = {"generation_s": 0.0, "scoring_s": 0.0, "generated": 0, "replaced_images": 0}
     if not batch:
         return [], timing
     start = time.perf_counter()
-    fmt, ids = args.image_format, [s.sample_id for s in batch]
-    # Reload rather than regenerate when the image exists: --skip_generation, or a resumed
-    # run whose earlier pass generated this sample (e.g. --no_score, or fewer rewards).
-    # Only lossless files are reused on resume: a JPEG would score differently from the
-    # in-memory image an uninterrupted run scores.
     current = {s.sample_id: same_prompt(previous.get(s.sample_id), s.prompt_id, s.prompt) for s in batch}
-    if args.skip_generation:
-        stale_images(batch, previous, current, output_dir, fmt)
-    reuse = args.skip_generation or (fmt == "png" and all(
-        current[i] and image_io.image_path(output_dir, i, fmt).is_file() for i in ids))
-    if reuse:
-        images = image_io.load_images(ids, output_dir, fmt)
-    else:
-        images = generate_images(pipe, batch, args)
-        timing["generated"] = len(batch)
-        if args.save_images:
-            image_io.save_images(images, ids, output_dir, fmt)
-    timing["generation_s"] = time.perf_counter() - start
+    images, digests, generated, replaced = batch_images(pipe, batch, previous, current, args, output_dir)
+    timing.update(generated=len(batch) if generated else 0, replaced_images=len(replaced),
+                  generation_s=time.perf_counter() - start)
     start = time.perf_counter()
     scores, failed = ([{} for _ in batch], [[] for _ in batch]) if args.no_score else \
         score_images(rewards, images, batch)
@@ -202,7 +188,7 @@ def process_batch(pipe, rewards, batch, previous: dict[int, dict], args, output_
     for sample, new_scores, new_failed in zip(batch, scores, failed):
         old = previous.get(sample.sample_id, {})
         kept = old if current[sample.sample_id] else {}  # a row of another prompt: nothing of it is kept
-        path = image_io.image_path(output_dir, sample.sample_id, fmt)
+        digest = digests.get(sample.sample_id)
         rows.append({
             # The next revision of a rescored sample (results.read_results: a repeat without it is an edit).
             "sample_id": sample.sample_id, "rev": old.get("rev", 1) + 1 if old else 1,
@@ -212,9 +198,46 @@ def process_batch(pipe, rewards, batch, previous: dict[int, dict], args, output_
             "not_applicable": [] if args.no_score else not_applicable(rewards, sample),
             # A failed request is stored as missing (null, named here), never as a score.
             "failed": merged_failed(kept, new_scores, new_failed),
-            "image_path": str(path) if path.is_file() else None,
+            # The file that holds the scored image (saved now, or reloaded) and its sha256; a
+            # file this run neither wrote nor read is not this row's image.
+            "image_path": str(image_io.image_path(output_dir, sample.sample_id, args.image_format))
+            if digest else None,
+            "image_sha256": digest,
         })
     return rows, timing
+
+
+def batch_images(pipe, batch, previous: dict[int, dict], current: dict[int, bool], args, output_dir: Path):
+    """(images, sample_id -> sha256 of the file holding each image, generated?, replaced ids).
+
+    Reload rather than regenerate when the image exists: --skip_generation, or a resumed
+    run whose earlier pass generated this sample (e.g. --no_score, or fewer rewards).
+    Only lossless files are reused on resume: a JPEG would score differently from the
+    in-memory image an uninterrupted run scores. And only while each file still holds the
+    image its row recorded (`image_sha256`): one replaced at that path (copied from another
+    run or checkpoint, edited) was scored as this sample's. A row of an earlier release
+    records no digest: its file cannot be vouched for, so it is regenerated too. A batch is
+    regenerated whole, in the composition of the first pass, so its pixels are those of an
+    uninterrupted run (runner docstring)."""
+    fmt, ids = args.image_format, [s.sample_id for s in batch]
+    found = image_io.file_digests(ids, output_dir, fmt)
+    recorded = {i: (previous.get(i) or {}).get("image_sha256") for i in ids}
+    replaced = [i for i in ids if current[i] and None not in (found[i], recorded[i]) and found[i] != recorded[i]]
+    if args.skip_generation:  # the user asks to score the files that are there: scored, and named
+        stale_images(batch, previous, current, output_dir, fmt)
+        if replaced:
+            log.warning("--skip_generation: scoring the saved images of samples %s as they are, but they are "
+                        "not the images their rows recorded (sha256 differs: replaced, copied in or edited)",
+                        replaced)
+        return image_io.load_images(ids, output_dir, fmt), found, False, replaced
+    if fmt == "png" and all(current[i] and found[i] is not None and found[i] == recorded[i] for i in ids):
+        return image_io.load_images(ids, output_dir, fmt), found, False, []
+    if replaced:
+        log.warning("regenerating samples %s: their saved images are not the images their rows recorded "
+                    "(sha256 differs: replaced, copied in or edited)", replaced)
+    images = generate_images(pipe, batch, args)
+    digests = image_io.save_images(images, ids, output_dir, fmt) if args.save_images else {}
+    return images, digests, True, replaced
 
 
 def stale_images(batch, previous: dict[int, dict], current: dict[int, bool], output_dir: Path, fmt: str) -> None:
@@ -257,7 +280,7 @@ def run(samples: list[EvalSample], reward_names: list[str], reward_options: dict
     mine = batches(shard(todo, info.rank, info.world_size), args.batch_size)
     # Every rank runs the same number of collective rounds (rank 0 has the largest share).
     rounds = math.ceil(math.ceil(len(todo) / info.world_size) / args.batch_size) if todo else 0
-    totals = {"generation_s": 0.0, "scoring_s": 0.0, "generated": 0, "pending": len(todo)}
+    totals = {"generation_s": 0.0, "scoring_s": 0.0, "generated": 0, "replaced_images": 0, "pending": len(todo)}
     if rounds == 0:
         return totals
     scorer_device = reward_device(getattr(args, "reward_device", "auto"), info.local_rank,
@@ -273,11 +296,12 @@ def run(samples: list[EvalSample], reward_names: list[str], reward_options: dict
     for index in tqdm(range(rounds), desc=f"evaluate {args.dataset}", disable=not info.is_main):
         batch = mine[index] if index < len(mine) else []
         rows, timing = process_batch(pipe, rewards, batch, previous, args, output_dir)
-        for key in ("generation_s", "scoring_s", "generated"):
+        for key in ("generation_s", "scoring_s", "generated", "replaced_images"):
             totals[key] += timing[key]
         gathered = dist.all_gather_objects(rows)
         if info.is_main:
             for row in sorted((r for part in gathered for r in part), key=lambda r: r["sample_id"]):
                 append_jsonl(results_path, row)
-    totals["generated"] = int(sum(dist.all_gather_objects(totals["generated"])))
+    for key in ("generated", "replaced_images"):
+        totals[key] = int(sum(dist.all_gather_objects(totals[key])))
     return totals

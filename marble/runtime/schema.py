@@ -139,12 +139,16 @@ def check_metrics_line(record: Any, where: str, error: type[Exception] = SchemaE
     return record
 
 
+_SHA256_RE = re.compile("[0-9a-f]{64}")
+
+
 def check_result_row(row: dict, where: str, error: type[Exception] = SchemaError) -> dict:
     """A row of evaluation_results.jsonl beyond its sample_id and scores (marble.evaluation.results
     checks those): a `not_applicable` or `failed` that is a string was searched by substring
     (`"ocr" in "pickscore,ocr"`), a `metadata` that is no mapping lost GenEval's tag, a `rev`,
-    prompt or image path that is not what it means matched the wrong sample. An absent key is a
-    row of an earlier release, read as before."""
+    prompt or image path that is not what it means matched the wrong sample; `image_sha256` (the
+    saved image's digest, marble.evaluation.runner) decides whether a resume reuses the file. An
+    absent key is a row of an earlier release, read as before."""
     if "rev" in row:
         check_int(row["rev"], where, "rev", error, minimum=1)
     for key in ("prompt_id", "prompt"):
@@ -159,4 +163,8 @@ def check_result_row(row: dict, where: str, error: type[Exception] = SchemaError
         raise error(f"{where}: `scores` must be a mapping, got {row['scores']!r}")
     if row.get("image_path") is not None:
         check_str(row["image_path"], where, "image_path", error)
+    if row.get("image_sha256") is not None and not (isinstance(row["image_sha256"], str)
+                                                    and _SHA256_RE.fullmatch(row["image_sha256"])):
+        raise error(f"{where}: `image_sha256` must be 64 hex digits (the saved image's sha256), "
+                    f"got {row['image_sha256']!r}")
     return row

@@ -15,7 +15,15 @@ from pathlib import Path
 import torch
 
 from marble.runtime.io import append_jsonl, read_jsonl, write_text
+from marble.runtime.schema import check_metrics_line
+from marble.training.run_dir import TrainError
 from marble.training.trackers import TrackerFanout, open_trackers
+
+
+class MetricsFileError(TrainError, ValueError):
+    """A line of metrics.jsonl or eval.jsonl that is not what the trainer writes (one line
+    naming file, line and key). A TrainError, so `marble train` prints it and exits 2; a
+    ValueError, as read_jsonl's errors were."""
 
 
 def reward_stats(name: str, rewards: torch.Tensor, applicable: torch.Tensor) -> dict[str, float]:
@@ -162,7 +170,17 @@ class MetricsLog:
         if not self.path.is_file():
             return []
         lines = self.path.read_text(encoding="utf-8").splitlines()
-        return [lines[lineno - 1] for lineno, _ in read_jsonl(self.path)]
+        return [lines[lineno - 1] for lineno, _ in self._records()]
+
+    # Typed: a resume truncates by `step` and judges the run (marble.training.outcome) from
+    # these records. A step "3" compared as text (or 3.5, or true as 1), a metric "0.5" or a
+    # list read as a value, or a line that is no object was taken as written; now it is an
+    # error naming file, line and key, never kept or dropped. A torn *last* line is still a
+    # kill mid-append (read_jsonl skips it with a warning; truncate_after cuts it off).
+    def _records(self) -> list[tuple[int, dict]]:
+        """(line number, record) of every line, each checked by marble.runtime.schema."""
+        return [(lineno, check_metrics_line(record, f"{self.path}:{lineno}", MetricsFileError))
+                for lineno, record in read_jsonl(self.path, MetricsFileError)]
 
     def trackers(self):
         if self._trackers is None:
@@ -184,9 +202,7 @@ class MetricsLog:
             self._lines, self._size = [], 0
             return 0
         lines = self.path.read_text(encoding="utf-8").splitlines()
-        records = read_jsonl(self.path)
-        kept = [lines[lineno - 1] for lineno, rec in records
-                if not (isinstance(rec, dict) and rec.get("step", -1) > step)]
+        kept = [lines[lineno - 1] for lineno, rec in self._records() if rec["step"] <= step]
         dropped = sum(1 for line in lines if line.strip()) - len(kept)
         if dropped:
             write_text(self.path, "".join(x + "\n" for x in kept))
@@ -196,7 +212,7 @@ class MetricsLog:
     def read(self) -> list[dict]:
         if not self.path.is_file():
             return []
-        return [record for _, record in read_jsonl(self.path)]
+        return [record for _, record in self._records()]
 
 
 def _jsonable(record: dict) -> dict:

@@ -81,7 +81,8 @@ def test_a_training_table_with_a_mistyped_value_is_one_line_from_marble_train(tm
 @pytest.mark.fault("results row value not what its key means")
 @pytest.mark.parametrize("key,value", [("not_applicable", "pickscore,ocr"), ("failed", "ocr"),
                                        ("metadata", "counting"), ("prompt_id", 7),
-                                       ("metadata.tag", {"source": "geneval", "tag": "countin"})])
+                                       ("metadata.tag", {"source": "geneval", "tag": "countin"}),
+                                       ("image_sha256", "0" * 63), ("image_sha256", 7)])
 def test_an_edited_results_row_names_file_line_and_key(tmp_path, key, value):
     path = tmp_path / "evaluation_results.jsonl"
     row = {"sample_id": 0, "rev": 1, "prompt_id": "ab", "prompt": "a cat", "metadata": {},
