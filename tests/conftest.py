@@ -72,6 +72,7 @@ def work_unit(nodeid: str, rootpath: Path, slurm_cache: dict) -> str:
     return "slurm" if slurm_cache[module] else module
 
 
+@pytest.hookimpl(optionalhook=True)  # a venv without pytest-xdist has no such hook: not an error
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 

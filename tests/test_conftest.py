@@ -80,3 +80,12 @@ def test_every_module_of_the_localhost_slurm_runs_on_one_worker_slow_groups_firs
     ran = [line.split("PASSED ")[1].split()[0] for line in alone.stdout.lines if "PASSED" in line]
     assert ran == ["test_a.py::test_a1", "test_a.py::test_a2", "test_d.py::test_d1", "test_c.py::test_c1",
                    "test_b.py::test_b1", "test_b.py::test_b2"], ran
+
+
+def test_the_conftest_loads_where_pytest_xdist_is_not_installed(pytester):
+    """`pytest tests` in a venv without pytest-xdist (a user's, an older clip venv) must run:
+    the scheduler hook is optional, not an unknown hook."""
+    pytester.makeconftest(CONFTEST.read_text())
+    pytester.makepyfile(test_plain="def test_plain():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist")
+    result.assert_outcomes(passed=1)
