@@ -108,6 +108,22 @@ def test_replication_compares_the_verdicts_of_two_seed_halves():
     assert few["status"] == "not computable"
 
 
+def test_replication_with_alone_arms_on_fewer_seeds_than_the_claim_arms():
+    """The claim's design: alone arms on seeds 1-2, claim arms on 1-4. The halves split the
+    claim arms' seeds; both read every alone run (the effects of interest), and learnability
+    is named as not split (the real claim's verdict stopped with KeyError on the second half)."""
+    ms = []
+    for seed, d in ((1, 1.0), (2, 1.05), (3, 1.05), (4, 1.0)):
+        ms += [_measure("weighted_sum", seed, 1.0, 0.2), _measure("marble", seed, 1.5, 0.2 + d)]
+    ms += [RunMeasure("alone_s", seed, {"s": 1.0 + 0.1 * seed}, {}, {}, math.nan, 0, 0) for seed in (1, 2)]
+    r = replication(ms, ["g", "s"], {"s": 0.3}, "marble", "weighted_sum")
+    assert r["seed_sets"] == [[1, 2], [3, 4]]
+    learn = r["questions"]["every_reward_learnable_alone"]
+    assert learn["status"].startswith("not split") and learn["answers"][0] == learn["answers"][1]
+    assert r["questions"]["b_specialists_rise_more_under_marble"]["answers"] == [True, True]
+    assert r["status"] == "replicated"
+
+
 def test_levels_side_by_side_with_the_paper():
     frame = pd.DataFrame({"anti_aligned": [0.5, 0.25], "cos_min": [-0.1, 0.1], "cos_var": [0.2, 0.2],
                           "anti_aligned_solve": [0.0, 0.0], "cos_solve_min": [0.4, 0.36],

@@ -89,20 +89,27 @@ def multiplicity(measures, rewards, specialists, marble_arm, baseline_arm,
 
 def replication(measures, rewards, specialists, marble_arm, baseline_arm, seeds: list | None = None,
                 **kwargs) -> dict:
-    """The verdict on each half of the seeds (cs.halves) and, per question, whether the two
-    answers say the same (true / false / no difference shown)."""
-    first, second = cs.halves(seeds if seeds is not None else sorted({m.seed for m in measures}))
+    """The verdict on each half of the claim arms' seeds (cs.halves) and, per question, whether
+    the two answers say the same (true / false / no difference shown). The alone arms (their own
+    seeds, often fewer) are not split: both halves read all of them for the effects of
+    interest, so learnability is not a question the halves replicate."""
+    alone = [m for m in measures if m.arm.startswith(ALONE_PREFIX)]
+    main = [m for m in measures if not m.arm.startswith(ALONE_PREFIX)]
+    first, second = cs.halves(seeds if seeds is not None else sorted({m.seed for m in main}))
     if len(first) < 2:
         return {"status": "not computable", "seed_sets": [first, second],
                 "why": "each half needs two seeds for an interval"}
-    verdicts = [claim_verdict([m for m in measures if m.seed in half], rewards, specialists,
+    verdicts = [claim_verdict([m for m in main if m.seed in half] + alone, rewards, specialists,
                               marble_arm, baseline_arm, **kwargs) for half in (first, second)]
     questions = {}
     for q in verdicts[0]["questions"]:
-        answers = [v["questions"][q]["answer"] for v in verdicts]
+        answers = [v["questions"].get(q, {}).get("answer") for v in verdicts]
+        if q == "every_reward_learnable_alone":
+            questions[q] = {"answers": answers, "status": "not split (the alone arms are shared)"}
+            continue
         same = cs.answer_kind(answers[0]) == cs.answer_kind(answers[1])
         questions[q] = {"answers": answers, "status": "replicated" if same else "not replicated"}
-    status = "replicated" if all(q["status"] == "replicated" for q in questions.values()) \
+    status = "replicated" if all(q["status"] != "not replicated" for q in questions.values()) \
         else "not replicated"
     return {"status": status, "seed_sets": [first, second], "questions": questions}
 
