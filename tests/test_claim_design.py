@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from marble.report import claim_stats as cs
-from marble.report.claim_design import (NO_PILOT, load_pilot, multiplicity, pilot_section,
-                                        replication)
+from marble.report.claim_design import (NO_PILOT, load_pilot, multiplicity, pilot_effects,
+                                        pilot_section, replication)
 from marble.report.claim_experiment import ANGLES, FLAGS, RunMeasure, claim_verdict, measure_run
 from marble.report.claim_levels import PAPER_QUANTITY, levels_verdict, run_levels
 
@@ -93,6 +93,32 @@ def test_multiplicity_holm_families_and_equivalence_only_from_tost():
     assert "learnable" in " ".join(m["families"])
 
 
+def test_the_pilot_fixes_bs_effect_of_interest_before_the_run():
+    """Issue 36 item 4: (b)'s effect of interest in absolute units comes from the committed
+    pilot, not from the main run's own alone arms (before, the verdict always took half of this
+    run's alone change, so "powered" and the TOST margin were decided after the data)."""
+    diffs = [0.01, -0.01, 0.0, 0.005]
+    ms = []
+    for i, seed in enumerate((1, 2, 3, 4)):
+        ms += [_measure("weighted_sum", seed, 1.0, 0.2), _measure("marble", seed, 1.0 + seed, 0.2 + diffs[i]),
+               RunMeasure("alone_s", seed, {"s": 1.0 + 0.1 * seed}, {}, {}, math.nan, 0, 0)]
+    pilot = {"commit": "abc", "questions": {"b_specialists_rise_more_under_marble": {
+        "s": {"per_seed": [0.0, 0.01], "effect_of_interest": 0.002}}}}
+    fixed = pilot_effects(pilot, "marble")
+    assert fixed == {"s": 0.002} and pilot_effects(pilot, "other") is None and pilot_effects(None, "m") is None
+    v = claim_verdict(ms, ["g", "s"], {"s": 0.3}, "marble", "weighted_sum", 0.5, fixed_effects=fixed)
+    b = v["questions"]["b_specialists_rise_more_under_marble"]["per_specialist"]["s"]
+    assert b["effect_of_interest"] == pytest.approx(0.002) and b["powered"] is False
+    assert v["effect_of_interest_source"].startswith("the committed pilot")
+    own = claim_verdict(ms, ["g", "s"], {"s": 0.3}, "marble", "weighted_sum", 0.5)
+    assert own["questions"]["b_specialists_rise_more_under_marble"]["per_specialist"]["s"][
+        "effect_of_interest"] == pytest.approx(0.625) and own["effect_of_interest_source"].endswith("(observed)")
+    eq = multiplicity(ms, ["g", "s"], {"s": 0.3}, "marble", "weighted_sum", 0.5, fixed)["b_equivalence"]["s"]
+    assert eq["margin"] == pytest.approx(0.002) and eq["equivalent"] is False  # 0.625 made it equivalent
+    halves = replication(ms, ["g", "s"], {"s": 0.3}, "marble", "weighted_sum", fixed_effects=fixed)
+    assert halves["seed_sets"] == [[1, 2], [3, 4]]
+
+
 def test_replication_compares_the_verdicts_of_two_seed_halves():
     """Seeds 1, 2: MARBLE's specialist +1 over the weighted sum; seeds 3, 4: -1. Each half
     answers (b) with the opposite sign: not replicated, said as such."""
@@ -138,6 +164,27 @@ def test_levels_side_by_side_with_the_paper():
     assert fresh["paper"] == 0.37 and fresh["ours_minus_paper"]["mean"] == pytest.approx(0.01)
     assert v["arms"]["marble_n5"]["applied_micro"]["anti_aligned_frac"]["paper"] == 0.0
     assert v["paper_quantity"] == PAPER_QUANTITY and PAPER_QUANTITY["level"] == "fresh_solve"
+
+
+def test_the_weighted_sums_fresh_solve_is_not_set_beside_the_paper():
+    """The paper's weighted-sum row (80%, min cos -0.13) is of the weighted sum's own direction;
+    a fresh min-norm solve on its batches is not a direction it takes. Before, the verdict and
+    claim.md set that row beside 80% as if it were (issue 36 item 2: two quantities compared)."""
+    from marble.report.claim_levels import NOT_ITS_DIRECTION
+    from marble.report.claim_markdown import levels_frame
+
+    lv = {level: {"anti_aligned_frac": 0.0, "cos_min_mean": 0.4, "cos_var_mean": 0.006}
+          for level in ("fresh_solve", "applied_micro", "step", "update")}
+    v = levels_verdict({"ws": [lv, lv], "m": [lv, lv]}, {"ws": "weighted_sum", "m": "marble"})
+    fresh = v["arms"]["ws"]["fresh_solve"]["anti_aligned_frac"]
+    assert fresh["paper"] is None and fresh["answer"] == NOT_ITS_DIRECTION
+    assert fresh["ours"]["mean"] == 0.0 and "ours_minus_paper" not in fresh
+    assert v["arms"]["ws"]["applied_micro"]["anti_aligned_frac"]["paper"] == 0.8
+    assert v["arms"]["m"]["fresh_solve"]["anti_aligned_frac"]["paper"] == 0.0
+    assert v["paper_quantity"]["by_method"] == {"marble": "fresh_solve", "weighted_sum": "applied_micro"}
+    frame = levels_frame({"levels": v})
+    assert frame.loc["ws / fresh_solve", "anti-aligned"].endswith("(not its direction)")
+    assert frame.loc["ws / step", "anti-aligned"].endswith("(paper 0.8)")
 
 
 def test_verdict_has_levels_from_the_runs_metrics():
@@ -216,3 +263,20 @@ def test_a_pilot_from_runs_holds_each_questions_per_seed_values_and_effects(tmp_
     sec = pilot_section(load_pilot(tmp_path / "claim_pilot.json"), 10)
     assert sec["commit"] == "abc1234"
     assert sec["questions"]["c_out_less_anti_aligned"]["anti_aligned"]["pilot_seeds"] == 2
+
+
+def test_the_n_curve_holds_only_arms_that_differ_in_n():
+    """The default claim's figure stacked marble_n5, marble_output and marble_n5_normcorr as
+    three unlabelled points at N = 5; the curve keeps the arms that differ from MARBLE's in N."""
+    from marble.report.claim_figures import n_curve_arms
+
+    base = {"method": "marble", "alpha_ema": 0.7, "weighting": None, "micro_batch": 6,
+            "gram_space": "parameters", "cached_weights": "reference"}
+    settings = {"marble_n5": {**base, "amortize_every": 5}, "marble_n1": {**base, "amortize_every": 1},
+                "marble_output": {**base, "amortize_every": 5, "gram_space": "output"},
+                "marble_n5_normcorr": {**base, "amortize_every": 5, "cached_weights": "norm_corrected"},
+                "marble_n5_mb24": {**base, "amortize_every": 5, "micro_batch": 24},
+                "marble_n5_ema0": {**base, "amortize_every": 5, "alpha_ema": 0.0},
+                "weighted_sum": {**base, "method": "weighted_sum", "amortize_every": 5}}
+    v = {"arms": list(settings), "arm_settings": settings, "marble_arm": "marble_n5"}
+    assert n_curve_arms(v) == ["marble_n1", "marble_n5"]

@@ -59,6 +59,24 @@ def test_dry_run_paper_config_is_one_switch():
     assert not tiny_only & set(paper), sorted(tiny_only & set(paper))
 
 
+def test_the_claim_verdict_reads_the_committed_pilot():
+    """config.yaml's claim.pilot is an input of the verdict and reaches the CLI (before, the CLI
+    read docs/claim_pilot.json from the working directory, unseen by Snakemake: a new pilot did
+    not recompute the verdict), and the default claim is the pre-registered pair plus its sweep,
+    control and alone arms, each over claim.seeds."""
+    proc = snakemake(["-n", "-p", "--forceall", "claim"], ROOT)
+    verdict_cmd = [line for line in proc.stdout.splitlines() if "marble.report.claim_cli" in line]
+    assert verdict_cmd and "--pilot docs/claim_pilot.json" in verdict_cmd[0], verdict_cmd
+    assert "docs/claim_pilot.json" in proc.stdout.split("rule claim:")[1].split("output:")[0]
+    runs = {line.split("claimrun=")[1].strip() for line in proc.stdout.splitlines() if "claimrun=" in line}
+    arms = {run.rsplit("-s", 1)[0] for run in runs}
+    assert arms == {"weighted_sum", "marble_n5", "weighted_sum_mb24", "marble_n5_mb24",
+                    "control_weighted_sum", "control_marble_n5", "alone_toy_brightness",
+                    "alone_toy_saturation", "alone_toy_text_contrast", "alone_toy_color_match"}, arms
+    full = snakemake(["-n", "--forceall", "claim", "--configfile", "config/claim_full.yaml"], ROOT)
+    assert "marble_output-s11" in full.stdout and "weighted_sum_mb12-s20" in full.stdout
+
+
 def test_tiny_bench_runs_after_the_evaluations():
     """On a laptop the bench times alone: its plan holds the evaluations (before, it ran
     beside them and the demo's time ratio drifted by up to 6%)."""

@@ -21,7 +21,8 @@ import pandas as pd
 
 from marble.balancers import min_norm_tolerance
 from marble.report import claim_stats as cs
-from marble.report.claim_design import load_pilot, multiplicity, pilot_section, replication
+from marble.report.claim_design import (load_pilot, multiplicity, pilot_effects, pilot_section,
+                                         replication)
 from marble.report.claim_beyond import arms_versus_baseline, beyond_sentence
 from marble.report.claim_experiment import claim_verdict, effects_of_interest, measure_run
 from marble.report.published import PUBLISHED_ANTI_ALIGNED
@@ -87,6 +88,7 @@ def collect(runs_dir: Path, benchmarks: Path | None):
         bal = run.config.get("balancer") or {}
         settings[arm] = {"method": bal.get("method"), "amortize_every": bal.get("amortize_every"),
                          "alpha_ema": bal.get("alpha_ema"), "weighting": bal.get("weighting"),
+                         "gram_space": bal.get("gram_space"), "cached_weights": bal.get("cached_weights"),
                          "micro_batch": (run.config.get("train") or {}).get("batch_size")}
         cpu.setdefault(arm, []).append(cpu_seconds(run.summary, benchmarks, run.name))
         models[run.name] = (run.config.get("model") or {}).get("path")
@@ -123,17 +125,21 @@ def build(args) -> dict:
     measures = [m for m in measures if not m.arm.startswith(CONTROL_PREFIX)]
     min_norm = min_norm_arms(settings)
     methods = {a: s["method"] for a, s in settings.items()}
+    # Issue 36 item 4: the committed pilot fixes (b)'s effects of interest before the run
+    pilot = load_pilot(args.pilot)
+    fixed = pilot_effects(pilot, args.marble_arm)
     verdict = claim_verdict(measures, rewards, specialists, args.marble_arm, args.baseline_arm,
-                            args.effect_fraction, min_norm, methods)
-    # Issue 36 item 4: Holm families and (b)'s equivalence test; the verdict on two disjoint
-    # seed halves; the power a committed pilot fixes (or "no pilot").
+                            args.effect_fraction, min_norm, methods, fixed)
+    # Holm families and (b)'s equivalence test; the verdict on two disjoint seed halves; the
+    # power the pilot fixes (or "no pilot").
     verdict["multiplicity"] = multiplicity(measures, rewards, specialists, args.marble_arm,
-                                           args.baseline_arm, args.effect_fraction)
+                                           args.baseline_arm, args.effect_fraction, fixed)
     verdict["replication"] = replication(measures, rewards, specialists, args.marble_arm,
                                          args.baseline_arm, effect_fraction=args.effect_fraction,
-                                         min_norm_arms=min_norm, arm_methods=methods)
+                                         min_norm_arms=min_norm, arm_methods=methods,
+                                         fixed_effects=fixed)
     verdict["replication"]["pretrained_models"] = pretrained_models(models)
-    verdict["pilot"] = pilot_section(load_pilot(args.pilot), len(verdict["seeds"]))
+    verdict["pilot"] = pilot_section(pilot, len(verdict["seeds"]))
     # Issue 36 item 3: the micro-batch sweep, the no-conflict control, the dilution
     verdict["noise"] = {"sweep": sweep_section(measures, {a: s["micro_batch"] for a, s in settings.items()}),
                         "control": control_section(control, measures)}
@@ -184,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--effect-fraction", type=float, default=0.5,
                    help="smallest effect of interest: this fraction of a specialist's change "
                         "trained alone (b) and of the paper's 80%% - 0%% anti-aligned gap (c)")
-    p.add_argument("--pilot", type=Path, default=Path("docs/claim_pilot.json"),
-                   help="the committed pilot (docs/claim.md); absent: the verdict says 'no pilot'")
+    p.add_argument("--pilot", type=Path, default=None,
+                   help="the committed pilot (config.yaml claim.pilot, docs/claim_pilot.json; "
+                        "docs/claim.md); without it the verdict says 'no pilot'")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     problem = not_a_folder(args.out, "--out")  # before the verdict's work, not at its first write

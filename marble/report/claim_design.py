@@ -54,8 +54,9 @@ def _paired_values(measures, arm: str, base: str, reward: str) -> list[float]:
 
 
 def multiplicity(measures, rewards, specialists, marble_arm, baseline_arm,
-                 effect_fraction: float = 0.5) -> dict:
-    """Holm families (see the module docstring) and (b)'s equivalence tests."""
+                 effect_fraction: float = 0.5, fixed_effects: dict[str, float] | None = None) -> dict:
+    """Holm families (see the module docstring) and (b)'s equivalence tests, whose margins are
+    the pilot's effects of interest when given (`fixed_effects`), else this run's alone arms'."""
     alone = [m for m in measures if m.arm.startswith(ALONE_PREFIX)]
     main = [m for m in measures if not m.arm.startswith(ALONE_PREFIX)]
     families = {
@@ -73,7 +74,7 @@ def multiplicity(measures, rewards, specialists, marble_arm, baseline_arm,
     if len(others) > 1:  # the zoo: every arm x reward against the baseline is one family
         families["arms_vs_baseline"] = _family(
             {f"{a}/{r}": _paired_values(main, a, baseline_arm, r) for a in others for r in rewards})
-    effects = effects_of_interest(alone, effect_fraction)
+    effects = fixed_effects or effects_of_interest(alone, effect_fraction)
     tost_p = {s: cs.tost(_paired_values(main, marble_arm, baseline_arm, s), effects.get(s, math.nan))
               for s in specialists}
     tost_adj = cs.holm(tost_p)
@@ -127,6 +128,17 @@ def load_pilot(path: Path | None) -> dict | None:
     except (ValueError, AttributeError) as exc:
         raise ValueError(f"{path}: not a claim pilot: {exc}") from None
     return pilot
+
+
+def pilot_effects(pilot: dict | None, marble_arm: str) -> dict[str, float] | None:
+    """specialist -> (b)'s effect of interest (absolute units) the pilot fixed for `marble_arm`
+    (its question `b_specialists_rise_more_under_<arm>`), or None: no pilot, or none for it."""
+    if pilot is None:
+        return None
+    items = pilot["questions"].get(f"b_specialists_rise_more_under_{marble_arm}") or {}
+    effects = {s: float(spec["effect_of_interest"]) for s, spec in items.items()
+               if isinstance(spec, dict) and isinstance(spec.get("effect_of_interest"), (int, float))}
+    return effects or None
 
 
 def pilot_section(pilot: dict | None, seeds: int) -> dict | str:

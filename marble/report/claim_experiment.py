@@ -289,12 +289,16 @@ def effects_of_interest(alone: list[RunMeasure], fraction: float) -> dict[str, f
 def claim_verdict(measures: list[RunMeasure], rewards: list[str], specialists: dict[str, float],
                   marble_arm: str, baseline_arm: str, effect_fraction: float = 0.5,
                   min_norm_arms: set[str] | dict | None = None,
-                  arm_methods: dict[str, str] | None = None) -> dict:
+                  arm_methods: dict[str, str] | None = None,
+                  fixed_effects: dict[str, float] | None = None) -> dict:
     """The verdict JSON (keys documented in docs/claim.md). `effect_fraction`: the smallest
     effect of interest as a fraction of a specialist's change trained alone (question b) and
     of the paper's anti-aligned difference, 80% - 0% (question c). `min_norm_arms`: the arms
-    the full-solve theorem holds for (None: all). Without alone arms (the zoo) the
-    learnability question is not asked."""
+    the full-solve theorem holds for (None: all). `fixed_effects`: specialist -> (b)'s effect of
+    interest in absolute units, fixed before the run by the committed pilot (claim_design.
+    pilot_effects); without it, `effect_fraction` of this run's alone change (observed, said
+    so in `effect_of_interest_source`). Without alone arms (the zoo) the learnability question
+    is not asked."""
     arms = list(dict.fromkeys(m.arm for m in measures))
     for need in (marble_arm, baseline_arm):
         if need not in arms:
@@ -307,7 +311,8 @@ def claim_verdict(measures: list[RunMeasure], rewards: list[str], specialists: d
         **({"every_reward_learnable_alone": question_learnable(alone)} if alone else {}),
         "a_every_reward_rises_under_marble": question_a(measures, rewards, marble_arm),
         "b_specialists_rise_more_under_marble": question_b(
-            measures, specialists, marble_arm, baseline_arm, effects_of_interest(alone, effect_fraction)),
+            measures, specialists, marble_arm, baseline_arm,
+            fixed_effects or effects_of_interest(alone, effect_fraction)),
         "c_marble_less_anti_aligned": question_c(
             measures, marble_arm, baseline_arm,
             effect_fraction * (PUBLISHED_ANTI_ALIGNED["weighted_sum"] - PUBLISHED_ANTI_ALIGNED["marble"])),
@@ -323,6 +328,8 @@ def claim_verdict(measures: list[RunMeasure], rewards: list[str], specialists: d
         "marble_arm": marble_arm, "baseline_arm": baseline_arm,
         "rewards": rewards, "specialists": specialists, "change_measure": CHANGE_MEASURE,
         "effect_fraction": effect_fraction,
+        "effect_of_interest_source": ("the committed pilot (fixed before the run)" if fixed_effects
+                                      else "this run's alone arms (observed)"),
         "level": cs.LEVEL, "power": cs.POWER,
         "published_anti_aligned": dict(PUBLISHED_ANTI_ALIGNED),
         "arm_results": {arm: {part: {k: iv.as_json() for k, iv in vals.items()}

@@ -65,15 +65,21 @@ def change_figure(v: dict, path: Path) -> str:
     return _save(fig, path)
 
 
+def n_curve_arms(v: dict) -> list[str]:
+    """The N curve's arms, by N: those that differ from the MARBLE arm in N alone. Not the
+    sweep's micro-batch sizes, other alpha EMAs, the output-space Gram or the norm-corrected
+    step: they would stack unlabelled points at one N."""
+    settings = v["arm_settings"]
+    ref = {k: x for k, x in settings.get(v["marble_arm"], {}).items() if k != "amortize_every"}
+    arms = [a for a in v["arms"] if settings.get(a, {}).get("method") == "marble"
+            and {k: x for k, x in settings[a].items() if k != "amortize_every"} == ref]
+    return sorted(arms, key=lambda a: settings[a]["amortize_every"])
+
+
 def anti_figure(v: dict, path: Path) -> str:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     settings = v["arm_settings"]
-    ref = settings.get(v["marble_arm"], {})
-    # the N curve at the MARBLE arm's alpha EMA and micro-batch size (not the sweep's arms)
-    marble = [a for a in v["arms"] if settings.get(a, {}).get("method") == "marble"
-              and settings[a].get("alpha_ema") == ref.get("alpha_ema")
-              and settings[a].get("micro_batch") == ref.get("micro_batch")]
-    marble.sort(key=lambda a: settings[a]["amortize_every"])
+    marble = n_curve_arms(v)
     for key, label in (("applied", "applied direction"), ("fresh_solve", "fresh solve, same gradients")):
         vals = [_err(v["arm_results"][a]["anti_aligned"][key]) for a in marble]
         ax.errorbar([settings[a]["amortize_every"] for a in marble], [m for m, _, _ in vals],

@@ -140,8 +140,9 @@ def levels_frame(v: dict) -> pd.DataFrame:
     for arm, levels in (v.get("levels") or {}).get("arms", {}).items():
         for level, figs in levels.items():
             index.append(f"{arm} / {level}")
-            rows.append([f"{interval_text(f['ours'], pct=name == 'anti_aligned_frac')} (paper "
-                         f"{f['paper']:g})" for name, f in figs.items()])
+            rows.append([f"{interval_text(f['ours'], pct=name == 'anti_aligned_frac')} ("
+                         + (f"paper {f['paper']:g})" if f["paper"] is not None else "not its direction)")
+                         for name, f in figs.items()])
     return pd.DataFrame(rows, index=pd.Index(index, name="arm / level"),
                         columns=["anti-aligned", "min cos", "variance"])
 
@@ -192,6 +193,10 @@ def claim_markdown(v: dict, figures: dict[str, str]) -> str:
         q = v["levels"]["paper_quantity"]
         lines += ["### Cosines at three levels, beside the paper", "",
                   f"The paper's figures fit the `{q['level']}` level: {q['why']}", "",
+                  *([f"The paper's row of each method is of its own direction: "
+                     + ", ".join(f"{m} `{lv}`" for m, lv in q["by_method"].items())
+                     + "; a weighted-sum arm never solves, so its fresh-solve row has no paper figure.", ""]
+                    if q.get("by_method") else []),
                   markdown_table(levels_frame(v)), ""]
     if v.get("arms_versus_baseline"):
         lines += ["### Beyond the paper: each arm against the weighted sum", "",

@@ -107,6 +107,8 @@ rule claim:
     input:
         runs=expand(f"{CLAIM_DIR}/runs/{{r}}/train_summary.json", r=CLAIM_RUNS),
         cost=[f"{CLAIM_DIR}/cost.json"] if CLAIM_ARMS else [],
+        # the committed pilot is an input: a new pilot recomputes the verdict's power
+        pilot=[CLAIM["pilot"]] if CLAIM_ARMS and CLAIM.get("pilot") else [],
     output:
         verdict=f"{CLAIM_DIR}/verdict.json",
         md=f"{CLAIM_DIR}/claim.md",
@@ -129,6 +131,7 @@ rule claim:
                     input.cost[0],
                     "--benchmarks",
                     "benchmarks/claim",
+                    *(["--pilot", input.pilot[0]] if input.pilot else []),
                 ]
             )
             if CLAIM_ARMS
