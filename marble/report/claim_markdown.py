@@ -193,7 +193,7 @@ def claim_markdown(v: dict, figures: dict[str, str]) -> str:
         q = v["levels"]["paper_quantity"]
         lines += ["### Cosines at three levels, beside the paper", "",
                   f"The paper's figures fit the `{q['level']}` level: {q['why']}", "",
-                  *([f"The paper's row of each method is of its own direction: "
+                  *(["The paper's row of each method is of its own direction: "
                      + ", ".join(f"{m} `{lv}`" for m, lv in q["by_method"].items())
                      + "; a weighted-sum arm never solves, so its fresh-solve row has no paper figure.", ""]
                     if q.get("by_method") else []),
