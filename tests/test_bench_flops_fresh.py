@@ -57,8 +57,14 @@ def test_every_claim_and_zoo_arm_is_priced_with_the_rows_its_cadence_names(tmp_p
     from marble.tools import claim_cost
     from marble.workflow import claim as wf_claim
 
-    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "config.yaml").read_text())
-    for section in (cfg["claim"], wf_claim.zoo_section(cfg)):
+    from marble.workflow import configs
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = yaml.safe_load((root / "config.yaml").read_text())
+    # the claim's overlays (each composed over config.yaml) add arms the default lacks
+    full = configs.load(["config/claim_full.yaml"], root)["claim"]
+    curve = configs.load(["config/claim_n_curve.yaml"], root)["claim"]
+    for section in (cfg["claim"], full, curve, wf_claim.zoo_section(cfg)):
         arms = wf_claim.arms(section)
         assert claim_cost.main(["--print-rows", "--arms", json.dumps(arms), "--model", "unused"]) == 0
         rows = claim_cost.arm_rows(arms, "unused")
@@ -68,7 +74,7 @@ def test_every_claim_and_zoo_arm_is_priced_with_the_rows_its_cadence_names(tmp_p
         for arm, cost in costs.items():
             assert cost["plain"]["diagnostic_micro_steps"] == 0, arm
             assert cost["plain"]["micro_steps"] == cost["micro_steps"], arm
-    assert {"marble_output_gram", "marble_norm_corrected"} <= set(claim_cost.arm_rows(wf_claim.arms(cfg["claim"]), "x"))
+    assert {"marble_output_gram", "marble_norm_corrected"} <= set(claim_cost.arm_rows(wf_claim.arms(full), "x"))
     # a pricing row missing from the bench is named, never priced as another row
     with pytest.raises(KeyError, match="marble_output_gram"):
         claim_cost.arm_costs({"o": {"preset": "tiny_output_gram", "set": [], "max_steps": 2}},
