@@ -58,3 +58,37 @@ def test_the_first_interrupt_is_forwarded_then_snakemakes_handler_gets_it_outsid
     assert lines["child"] == str(-signal.SIGINT)  # forwarded: the sleeping child died of it
     assert lines["handler_is_snakemakes"] == "True" and lines["calls"] == "1"
     assert "on_interrupt" not in lines["frames"], lines["frames"]
+
+
+def test_a_signal_held_in_the_block_is_sent_again_after_it_outside_our_frame():
+    """Inside `signals_held` a SIGINT is only noted (the block runs to its end); after it the
+    handler is back and gets the signal once, from the code then running."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import signal, time, traceback
+        from marble.workflow.interrupts import signals_held
+        steps = []
+        try:
+            with signals_held():
+                signal.raise_signal(signal.SIGINT)
+                for _ in range(20):
+                    time.sleep(0.01)
+                steps.append("block ended")
+            steps.append("after the block")
+            for _ in range(100):
+                time.sleep(0.01)
+        except KeyboardInterrupt as exc:
+            frames = [f.name for f in traceback.extract_tb(exc.__traceback__)]
+            print("frames=" + repr(frames))
+        print(f"steps={steps}")
+        print(f"handler_back={signal.getsignal(signal.SIGINT) is signal.default_int_handler}")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = dict(line.split("=", 1) for line in out.stdout.splitlines())
+    assert lines["steps"] == "['block ended', 'after the block']"
+    assert lines["handler_back"] == "True"
+    assert "frames" in lines and "signals_held" not in lines["frames"], lines

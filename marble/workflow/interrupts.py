@@ -11,6 +11,11 @@ up its locks and exits; a second Ctrl-C is its "quit now").
 A job that got the group's Ctrl-C already gets a second one: our jobs stop on the first
 (training resumes from its checkpoints, an evaluation from its rows), so that is harmless.
 SIGTERM keeps Snakemake's meaning: no new job, the running ones finish.
+
+`release_locks_uninterrupted()` holds SIGINT and SIGTERM while Snakemake deletes its lock
+files: it removes them one by one after a run or an interrupt, and a second Ctrl-C landing
+between the two (seen in CI: 0.15 s after the first, on a loaded machine) left
+`.snakemake/locks/0.output.lock`, so the next run refused until `--unlock`.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -86,4 +93,51 @@ def forward_interrupt_to_jobs() -> bool:
         _thread.start_new_thread(_send_soon, (me, signal.SIGINT))  # no wait for the thread to start
 
     signal.signal(signal.SIGINT, on_interrupt)
+    return True
+
+
+@contextmanager
+def signals_held(signums: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """Within the block each of `signums` is only noted; after it, its handler is put back
+    and each noted signal is sent again (50 ms later, from a helper thread, so that the
+    handler runs where the main thread then is, not in this frame). Blocking the signal
+    with pthread_sigmask would not do: the kernel hands a process's signal to any thread
+    that does not block it (Snakemake has several), and Python still runs the handler here.
+    Off the main thread, or for a signal that is ignored or has a C-level handler, nothing
+    changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in signums}
+    previous = {s: h for s, h in previous.items() if h not in (None, signal.SIG_IGN)}
+    noted: list[int] = []
+    for signum in previous:
+        signal.signal(signum, lambda got, frame: noted.append(got))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(noted):
+            _thread.start_new_thread(_send_soon, (os.getpid(), signum))
+
+
+def release_locks_uninterrupted() -> bool:
+    """Make Snakemake's lock release whole: its `unlock` runs under `signals_held`. Whether
+    it was installed (False on a Snakemake whose persistence class has no `unlock`)."""
+    import snakemake.persistence as persistence
+
+    owner = getattr(persistence, "PersistenceBase", None) or getattr(persistence, "Persistence", None)
+    release = getattr(owner, "unlock", None)
+    if release is None:
+        return False
+    if getattr(release, "signals_held", False):  # the Snakefile is read more than once
+        return True
+
+    def unlock(self) -> None:
+        with signals_held():
+            release(self)
+
+    unlock.signals_held = True
+    owner.unlock = unlock
     return True

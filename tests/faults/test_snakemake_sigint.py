@@ -88,3 +88,62 @@ def test_sigint_to_snakemake_alone_stops_its_jobs(tmp_path, fault_trials, to_gro
             os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
     assert not fault_trials.lost, fault_trials.lost
+
+
+# Test-only: a Ctrl-C lands between Snakemake's removal of its input and its output lock
+# (the moment CI hit once by chance), sent by Snakemake's own file removal.
+STRIKE_MID_UNLOCK = '''
+import os as _os, signal as _signal
+import snakemake.persistence.file as _persistence_file
+
+class _OsStruckMidUnlock:
+    def __getattr__(self, name):
+        return getattr(_os, name)
+
+    def remove(self, path):
+        _os.remove(path)
+        if str(path).endswith(".input.lock"):
+            _os.kill(_os.getpid(), _signal.SIGINT)  # the second Ctrl-C
+
+_persistence_file.os = _OsStruckMidUnlock()
+'''
+RELEASE = "release_locks_uninterrupted()"
+
+
+@pytest.mark.fault("a second Ctrl-C while Snakemake deletes its locks (no lock may be left)")
+def test_a_second_ctrl_c_while_snakemake_unlocks_leaves_no_lock(tmp_path, fault_trials):
+    if not SNAKEMAKE.is_file():
+        pytest.skip(f"no snakemake beside {sys.executable}")
+    common = (ROOT / "workflow" / "rules" / "common.smk").read_text(encoding="utf-8")
+    fault_trials.record(RELEASE in common, "workflow/rules/common.smk makes the lock release whole")
+    token = f"7{uuid.uuid4().int % 10**6:06d}.5"
+    (tmp_path / "Snakefile").write_text(
+        "from marble.workflow.interrupts import forward_interrupt_to_jobs, release_locks_uninterrupted\n"
+        f"{CALL}\n{RELEASE}\n{STRIKE_MID_UNLOCK}\n"
+        f"rule all:\n    input: 'seed.txt'\n    output: 'done.txt'\n"
+        f"    shell: 'sleep {token} && touch {{output}}'\n")
+    (tmp_path / "seed.txt").write_text("an input, so Snakemake writes both its lock files\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(as_foreground_job([str(SNAKEMAKE), "-c1"]), cwd=tmp_path, env=env,
+                            start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not sleeps(token) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sleeps(token), f"the job never started: {proc.communicate(timeout=30)[0][-2000:]}"
+        os.killpg(proc.pid, signal.SIGINT)  # the first Ctrl-C; the second comes mid-unlock
+        output = proc.communicate(timeout=60)[0]
+        fault_trials.record(proc.returncode not in (0, None),
+                            f"Snakemake ended, not successfully (exit {proc.returncode})")
+        locks = sorted(p.name for p in (tmp_path / ".snakemake" / "locks").glob("*"))
+        fault_trials.record(not locks, f"no Snakemake lock left ({locks}): {output[-1500:]}")
+        ours = [t for t in output.split("Traceback")[1:] if "marble/workflow/interrupts.py" in t]
+        fault_trials.record(not ours, f"no traceback through marble's frames: {ours[:1]}")
+    finally:
+        for pid in sleeps(token):
+            os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert not fault_trials.lost, fault_trials.lost

@@ -15,12 +15,14 @@ from marble.workflow import plan as wf_plan
 from marble.workflow import prompt_digest as wf_prompts
 from marble.workflow import runs as wf_runs
 from marble.workflow import slurm as wf_slurm
-from marble.workflow.interrupts import forward_interrupt_to_jobs
+from marble.workflow.interrupts import forward_interrupt_to_jobs, release_locks_uninterrupted
 
 min_version("8.20")
 
 # `kill -INT <snakemake pid>` stops the jobs too, not Snakemake alone (marble/workflow/interrupts.py).
 forward_interrupt_to_jobs()
+# A Ctrl-C while Snakemake deletes its locks would leave one behind (the same module).
+release_locks_uninterrupted()
 
 
 # A --configfile replaces the embedded default instead of merging into it (Snakemake
