@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,29 @@ def sleeps(token: str) -> list[int]:
     return found
 
 
+@contextmanager
+def snakemake_running_its_job(folder: Path, token: str, command: list[str]):
+    """Start `command` (a real Snakemake, as a terminal's foreground job, in a session of its
+    own) in `folder` and wait until its job's `sleep <token>` runs; afterwards never leave
+    the sleep or Snakemake behind, whatever happened."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(as_foreground_job(command), cwd=folder, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not sleeps(token) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sleeps(token), f"the job never started: {proc.communicate(timeout=30)[0][-2000:]}"
+        yield proc
+    finally:
+        for pid in sleeps(token):
+            os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        if not proc.stdout.closed:  # a test that read its output has closed it
+            proc.communicate()
+
+
 @pytest.mark.fault("SIGINT to Snakemake's own process (its jobs must stop)")
 @pytest.mark.parametrize("to_group", [False, True], ids=["kill -INT pid", "Ctrl-C to the group"])
 def test_sigint_to_snakemake_alone_stops_its_jobs(tmp_path, fault_trials, to_group):
@@ -54,16 +78,8 @@ def test_sigint_to_snakemake_alone_stops_its_jobs(tmp_path, fault_trials, to_gro
     (tmp_path / "Snakefile").write_text(
         f"from marble.workflow.interrupts import forward_interrupt_to_jobs\n{CALL}\n\n"
         f"rule all:\n    output: 'done.txt'\n    shell: 'sleep {token} && touch {{output}}'\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     command = [str(SNAKEMAKE), "-c1", "--profile", str(ROOT / "workflow" / "profiles" / "local")]
-    proc = subprocess.Popen(as_foreground_job(command),
-                            cwd=tmp_path, env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not sleeps(token) and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert sleeps(token), f"the job never started: {proc.communicate(timeout=30)[0][-2000:]}"
+    with snakemake_running_its_job(tmp_path, token, command) as proc:
         if to_group:
             os.killpg(proc.pid, signal.SIGINT)
         else:
@@ -81,12 +97,6 @@ def test_sigint_to_snakemake_alone_stops_its_jobs(tmp_path, fault_trials, to_gro
         fault_trials.record(not (tmp_path / "done.txt").exists(), "no output of the interrupted job")
         locks = sorted(p.name for p in (tmp_path / ".snakemake" / "locks").glob("*"))
         fault_trials.record(not locks, f"no Snakemake lock left ({locks})")  # it removes locks/ when done
-    finally:
-        for pid in sleeps(token):  # never leave the sleep behind, whatever happened
-            os.kill(pid, signal.SIGKILL)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
     assert not fault_trials.lost, fault_trials.lost
 
 
@@ -123,15 +133,7 @@ def test_a_second_ctrl_c_while_snakemake_unlocks_leaves_no_lock(tmp_path, fault_
         f"rule all:\n    input: 'seed.txt'\n    output: 'done.txt'\n"
         f"    shell: 'sleep {token} && touch {{output}}'\n")
     (tmp_path / "seed.txt").write_text("an input, so Snakemake writes both its lock files\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen(as_foreground_job([str(SNAKEMAKE), "-c1"]), cwd=tmp_path, env=env,
-                            start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not sleeps(token) and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert sleeps(token), f"the job never started: {proc.communicate(timeout=30)[0][-2000:]}"
+    with snakemake_running_its_job(tmp_path, token, [str(SNAKEMAKE), "-c1"]) as proc:
         os.killpg(proc.pid, signal.SIGINT)  # the first Ctrl-C; the second comes mid-unlock
         output = proc.communicate(timeout=60)[0]
         fault_trials.record(proc.returncode not in (0, None),
@@ -140,10 +142,4 @@ def test_a_second_ctrl_c_while_snakemake_unlocks_leaves_no_lock(tmp_path, fault_
         fault_trials.record(not locks, f"no Snakemake lock left ({locks}): {output[-1500:]}")
         ours = [t for t in output.split("Traceback")[1:] if "marble/workflow/interrupts.py" in t]
         fault_trials.record(not ours, f"no traceback through marble's frames: {ours[:1]}")
-    finally:
-        for pid in sleeps(token):
-            os.kill(pid, signal.SIGKILL)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
     assert not fault_trials.lost, fault_trials.lost
