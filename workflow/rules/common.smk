@@ -15,7 +15,10 @@ from marble.workflow import plan as wf_plan
 from marble.workflow import prompt_digest as wf_prompts
 from marble.workflow import runs as wf_runs
 from marble.workflow import slurm as wf_slurm
-from marble.workflow.interrupts import forward_interrupt_to_jobs, release_locks_uninterrupted
+from marble.workflow.interrupts import (
+    forward_interrupt_to_jobs,
+    release_locks_uninterrupted,
+)
 
 min_version("8.20")
 
