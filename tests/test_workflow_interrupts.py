@@ -3,7 +3,21 @@ itself, a real Snakemake interrupted, is tests/faults/test_snakemake_sigint.py).
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import textwrap
+
 from marble.workflow.interrupts import descendants, process_table
+
+
+def printed_by(script: str) -> dict[str, str]:
+    """Run `script` in a fresh Python (its signal handlers are its own) and read the
+    `key=value` lines it prints."""
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return dict(line.split("=", 1) for line in out.stdout.splitlines())
 
 
 def test_descendants_walks_the_tree_children_first():
@@ -25,12 +39,7 @@ def test_process_table_reads_the_parent_after_a_command_name_with_parentheses(tm
 def test_the_first_interrupt_is_forwarded_then_snakemakes_handler_gets_it_outside_our_frame():
     """A child gets SIGINT; the previous handler runs once, from the interrupted code (no frame
     of marble's in its traceback), and is the handler from then on."""
-    import signal
-    import subprocess
-    import sys
-    import textwrap
-
-    code = textwrap.dedent("""
+    lines = printed_by("""
         import signal, subprocess, sys, time, traceback
         from marble.workflow.interrupts import forward_interrupt_to_jobs
         seen = []
@@ -52,9 +61,6 @@ def test_the_first_interrupt_is_forwarded_then_snakemakes_handler_gets_it_outsid
         print(f"handler_is_snakemakes={signal.getsignal(signal.SIGINT) is snakemakes}")
         print(f"calls={len(seen)}")
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    lines = dict(line.split("=", 1) for line in out.stdout.splitlines())
     assert lines["child"] == str(-signal.SIGINT)  # forwarded: the sleeping child died of it
     assert lines["handler_is_snakemakes"] == "True" and lines["calls"] == "1"
     assert "on_interrupt" not in lines["frames"], lines["frames"]
@@ -63,11 +69,7 @@ def test_the_first_interrupt_is_forwarded_then_snakemakes_handler_gets_it_outsid
 def test_a_signal_held_in_the_block_is_sent_again_after_it_outside_our_frame():
     """Inside `signals_held` a SIGINT is only noted (the block runs to its end); after it the
     handler is back and gets the signal once, from the code then running."""
-    import subprocess
-    import sys
-    import textwrap
-
-    code = textwrap.dedent("""
+    lines = printed_by("""
         import signal, time, traceback
         from marble.workflow.interrupts import signals_held
         steps = []
@@ -86,9 +88,6 @@ def test_a_signal_held_in_the_block_is_sent_again_after_it_outside_our_frame():
         print(f"steps={steps}")
         print(f"handler_back={signal.getsignal(signal.SIGINT) is signal.default_int_handler}")
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    lines = dict(line.split("=", 1) for line in out.stdout.splitlines())
     assert lines["steps"] == "['block ended', 'after the block']"
     assert lines["handler_back"] == "True"
     assert "frames" in lines and "signals_held" not in lines["frames"], lines

@@ -110,8 +110,8 @@ class _OsStruckMidUnlock:
     def __getattr__(self, name):
         return getattr(_os, name)
 
-    def remove(self, path):
-        _os.remove(path)
+    def remove(self, path, *, dir_fd=None):  # os.remove's own signature
+        _os.remove(path, dir_fd=dir_fd)
         if str(path).endswith(".input.lock"):
             _os.kill(_os.getpid(), _signal.SIGINT)  # the second Ctrl-C
 
