@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from marble import rewards
+from marble.rewards import user as user_rewards
 from marble.workflow import configs
 from marble.workflow import doctor_checks as checks
 from marble.workflow import evaluation as wf_eval
@@ -86,9 +87,10 @@ def reward_rows(config: dict) -> list[Check]:
 def _reward_row(name: str, options: dict) -> Check:
     missing = [m for m in checks.required_modules(name, options) if not importlib.util.find_spec(m)]
     extra = checks.reward_extra(name)
-    if missing:
-        return Check(f"reward {name}", FAIL, f"missing module(s) {', '.join(missing)}",
-                     f"install the {extra!r} environment (docs/cluster.md, workflow/envs/)")
+    if missing:  # a config's own reward (extra "") names its modules, not one of our environments
+        fix = (f"install the {extra!r} environment (docs/cluster.md, workflow/envs/)" if extra
+               else f"pip install {' '.join(missing)} where the jobs run (the config's `rewards:` entry)")
+        return Check(f"reward {name}", FAIL, f"missing module(s) {', '.join(missing)}", fix)
     try:
         cls = rewards.reward_class(name)
         cheap = "build" in checks.doctor_rows(name)
@@ -96,7 +98,8 @@ def _reward_row(name: str, options: dict) -> Check:
             rewards.build(name, **options)  # cheap: proves the whole build path
     except Exception as exc:  # any import or build error is this row's failure
         return Check(f"reward {name}", FAIL, f"{type(exc).__name__}: {exc}"[:200],
-                     f"install the {extra!r} environment (docs/cluster.md)")
+                     f"install the {extra!r} environment (docs/cluster.md)" if extra
+                     else f"fix the `rewards:` entry of {name} (its target, its modules)")
     built = "built" if cheap else "imports"
     return Check(f"reward {name}", OK, f"{cls.__module__}.{cls.__name__} {built}")
 
@@ -369,6 +372,10 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"marble doctor: error: {exc}") from None
     else:
         config = load_workflow_config(args.configfile, args.root)
+    try:  # the config's own rewards (`rewards:`, by import path) join the registry it checks
+        user_rewards.install(config.get("rewards"), args.root)
+    except ValueError as exc:
+        raise SystemExit(f"marble doctor: error: {exc}") from None
     # The preflight rule cannot know the executor when its command is formed (a params function
     # would change between the dry run and the run and rerun it): a local-only harness says so.
     local_jobs = args.local_jobs or os.environ.get(LOCAL_JOBS_ENV) == "1"

@@ -15,6 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Mapping, Sequence
 
+from marble.rewards import user
 from marble.rewards.catalogue import PAPER, TOY, Column, RewardDescriptor
 
 if TYPE_CHECKING:
@@ -66,8 +67,14 @@ def available() -> list[str]:
 
 
 def reward_class(name: str) -> type[Reward]:
+    """The scorer class of `name`: its target's `module:Class`, or `file.py:Class` (a user's
+    reward named by a config, marble.rewards.user)."""
     module, cls = descriptor(name).target.split(":")
-    return getattr(importlib.import_module(module), cls)
+    found = user.load_module(module) if module.endswith(".py") else importlib.import_module(module)
+    try:
+        return getattr(found, cls)
+    except AttributeError:
+        raise AttributeError(f"reward {name!r}: {module} defines no {cls!r}") from None
 
 
 def applicability(name: str, applies_to=None, options: Mapping | None = None) -> Reward:
@@ -171,6 +178,10 @@ def score_all(
 
 
 for _descriptor in (*TOY, *PAPER):
+    register(_descriptor)
+# The rewards a config names by import path (MARBLE_REWARDS, set by the Snakefile from the
+# config's `rewards:`): registered in every process the workflow starts, not only this one.
+for _descriptor in user.from_env():
     register(_descriptor)
 
 __all__ = [

@@ -1,0 +1,116 @@
+"""Your own prompts and your own reward (README, "Your own prompts and reward"; issue 51): a
+prompt set and a reward written outside the repository, named in one config file, trained,
+evaluated and reported by `snakemake -c2 all --configfile`, with no edit inside the package."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+from test_workflow_lib import copy_workflow, env, snakemake
+
+from marble.rewards import user
+
+REWARD = textwrap.dedent('''
+    from marble.rewards import Reward
+
+
+    class Sharpness(Reward):
+        """Mean absolute horizontal pixel difference: crisp edges score high."""
+
+        name = "sharpness"
+
+        def score(self, images, prompts, metadata):
+            return (images[..., 1:] - images[..., :-1]).abs().flatten(1).mean(dim=1)
+''')
+TRAIN = ["a red apple on a table", "a blue car in the rain", "a green field at dawn", "a white cat asleep",
+         "a yellow boat on a lake", "a black dog running"]
+TEST = ["a red door", "a blue sea", "an orange sunset"]
+ENTRY = {"name": "sharpness", "target": "my_rewards.py:Sharpness", "flops": 4.0e5}
+
+
+def _user_folder(folder: Path) -> Path:
+    """What a user writes: the reward's file, prompt text files in the raw layout, one config."""
+    folder.mkdir(parents=True)
+    (folder / "my_rewards.py").write_text(REWARD)
+    for split, prompts in (("train", TRAIN), ("test", TEST)):
+        (folder / "prompts" / "pickscore").mkdir(parents=True, exist_ok=True)
+        (folder / "prompts" / "pickscore" / f"{split}.txt").write_text("\n".join(prompts) + "\n")
+    config = {
+        "mode": "tiny", "raw_dir": str(folder / "prompts"),
+        "dataset": {"name": "mine", "preset": "tiny"},
+        "rewards": [{**ENTRY, "target": str(folder / "my_rewards.py") + ":Sharpness"}],
+        "pretrain": {"vae_steps": 2, "flow_steps": 2, "seed": 0},
+        "runs": {"mine": {"preset": "tiny", "max_steps": 1, "set": [
+            "rewards=[{name: toy_brightness}, {name: sharpness}]", "sampling.num_batches_per_epoch=1",
+            "sampling.num_steps=2", "train.save_every=1"]}},
+        "train": {"nodes": 1, "cpus_per_task": 2, "mem_mb": 4000, "runtime": 20},
+        "eval": {"datasets": ["pickscore"], "limit": 2, "num_inference_steps": 2, "resolution": 32,
+                 "rewards": {"pickscore": ["toy_brightness", "sharpness"]},
+                 "resources": {"cpus_per_task": 1, "mem_mb": 3000, "runtime": 20}},
+        "bench": {"preset": "tiny", "repeats": 1},
+    }
+    (folder / "mine.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return folder / "mine.yaml"
+
+
+def test_a_config_names_a_reward_every_process_registers(tmp_path, monkeypatch):
+    """MARBLE_REWARDS (what the Snakefile exports) registers the reward in a fresh process."""
+    (tmp_path / "my_rewards.py").write_text(REWARD)
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump({"rewards": [ENTRY]}))
+    code = ("from marble import rewards; from marble.workflow import flops; "
+            "print(rewards.build('sharpness').name, flops.scorer_flops('sharpness'))")
+    out = subprocess.run([sys.executable, "-c", code], env={**env(), user.ENV: str(tmp_path / "mine.yaml")},
+                         capture_output=True, text=True, cwd=tmp_path.parent, check=True).stdout
+    assert out.split() == ["sharpness", "400000.0"]
+
+
+@pytest.mark.parametrize("entry, named", [
+    ({"name": "s", "target": "m.py:S"}, r"rewards\[0\] \(s\)\.flops"),
+    ({"name": "s", "target": "m.py:S", "flops": 1, "cost": 2}, r"rewards\[0\]\.cost: unknown key"),
+    ({"name": "s", "target": "no_colon", "flops": 1}, r"rewards\[0\] \(s\)\.target"),
+])
+def test_a_bad_entry_is_one_line_naming_its_key(entry, named, tmp_path):
+    with pytest.raises(user.UserRewardError, match=named):
+        user.descriptors_of([entry], tmp_path)
+
+
+def test_the_doctor_names_the_reward_whose_module_is_missing(tmp_path, monkeypatch, capsys):
+    from marble import doctor, rewards
+
+    (tmp_path / "my_rewards.py").write_text(REWARD)
+    root = copy_workflow(tmp_path / "wf", config=None)
+    config = yaml.safe_load((root / "config.yaml").read_text())
+    config["rewards"] = [{**ENTRY, "target": str(tmp_path / "my_rewards.py") + ":Sharpness",
+                          "modules": ["no_such_module_x"]}]
+    config["runs"] = {"mine": {"preset": "tiny", "set": ["rewards=[{name: toy_brightness}, {name: sharpness}]"]}}
+    (root / "config.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sinfo: a laptop
+    monkeypatch.delenv(user.ENV, raising=False)
+    try:
+        assert doctor.main(["--root", str(root)]) == 1
+    finally:
+        rewards.unregister("sharpness")
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("reward sharpness")]
+    assert len(rows) == 1 and "missing module(s) no_such_module_x" in rows[0], rows
+
+
+def test_own_prompts_and_reward_through_snakemake(tmp_path):
+    """The Done-when of issue 51: prompts and reward outside the repository, one config file,
+    `snakemake -c2 all --configfile` to a report whose tables have the user's reward."""
+    mine = _user_folder(tmp_path / "user")
+    repo = copy_workflow(tmp_path / "repo", config=None)
+    snakemake(["-c2", "all", "--configfile", str(mine)], repo, timeout=600)
+    train = [json.loads(line) for line in (repo / "results/runs/mine/metrics.jsonl").read_text().splitlines()]
+    assert any("sharpness" in key for key in train[-1]), sorted(train[-1])
+    with open(repo / "results/eval/summary.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert any(row["metric"] == "sharpness" and float(row["value"]) > 0 for row in rows), rows
+    assert "sharpness" in (repo / "results/eval/table.md").read_text()
+    assert "sharpness" in (repo / "results/report/report.md").read_text()
