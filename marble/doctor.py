@@ -27,7 +27,6 @@ import sys
 from pathlib import Path
 
 from marble import rewards
-from marble.rewards import user as user_rewards
 from marble.workflow import configs
 from marble.workflow import doctor_checks as checks
 from marble.workflow import evaluation as wf_eval
@@ -373,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         config = load_workflow_config(args.configfile, args.root)
     try:  # the config's own rewards (`rewards:`, by import path) join the registry it checks
-        user_rewards.install(config.get("rewards"), args.root)
+        rewards.register_config(config.get("rewards"), args.root)
     except ValueError as exc:
         raise SystemExit(f"marble doctor: error: {exc}") from None
     # The preflight rule cannot know the executor when its command is formed (a params function

@@ -45,6 +45,12 @@ def register(descriptor: RewardDescriptor) -> RewardDescriptor:
     return descriptor
 
 
+def register_config(entries, root=".") -> list[RewardDescriptor]:
+    """Register a workflow config's own rewards (`rewards:`, marble.rewards.user) here and, through
+    MARBLE_REWARDS, in every process this one starts."""
+    return [register(d) for d in user.install(entries, root)]
+
+
 def unregister(name: str) -> None:
     """Remove a reward (tests that add a toy one take it out again)."""
     REGISTRY.pop(name, None)
@@ -200,6 +206,7 @@ __all__ = [
     "build_scorers",
     "quoted_target",
     "register",
+    "register_config",
     "reward_device",
     "score_all",
     "takes_device",

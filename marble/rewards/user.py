@@ -131,17 +131,12 @@ def export(entries, root: Path | str = ".") -> str:
 
 
 def install(entries, root: Path | str = ".") -> list[RewardDescriptor]:
-    """Register the config's rewards here and put them in MARBLE_REWARDS for every child process
-    (the Snakefile and the doctor call this with the workflow config's `rewards:`)."""
-    from marble import rewards
-
+    """Put the config's rewards in MARBLE_REWARDS for every child process and return them for the
+    caller to register (`marble.rewards.register_config`: the Snakefile and the doctor)."""
     if not entries:
         return []
     os.environ[ENV] = export(entries, root)
-    found = from_env()
-    for d in found:
-        rewards.register(d)
-    return found
+    return from_env()
 
 
 def load_module(path: str) -> ModuleType:

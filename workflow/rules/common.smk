@@ -7,7 +7,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
-from marble.rewards import user as user_rewards
+from marble import rewards as wf_rewards
 from marble.workflow import checkpoints as wf_ckpts
 from marble.workflow import claim as wf_claim
 from marble.workflow import configs as wf_configs
@@ -55,7 +55,7 @@ except WorkflowError as err:  # one line, naming the config file that sets the b
 # The config's own rewards (`rewards:`, by import path): registered here and, through the
 # environment, in every job (marble/rewards/user.py): register() would last this process only.
 try:
-    user_rewards.install(config["rewards"])
+    wf_rewards.register_config(config["rewards"])
 except ValueError as err:
     raise WorkflowError(f"config error: {err}") from None
 
