@@ -124,3 +124,17 @@ def test_refusals_name_the_flag(project, tmp_path, monkeypatch, capsys):
     finally:
         moved.rename(project / "data/models/tiny-sd3")
     assert "marble evaluate: base model data/models/tiny-sd3 not found: pass --model_path" in err
+
+
+def test_a_run_trained_by_marble_train_alone_needs_no_workflow_record(project, tmp_path, monkeypatch, capsys):
+    """README's `marble train` then `marble evaluate`, in a project where the workflow never ran
+    (no results/preflight.config.json), under a run name config.yaml does not list and a run
+    folder outside results/runs/: the one command scores it."""
+    monkeypatch.chdir(project)
+    assert not (project / "results/preflight.config.json").exists()
+    for run in ["results/runs/demo", str(tmp_path / "by_hand")]:
+        shutil.copytree(project / "results/runs/marble", run)
+        argv = ["--checkpoint_path", run, "--dataset", "pickscore", "--output_dir", str(tmp_path / "out" / Path(run).name),
+                "--limit", "2"]
+        assert evaluate.main(argv) == 0, capsys.readouterr().err
+        assert strict_json(capsys.readouterr().out)["num_samples"] == 2
