@@ -134,7 +134,7 @@ def test_a_run_trained_by_marble_train_alone_needs_no_workflow_record(project, t
     assert not (project / "results/preflight.config.json").exists()
     for run in ["results/runs/demo", str(tmp_path / "by_hand")]:
         shutil.copytree(project / "results/runs/marble", run)
-        argv = ["--checkpoint_path", run, "--dataset", "pickscore", "--output_dir", str(tmp_path / "out" / Path(run).name),
-                "--limit", "2"]
+        out = tmp_path / "out" / Path(run).name
+        argv = ["--checkpoint_path", run, "--dataset", "pickscore", "--output_dir", str(out), "--limit", "2"]
         assert evaluate.main(argv) == 0, capsys.readouterr().err
         assert strict_json(capsys.readouterr().out)["num_samples"] == 2
