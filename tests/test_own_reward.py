@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from test_workflow_lib import copy_workflow, env, snakemake
@@ -39,12 +40,14 @@ def _user_folder(folder: Path) -> Path:
     """What a user writes: the reward's file, prompt text files in the raw layout, one config."""
     folder.mkdir(parents=True)
     (folder / "my_rewards.py").write_text(REWARD)
-    for split, prompts in (("train", TRAIN), ("test", TEST)):
-        (folder / "prompts" / "pickscore").mkdir(parents=True, exist_ok=True)
-        (folder / "prompts" / "pickscore" / f"{split}.txt").write_text("\n".join(prompts) + "\n")
+    (folder / "prompts" / "pickscore").mkdir(parents=True)
+    # training prompts as a table: sharpness is not asked of the first two (a per-reward column)
+    rows = [{"prompt": p, "sharpness": i >= 2} for i, p in enumerate(TRAIN)]
+    (folder / "prompts/pickscore/train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "prompts/pickscore/test.txt").write_text("\n".join(TEST) + "\n")  # one prompt a line
     config = {
         "mode": "tiny", "raw_dir": str(folder / "prompts"),
-        "dataset": {"name": "mine", "preset": "tiny"},
+        "dataset": {"name": "mine", "preset": "tiny", "rewards": ["toy_brightness", "sharpness"]},
         "rewards": [{**ENTRY, "target": str(folder / "my_rewards.py") + ":Sharpness"}],
         "pretrain": {"vae_steps": 2, "flow_steps": 2, "seed": 0},
         "runs": {"mine": {"preset": "tiny", "max_steps": 1, "set": [
@@ -81,6 +84,26 @@ def test_a_bad_entry_is_one_line_naming_its_key(entry, named, tmp_path):
         user.descriptors_of([entry], tmp_path)
 
 
+def test_a_prompt_table_says_where_each_reward_applies(tmp_path):
+    """JSONL or CSV with a `prompt` column and per-reward columns: a stated cell beats the rule
+    (toy_text_contrast's rule wants a quoted span), an empty one keeps it."""
+    from marble.data.assemble import assemble_split
+    from marble.rewards import build_masks
+    from marble.config import RewardSpec
+
+    (tmp_path / "ocr").mkdir()
+    (tmp_path / "ocr/train.csv").write_text('prompt,toy_text_contrast\na sign saying "hi",false\n'
+                                            'a sign saying "yo",\nplain words,true\n')
+    masks = build_masks([RewardSpec(name="toy_text_contrast"), RewardSpec(name="toy_brightness")])
+    table = assemble_split(tmp_path, "train", masks).table
+    assert table["applies__toy_text_contrast"].tolist() == [False, True, True]
+    assert table["applies__toy_brightness"].tolist() == [True, True, True]
+    (tmp_path / "ocr/train.csv").unlink()
+    (tmp_path / "ocr/train.jsonl").write_text('{"prompt": "a", "toy_brightnes": true}\n')
+    with pytest.raises(ValueError, match=r"ocr/train.jsonl:1: column 'toy_brightnes' is not a reward"):
+        assemble_split(tmp_path, "train", masks)
+
+
 def test_the_doctor_names_the_reward_whose_module_is_missing(tmp_path, monkeypatch, capsys):
     from marble import doctor, rewards
 
@@ -107,6 +130,8 @@ def test_own_prompts_and_reward_through_snakemake(tmp_path):
     mine = _user_folder(tmp_path / "user")
     repo = copy_workflow(tmp_path / "repo", config=None)
     snakemake(["-c2", "all", "--configfile", str(mine)], repo, timeout=600)
+    table = pd.read_parquet(repo / "data/datasets/mine/train.parquet")
+    assert dict(zip(table["prompt"], table["applies__sharpness"])) == {p: i >= 2 for i, p in enumerate(TRAIN)}
     train = [json.loads(line) for line in (repo / "results/runs/mine/metrics.jsonl").read_text().splitlines()]
     assert any("sharpness" in key for key in train[-1]), sorted(train[-1])
     with open(repo / "results/eval/summary.csv", newline="") as f:

@@ -3,7 +3,9 @@
 
 Reads the raw layout (`pickscore/{split}.txt`, `ocr/{split}.txt`,
 `geneval/{split}_metadata.jsonl`, `drawbench/test.txt`), validates every line, and writes
-`{split}.parquet` plus `{split}_summary.csv`. Everything is read and checked before
+`{split}.parquet` plus `{split}_summary.csv`. A text source may hold a prompt table instead of
+its `.txt` (`{split}.jsonl` or `{split}.csv`, marble.data.prompt_table): a `prompt` column and
+optional per-reward columns saying where each reward applies. Everything is read and checked before
 anything is written, so a malformed input leaves no output at all.
 """
 
@@ -17,6 +19,7 @@ from typing import Iterable, Mapping, Sequence
 
 import pandas as pd
 
+from marble.data.prompt_table import TABLE_SUFFIXES, read_prompt_table
 from marble.data.records import DataError, PromptRecord, compute_masks, mask_column, to_frame
 from marble.rewards.geneval_rules import TAGS as GENEVAL_TAGS  # the one definition of the six tags
 from marble.runtime.io import atomic_path
@@ -97,11 +100,21 @@ def read_geneval(path: Path, name: str) -> list[dict]:
     return out
 
 
+def prompt_path(raw_dir: Path, source: str, split: str) -> Path:
+    """The file of a source and split: the raw layout's, else a text source's prompt table."""
+    path = raw_dir / source_file(source, split)
+    if path.is_file() or source == "geneval":
+        return path
+    return next((t for t in (path.with_suffix(s) for s in TABLE_SUFFIXES) if t.is_file()), path)
+
+
 def read_source(raw_dir: Path, source: str, split: str) -> list[PromptRecord]:
-    name = source_file(source, split)
-    path = raw_dir / name
+    path = prompt_path(raw_dir, source, split)
+    name = str(path.relative_to(raw_dir))
     if source == "geneval":
         return [PromptRecord.make(r["prompt"].strip(), source, r) for r in read_geneval(path, name)]
+    if path.suffix in TABLE_SUFFIXES:
+        return [PromptRecord.make(p, source, meta) for p, meta in read_prompt_table(path, name)]
     return [PromptRecord.make(p, source) for p in read_text_prompts(path, name)]
 
 
@@ -115,7 +128,7 @@ def read_split(
     for source in sources if required else sources_for_split(split):
         if source not in SOURCES:
             raise DataError(f"unknown source {source!r} (known: {', '.join(SOURCES)})")
-        path = raw_dir / source_file(source, split)
+        path = prompt_path(raw_dir, source, split)
         if not path.is_file():
             if required:
                 raise DataError(f"{path}: configured source {source!r} is missing for split {split!r}")

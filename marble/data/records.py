@@ -21,6 +21,7 @@ import pandas as pd
 from marble.runtime.schema import check_json_object, check_mask_value, check_prompt_text, check_str
 
 MASK_PREFIX = "applies__"
+APPLIES_KEY = "applies"  # metadata: {reward: bool} a prompt table states per row (marble.data.prompt_table)
 BASE_COLUMNS = ["prompt_id", "prompt", "source", "metadata"]
 
 
@@ -71,11 +72,15 @@ def reward_masks(df: pd.DataFrame, names: Iterable[str] | None = None) -> dict[s
 
 def compute_masks(rows: Sequence[Any], rewards: Mapping[str, Any]) -> dict[str, list[bool]]:
     """{reward name: [reward.applies(prompt, metadata) per row]}; a row is anything with
-    `.prompt` and `.metadata` (a PromptRecord, an evaluation sample)."""
-    return {
-        name: [bool(reward.applies(r.prompt, dict(r.metadata))) for r in rows]
-        for name, reward in rewards.items()
-    }
+    `.prompt` and `.metadata` (a PromptRecord, an evaluation sample). A row whose metadata says
+    so itself (`applies: {reward: bool}`, a user's prompt table) overrides the reward's rule."""
+    def applies(reward_name: str, reward, row) -> bool:
+        stated = (row.metadata or {}).get(APPLIES_KEY) or {}
+        if reward_name in stated:
+            return bool(stated[reward_name])
+        return bool(reward.applies(row.prompt, dict(row.metadata)))
+
+    return {name: [applies(name, reward, r) for r in rows] for name, reward in rewards.items()}
 
 
 def to_frame(rows: Iterable[PromptRecord], masks: dict[str, list[bool]] | None = None) -> pd.DataFrame:

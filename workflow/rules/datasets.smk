@@ -19,9 +19,13 @@ rule assemble_split:
     params:
         out_dir=lambda wc, output: os.path.dirname(output.table),
         preset=config["dataset"]["preset"],
+        # dataset.rewards: masks for these (a config's own reward too), else the preset's
+        rewards=wf_runs.option(
+            "--rewards", ",".join(config["dataset"]["rewards"] or [])
+        ),
     shell:
         "marble data assemble --raw-dir {input.raw:q} --out-dir {params.out_dir:q}"
-        " --split {wildcards.split} --preset {params.preset:q} > {log:q} 2>&1"
+        " --split {wildcards.split} --preset {params.preset:q} {params.rewards} > {log:q} 2>&1"
 
 
 rule embed_prompts:
