@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -17,6 +18,8 @@ import yaml
 from test_workflow_lib import copy_workflow, env, snakemake
 
 from marble.rewards import user
+
+ROOT = Path(__file__).resolve().parents[1]
 
 REWARD = textwrap.dedent('''
     from marble.rewards import Reward
@@ -139,3 +142,22 @@ def test_own_prompts_and_reward_through_snakemake(tmp_path):
     assert any(row["metric"] == "sharpness" and float(row["value"]) > 0 for row in rows), rows
     assert "sharpness" in (repo / "results/eval/table.md").read_text()
     assert "sharpness" in (repo / "results/report/report.md").read_text()
+
+
+def test_the_readme_section_runs_as_written(tmp_path):
+    """README's "Your own prompts and reward" (<= 200 words): its reward file and config, with
+    /home/me/mine made a temporary folder, plan a whole run (a dry run of `all`)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = re.search(r"^## Your own prompts and reward\n(.*?)(?=^## )", text, re.S | re.M).group(1)
+    assert len(section.split()) <= 200 and len(text.split()) <= 1500
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    config = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
+    mine = tmp_path / "mine"
+    (mine / "prompts/pickscore").mkdir(parents=True)
+    (mine / "my_rewards.py").write_text(code)
+    for split in ("train", "test"):
+        (mine / f"prompts/pickscore/{split}.txt").write_text("a red apple\na blue car\n")
+    (mine / "mine.yaml").write_text(config.replace("/home/me/mine", str(mine)))
+    repo = copy_workflow(tmp_path / "repo", config=None)
+    proc = snakemake(["-n", "all", "--configfile", str(mine / "mine.yaml")], repo)
+    assert "train_run" in proc.stdout and [d.name for d in user.from_env(str(mine / "mine.yaml"))] == ["sharpness"]
