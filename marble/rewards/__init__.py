@@ -59,7 +59,9 @@ def unregister(name: str) -> None:
 def descriptor(name: str) -> RewardDescriptor:
     """The descriptor of reward `name`; an unknown name is a KeyError naming the known ones."""
     if name not in REGISTRY:
-        raise KeyError(f"unknown reward {name!r} (available: {', '.join(available())})")
+        # a config's own reward is known only where MARBLE_REWARDS names it (a command run by hand)
+        hint = "" if user.from_env() else f"; a config's own reward: {user.ENV}=<its config file>"
+        raise KeyError(f"unknown reward {name!r} (available: {', '.join(available())}){hint}")
     return REGISTRY[name]
 
 
