@@ -138,3 +138,4 @@ def test_a_run_trained_by_marble_train_alone_needs_no_workflow_record(project, t
         argv = ["--checkpoint_path", run, "--dataset", "pickscore", "--output_dir", str(out), "--limit", "2"]
         assert evaluate.main(argv) == 0, capsys.readouterr().err
         assert strict_json(capsys.readouterr().out)["num_samples"] == 2
+

@@ -29,6 +29,9 @@ from types import ModuleType
 from marble.rewards.catalogue import Column, RewardDescriptor
 
 ENV = "MARBLE_REWARDS"
+# A run trained with a config's own rewards records them here, so `marble evaluate
+# --checkpoint_path RUN` scores with them without MARBLE_REWARDS (run by hand, later).
+RUN_FILE = "own_rewards.json"
 # The keys a user's entry may set; the descriptor's others (replicas, judges, the paper's
 # training set) describe the paper's scorers only.
 KEYS = ("name", "target", "flops", "modules", "extra", "eval_datasets", "column")
@@ -137,6 +140,39 @@ def install(entries, root: Path | str = ".") -> list[RewardDescriptor]:
         return []
     os.environ[ENV] = export(entries, root)
     return from_env()
+
+
+def entry_of(d: RewardDescriptor) -> dict:
+    """A descriptor as a config entry (targets already absolute): what a run folder records."""
+    entry = {"name": d.name, "target": d.target, "flops": d.flops, "modules": list(d.modules),
+             "extra": d.extra, "eval_datasets": list(d.eval_datasets)}
+    if d.column is not None:
+        c = d.column
+        entry["column"] = {"label": c.label, "position": c.position, "keys": list(c.keys),
+                           "datasets": list(c.datasets), "scale": c.scale, "places": c.places}
+    return entry
+
+
+def record_in_run(out_dir: Path | str) -> Path | None:
+    """RUN/own_rewards.json of the config's own rewards this process trains with (None: none)."""
+    found = from_env()
+    if not found:
+        return None
+    path = Path(out_dir) / RUN_FILE
+    path.write_text(json.dumps([entry_of(d) for d in found], indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def from_run(run: Path | str) -> list[RewardDescriptor]:
+    """The own rewards a run folder recorded (none when it has no RUN_FILE)."""
+    path = Path(run) / RUN_FILE
+    if not path.is_file():
+        return []
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UserRewardError(f"{path}: unreadable ({exc})") from None
+    return descriptors_of(entries, path.parent, str(path))
 
 
 def load_module(path: str) -> ModuleType:

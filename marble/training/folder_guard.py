@@ -6,6 +6,7 @@ the rerun resumes. A mixin: it reads the trainer's folder, logs, checkpoints and
 from __future__ import annotations
 
 from marble.config import dump_yaml
+from marble.rewards import user as user_rewards
 from marble.runtime import distributed as dist
 from marble.runtime.io import write_text
 from marble.training.checkpoint import checkpoint_dir
@@ -21,6 +22,7 @@ class FolderGuard:
         """config.yaml and inputs.json (atomic; main rank): the run folder's identity."""
         write_text(self.out_dir / "config.yaml", dump_yaml(self.cfg))
         write_inputs(self.out_dir, self.inputs)
+        user_rewards.record_in_run(self.out_dir)  # a config's own rewards: evaluation finds them here
         self.watch.expect("config", self.out_dir / "config.yaml")
         self.watch.expect("inputs", self.out_dir / "inputs.json")
 

@@ -29,6 +29,7 @@ from marble.evaluation.run_record import (
     shown,
     training_rewards,
 )
+from marble.rewards import REGISTRY, register, user
 from marble.workflow import evaluation as wf_eval
 
 PROJECT_CONFIGS = ("results/preflight.config.json", "config.yaml")
@@ -134,6 +135,12 @@ def fill_from_run(args, given: set[str]) -> list[str]:
     run = run_folder(args.checkpoint_path) if args.checkpoint_path else None
     if run is None:
         return []
+    try:  # the config's own rewards it trained with (RUN/own_rewards.json), unless named already
+        own = [d for d in user.from_run(run) if d.name not in REGISTRY]
+    except ValueError as exc:
+        raise RunRecordError(f"{exc}; set {user.ENV}=<the config file naming its rewards>") from None
+    for d in own:
+        register(d)
     values, notes = run_defaults(run, args.dataset, given, args.model_path if "model_path" in given else None)
     for name, value in values.items():
         setattr(args, name, value)
