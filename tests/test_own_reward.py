@@ -168,3 +168,14 @@ def test_the_readme_section_runs_as_written(tmp_path):
     repo = copy_workflow(tmp_path / "repo", config=None)
     proc = snakemake(["-n", "all", "--configfile", str(mine / "mine.yaml")], repo)
     assert "train_run" in proc.stdout and [d.name for d in user.from_env(str(mine / "mine.yaml"))] == ["sharpness"]
+
+
+def test_a_column_puts_it_in_table_1s_metrics(tmp_path):
+    """With `column:` the reward is one of Table 1's columns (label, place, scale), in every process."""
+    (tmp_path / "my_rewards.py").write_text(REWARD)
+    entry = {**ENTRY, "column": {"label": "Sharp", "position": 9, "scale": 10.0, "datasets": ["pickscore"]}}
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump({"rewards": [entry]}))
+    code = "from marble.evaluation.summary import PAPER_METRICS; print(PAPER_METRICS[-1])"
+    out = subprocess.run([sys.executable, "-c", code], env={**env(), user.ENV: str(tmp_path / "mine.yaml")},
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "('Sharp', ('sharpness',), ('pickscore',), 10.0, 3)"
