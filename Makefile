@@ -74,7 +74,7 @@ gpu-check:
 	if ls $(WHEELS)/*.whl >/dev/null 2>&1; then \
 		$(PYTHON) -m pip install --no-index --no-deps --quiet --target $(WHEELS)/site $(WHEELS)/*.whl; fi
 	mkdir -p results
-	PYTHONPATH="$(abspath $(WHEELS)/site):$(CURDIR)" $(PYTHON) -m marble.tools.gpu_check --out results/gpu_check.json
+	PYTHONPATH="$(abspath $(WHEELS)/site):$(CURDIR):$(CURDIR)/tests" $(PYTHON) -m marble.tools.gpu_check --out results/gpu_check.json
 
 # The open_clip-based scorers (HPSv2.1) need torchvision, which must match torch exactly:
 # a second environment with the torch 2.14.1 / torchvision 0.29.1 pair runs their tests and
@@ -98,7 +98,7 @@ test-clip: $(CLIP_VENV)/bin/marble
 # It trains into this checkout's results/runs: where `make demo`'s tiny runs sit under the same
 # names it stops first, naming them (run it in a fresh clone, or move results/ aside).
 test-paper: $(CLIP_VENV)/bin/marble
-	PATH="$(abspath $(CLIP_VENV)/bin):$$PATH" $(CLIP_VENV)/bin/python -m marble.tools.dev.paper_mini
+	PATH="$(abspath $(CLIP_VENV)/bin):$$PATH" PYTHONPATH="$(CURDIR)/tests" $(CLIP_VENV)/bin/python -m beds.paper_mini
 
 # GenEval's real detector path, not in CI: mmdet 2.28.2 + mmcv-full 1.7.2 in a third environment.
 # mmcv.runner imports torchvision, so this uses the clip pair (torch 2.14.1 / torchvision 0.29.1;
@@ -106,7 +106,7 @@ test-paper: $(CLIP_VENV)/bin/marble
 # CPU ops compile from source (`setuptools<81`, no build isolation; 26 min on 2 busy cores). The
 # wheel is kept under .cache/wheels/<torch>/ (`make clean` keeps it), so a rebuilt environment
 # takes 3 min. The test builds a tiny random Mask2Former in the reference's config and checkpoint
-# formats (marble/tools/dev/mmdet_replica.py) and scores images through GenEvalReward and `marble evaluate`.
+# formats (tests/beds/mmdet_replica.py) and scores images through GenEvalReward and `marble evaluate`.
 MMDET_VENV ?= .venv-mmdet
 MMCV ?= mmcv-full==1.7.2
 MMDET ?= mmdet==2.28.2

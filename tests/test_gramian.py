@@ -198,7 +198,7 @@ def test_min_norm_tolerance_is_a_property_of_the_balancer_not_its_name():
     """Issue 36 item 7: the claim's full-solve theorem was asked of methods named marble/mgda
     only, so zoo_mgda (torchjd's MGDA, a min-norm solver) skipped it."""
     from marble.balancers import min_norm_tolerance
-    from marble.report.claim_cli import min_norm_arms
+    from marble.experiments.claim_cli import min_norm_arms
 
     assert min_norm_tolerance("marble") == min_norm_tolerance("mgda") == 1e-6
     assert min_norm_tolerance("gramian", "mgda") == WEIGHTINGS["mgda"].min_norm_tol == 1e-3

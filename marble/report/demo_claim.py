@@ -4,7 +4,7 @@
 questions of whatever runs it is given: (a) every reward rises under MARBLE, (b) every
 specialist rises more under MARBLE than under the weighted sum, (c) MARBLE's applied
 direction opposes some reward on fewer steps than the weighted sum's. The statistics are
-the claim experiment's, in one place (marble.report.claim_experiment, claim_stats): Student-t
+the claim experiment's, in one place (marble.report.run_measures, seed_stats): Student-t
 intervals over seeds, (b) and (c) paired by seed, answers true / false / "no difference
 larger than X", the minimal detectable difference. This module only turns run folders into
 that module's per-(balancer, seed) measures:
@@ -25,11 +25,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from marble.report import claim_stats as cs
-from marble.report.claim_experiment import (CHANGE_MEASURE, QUESTIONS, RunMeasure, arm_table,
-                                            measure_run, question_a, question_b, question_c)
-from marble.report.claim_experiment import has_heldout as held_out_exists
-from marble.report.claim_markdown import interval_text
+from marble.report import seed_stats as cs
+from marble.report.run_measures import (CHANGE_MEASURE, QUESTIONS, RunMeasure, arm_table,
+                                        measure_run, question_a, question_b, question_c)
+from marble.report.run_measures import has_heldout as held_out_exists
+from marble.report.verdict_frames import interval_text
 from marble.report.loading import RunData
 from marble.report.published import PUBLISHED_ANTI_ALIGNED
 from marble.report.verdict import RunTrend

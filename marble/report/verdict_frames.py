@@ -1,7 +1,9 @@
-"""The report section "The claim at CPU scale" from a claim verdict (marble.report.claim_experiment).
+"""The frames of a claim verdict (verdict.json, marble.experiments.claim_experiment) and its intervals as text.
 
-The tables are frames (`change_frame`, `anti_frame`, `cost_frame`): claim.md renders them as
-Markdown, and `marble report` shows the same frames in its section (marble.report.experiments).
+The tables are frames (`change_frame`, `anti_frame`, `cost_frame`): the experiment's claim.md
+renders them as Markdown (marble.experiments.claim_markdown), and `marble report` shows the same
+frames in its section (marble.report.experiments): the report reads the experiment's file
+format, never its code, so the product imports nothing of marble.experiments.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import math
 import pandas as pd
 
 from marble.config_balancers import BALANCERS
-from marble.report.render import markdown_table
 
 PAPER = "published (MARBLE project page): weighted sum 80%, MARBLE 0%"
 
@@ -29,7 +30,7 @@ def interval_text(d: dict | None, pct: bool = False, digits: int = 3, clip: bool
     return f"{f(d['mean'])} [{f(d['low'])}, {f(d['high'])}]"
 
 
-def _num(x, fmt: str) -> str:
+def num(x, fmt: str) -> str:
     return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt)
 
 
@@ -79,24 +80,12 @@ def cost_frame(v: dict) -> pd.DataFrame:
     for arm in v["arms"]:
         c = v["cost"].get(arm, {})
         ratio = c.get("flops_ratio")
-        rows.append([_num(c.get("counted_flops"), ".3e"),
-                     f"{'x' if ratio is not None else ''}{_num(ratio, '.2f')}",
-                     _num(c.get("full_solve_micro_steps"), "d"), interval_text(c.get("cpu_s"), digits=4).lstrip("+")])
+        rows.append([num(c.get("counted_flops"), ".3e"),
+                     f"{'x' if ratio is not None else ''}{num(ratio, '.2f')}",
+                     num(c.get("full_solve_micro_steps"), "d"), interval_text(c.get("cpu_s"), digits=4).lstrip("+")])
     cols = ["counted FLOPs (marble bench flops)", "vs a weighted-sum run", "full-solve micro-steps",
             "CPU seconds per run"]
     return pd.DataFrame(rows, index=pd.Index(v["arms"], name="arm"), columns=cols)
-
-
-def beyond_frame(v: dict) -> pd.DataFrame:
-    """arm: issue 37's question beyond the paper (marble.report.claim_beyond), one row per arm."""
-    parts = v.get("arms_versus_baseline") or {}
-    rows = [[interval_text(p["micro_anti_aligned"], pct=True), _num(p["worst_micro_cosine"], "+.3f"),
-             f"x{_num(p['flops_ratio_without_diagnostics'], '.4f')}", str(p["a_every_reward_rises"]),
-             str(p["b_specialists_rise_more"]), str(p["c_less_anti_aligned"]), "yes" if p["answer"] else "no"]
-            for p in parts.values()]
-    cols = ["micro-steps anti-aligned", "worst micro-step cosine", "FLOPs vs weighted sum (no diagnostics)",
-            "(a)", "(b) vs weighted sum", "(c) vs weighted sum", "all four"]
-    return pd.DataFrame(rows, index=pd.Index(list(parts), name="arm"), columns=cols)
 
 
 def _powered(p: dict) -> str:
@@ -117,98 +106,17 @@ def power_lines(v: dict) -> list[str]:
     for s, p in q["b_specialists_rise_more_under_marble"]["per_specialist"].items():
         out.append(f"- (b) {s}: paired difference {interval_text(p['difference'])}; minimal detectable "
                    f"difference at 80% power with {p['difference']['n']} seeds: "
-                   f"{_num(p['minimal_detectable_difference'], '.3g')}{_powered(p)}; seeds to detect the "
+                   f"{num(p['minimal_detectable_difference'], '.3g')}{_powered(p)}; seeds to detect the "
                    f"observed difference: {p['seeds_for_observed_effect'] or 'more than 1000'}.")
     for r, m in q["a_every_reward_rises_under_marble"]["minimal_detectable_difference"].items():
-        out.append(f"- (a) {r}: minimal detectable change {_num(m, '.3g')}.")
+        out.append(f"- (a) {r}: minimal detectable change {num(m, '.3g')}.")
     c = q["c_marble_less_anti_aligned"]
     diff = interval_text(c["difference"], True, clip=False)
     out.append(f"- (c) anti-aligned fraction, weighted sum minus MARBLE: {diff}; "
-               f"minimal detectable difference {_num(c['minimal_detectable_difference'], '.2f')}{_powered(c)}.")
+               f"minimal detectable difference {num(c['minimal_detectable_difference'], '.2f')}{_powered(c)}.")
     t = q["theorem_full_solves_never_anti_aligned"]
-    out.append(f"- Full solves: worst cosine {_num(t['min_cosine'], '.3g')} over "
+    out.append(f"- Full solves: worst cosine {num(t['min_cosine'], '.3g')} over "
                f"{t['full_solve_steps']} full-solve steps (tolerance {t['tolerance']:g}).")
     for r, p in (q.get("every_reward_learnable_alone") or {}).get("per_reward", {}).items():
         out.append(f"- trained alone, {r}: change {interval_text(p['change'])}.")
     return out
-
-
-def levels_frame(v: dict) -> pd.DataFrame:
-    """arm x level: anti-aligned fraction, worst cosine and variance [intervals], each with the
-    paper's figure beside it (the verdict's `levels`)."""
-    rows, index = [], []
-    for arm, levels in (v.get("levels") or {}).get("arms", {}).items():
-        for level, figs in levels.items():
-            index.append(f"{arm} / {level}")
-            rows.append([f"{interval_text(f['ours'], pct=name == 'anti_aligned_frac')} ("
-                         + (f"paper {f['paper']:g})" if f["paper"] is not None else "not its direction)")
-                         for name, f in figs.items()])
-    return pd.DataFrame(rows, index=pd.Index(index, name="arm / level"),
-                        columns=["anti-aligned", "min cos", "variance"])
-
-
-def design_lines(v: dict) -> list[str]:
-    """Replication, Holm families and equivalence, the pilot: one line each."""
-    out = []
-    rep = v.get("replication")
-    if rep:
-        out.append(f"- Replication on seed sets {rep['seed_sets'][0]} and {rep['seed_sets'][1]}: "
-                   f"{rep['status']}.")
-        for q, r in rep.get("questions", {}).items():
-            if r["status"] != "replicated":
-                out.append(f"  - {q}: {r['status']} ({r['answers'][0]} / {r['answers'][1]}).")
-    for family, members in ((v.get("multiplicity") or {}).get("families") or {}).items():
-        text = "; ".join(f"{m} p_holm {_num(x['p_holm'], '.3g')}" for m, x in members.items())
-        out.append(f"- Holm, {family}: {text}.")
-    for s, e in ((v.get("multiplicity") or {}).get("b_equivalence") or {}).items():
-        out.append(f"- (b) {s} equivalent within +-{_num(e['margin'], '.3g')} (TOST, Holm): "
-                   f"{e['equivalent']} (p {_num(e['p_holm'], '.3g')}).")
-    if "pilot" in v:
-        pilot = v["pilot"]
-        out.append(f"- Pilot: {pilot if isinstance(pilot, str) else 'commit ' + pilot['commit']}.")
-    return out
-
-
-def claim_markdown(v: dict, figures: dict[str, str]) -> str:
-    seeds = ", ".join(map(str, v["seeds"]))
-    lines = ["## The claim at CPU scale", "",
-             f"Arms {', '.join(v['arms'])}; seeds {seeds} (independent plans: "
-             f"`data.sampler_seeds: keyed`); MARBLE = `{v['marble_arm']}`, weighted sum = "
-             f"`{v['baseline_arm']}`. 95% intervals over seeds (Student t); (b) and (c) paired "
-             "by seed (same prompt plan, rollout noise and initial model).", ""]
-    lines += [f"- {s}" for s in v["sentences"]] + ["", "### Change of each reward from the initial model",
-              "", f"Change: {v['change_measure']}.", ""]
-    lines += [markdown_table(change_frame(v)), ""]
-    if any("vs_baseline" in v["arm_results"][a] for a in v["arms"]):
-        lines += [f"Each arm against `{v['baseline_arm']}`, paired by seed (same data plan, noise "
-                  "and initial model):", "", markdown_table(paired_frame(v)), ""]
-    if "change" in figures:
-        lines += [f"![change per reward]({figures['change']})", ""]
-    lines += ["### Anti-aligned steps against the solve interval N", "",
-              f"Share of diagnostic steps whose direction opposes some reward ({PAPER}).", ""]
-    lines += [markdown_table(anti_frame(v)), ""]
-    if "anti" in figures:
-        lines += [f"![anti-aligned fraction against N]({figures['anti']})", ""]
-    if (v.get("levels") or {}).get("arms"):
-        q = v["levels"]["paper_quantity"]
-        lines += ["### Cosines at three levels, beside the paper", "",
-                  f"The paper's figures fit the `{q['level']}` level: {q['why']}", "",
-                  *(["The paper's row of each method is of its own direction: "
-                     + ", ".join(f"{m} `{lv}`" for m, lv in q["by_method"].items())
-                     + "; a weighted-sum arm never solves, so its fresh-solve row has no paper figure.", ""]
-                    if q.get("by_method") else []),
-                  markdown_table(levels_frame(v)), ""]
-    if v.get("arms_versus_baseline"):
-        lines += ["### Beyond the paper: each arm against the weighted sum", "",
-                  "Does the arm keep every reward's cosine positive on every measured micro-step (the "
-                  "paper's \"consistently positive\" worst cosine, read on each micro-step's own applied "
-                  "direction), at the weighted sum's cost (counted FLOPs without diagnostics within 1%), "
-                  "and keep (a) and (b)? \"all four\" is yes only when each holds.", "",
-                  markdown_table(beyond_frame(v)), ""]
-    lines += ["### Cost", "", markdown_table(cost_frame(v)), ""]
-    if "cost" in figures:
-        lines += [f"![cost]({figures['cost']})", ""]
-    lines += ["### Power", ""] + power_lines(v) + [""]
-    if design_lines(v):
-        lines += ["### Replication, multiplicity, pilot", ""] + design_lines(v) + [""]
-    return "\n".join(lines)

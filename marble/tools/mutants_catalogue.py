@@ -183,12 +183,12 @@ MUTANTS: list[Mutant] = [
            ("tests/test_rewards_ocr.py::test_default_target_rule_is_the_first_non_empty_quoted_span",),
            "the OCR target is the last quoted span"),
     # ---------------------------------------------------------------- dev replicas (the mirror)
-    Mutant("bert_replica_vocab_keyword", "marble/tools/dev/replicas.py",
+    Mutant("bert_replica_vocab_keyword", "tests/beds/replicas.py",
            'BertTokenizer(str(folder / "vocab.txt"), do_lower_case=True)',
            'BertTokenizer(vocab_file=str(folder / "vocab.txt"), do_lower_case=True)',
            ("tests/test_replicas.py::test_bert_replica_tokenizes_words",),
            "the old bug: transformers 5 ignores vocab_file=, every word becomes [UNK]"),
-    Mutant("clip_replica_vocab_keyword", "marble/tools/dev/replicas.py",
+    Mutant("clip_replica_vocab_keyword", "tests/beds/replicas.py",
            'CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"), model_max_length=77)',
            'CLIPTokenizer(vocab_file=str(folder / "vocab.json"), merges_file=str(folder / "merges.txt"),'
            " model_max_length=77)",
@@ -283,7 +283,7 @@ MUTANTS: list[Mutant] = [
            "self.direction = sum_into(None, direction)",
            ("tests/test_levels.py::test_step_level_sums_micro_steps_before_the_cosine",),
            "the step level's direction is the last micro-step's, not the step's accumulated one"),
-    Mutant("holm_not_monotone", "marble/report/claim_stats.py",
+    Mutant("holm_not_monotone", "marble/report/seed_stats.py",
            "running = max(running, min(1.0, (m - i) * p))", "running = min(1.0, (m - i) * p)",
            ("tests/test_claim_design.py::test_holm_by_hand_and_nan_out_of_the_family",),
            "Holm's step-down p-values are not made monotone: a later member rejects where an "
