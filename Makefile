@@ -23,7 +23,7 @@ endif
 EXTRAS ?= dev,workflow,ocr,zoo
 CONSTRAINTS ?= -c workflow/envs/constraints.txt
 
-.PHONY: setup demo lock lint test test-clip test-paper test-geneval-mmdet gpu-check mutants container test-container clean
+.PHONY: setup demo lock lint stats test test-clip test-paper test-geneval-mmdet gpu-check mutants container test-container clean
 
 $(BIN)/marble: pyproject.toml workflow/envs/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,11 @@ lock: setup
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
 
 # ruff's rules and line length: pyproject.toml [tool.ruff]; seconds, so it runs before the tests.
+# The project's size (product / experiments / test beds / tests lines and files, docs words,
+# dependencies): growth is a decision (docs/ARCHITECTURE.md, "Product, experiments, test beds").
+stats:
+	$(PYTHON) tests/size.py
+
 lint: setup
 	$(BIN)/ruff check .
 
