@@ -62,7 +62,7 @@ lint: setup
 # unit for every module of the localhost SLURM) and starts the slow ones first.
 TEST_WORKERS ?= 2
 test: setup lint
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q --timeout=1800 --durations=15 \
+	PATH="$(abspath $(BIN)):$$PATH" MARBLE_TEST_EXTRAS="$(EXTRAS)" $(BIN)/python -m pytest -q --timeout=1800 --durations=15 \
 	  $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS)) tests
 
 # Curated mutations of the core (marble/tools/mutants_catalogue.py), each applied in a scratch

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from extras import needs
 import torch
 
 from marble.balancers import build_balancer
@@ -25,7 +26,7 @@ from marble.balancers.weightings import WEIGHTINGS
 from marble.config import ConfigError, load_config
 from marble.maths.qp import min_norm_weights
 
-torchjd = pytest.importorskip("torchjd.aggregation")
+torchjd = needs("torchjd.aggregation", "zoo", module_level=True)
 
 
 def _unit_rows(rng, k: int, d: int, tie: bool = False) -> np.ndarray:
