@@ -23,7 +23,7 @@ endif
 EXTRAS ?= dev,workflow,ocr,zoo
 CONSTRAINTS ?= -c workflow/envs/constraints.txt
 
-.PHONY: setup demo lock lint test test-clip test-paper test-geneval-mmdet gpu-check mutants container test-container clean
+.PHONY: setup demo lock lint stats test test-clip test-paper test-geneval-mmdet gpu-check mutants container test-container clean
 
 $(BIN)/marble: pyproject.toml workflow/envs/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,11 @@ lock: setup
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
 
 # ruff's rules and line length: pyproject.toml [tool.ruff]; seconds, so it runs before the tests.
+# The project's size (product / experiments / test beds / tests lines and files, docs words,
+# dependencies): growth is a decision (docs/ARCHITECTURE.md, "Product, experiments, test beds").
+stats:
+	$(PYTHON) tests/size.py
+
 lint: setup
 	$(BIN)/ruff check .
 
@@ -57,7 +62,7 @@ lint: setup
 # unit for every module of the localhost SLURM) and starts the slow ones first.
 TEST_WORKERS ?= 2
 test: setup lint
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q --timeout=1800 --durations=15 \
+	PATH="$(abspath $(BIN)):$$PATH" MARBLE_TEST_EXTRAS="$(EXTRAS)" $(BIN)/python -m pytest -q --timeout=1800 --durations=15 \
 	  $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS)) tests
 
 # Curated mutations of the core (marble/tools/mutants_catalogue.py), each applied in a scratch
@@ -74,7 +79,7 @@ gpu-check:
 	if ls $(WHEELS)/*.whl >/dev/null 2>&1; then \
 		$(PYTHON) -m pip install --no-index --no-deps --quiet --target $(WHEELS)/site $(WHEELS)/*.whl; fi
 	mkdir -p results
-	PYTHONPATH="$(abspath $(WHEELS)/site):$(CURDIR)" $(PYTHON) -m marble.tools.gpu_check --out results/gpu_check.json
+	PYTHONPATH="$(abspath $(WHEELS)/site):$(CURDIR):$(CURDIR)/tests" $(PYTHON) -m marble.tools.gpu_check --out results/gpu_check.json
 
 # The open_clip-based scorers (HPSv2.1) need torchvision, which must match torch exactly:
 # a second environment with the torch 2.14.1 / torchvision 0.29.1 pair runs their tests and
@@ -98,7 +103,7 @@ test-clip: $(CLIP_VENV)/bin/marble
 # It trains into this checkout's results/runs: where `make demo`'s tiny runs sit under the same
 # names it stops first, naming them (run it in a fresh clone, or move results/ aside).
 test-paper: $(CLIP_VENV)/bin/marble
-	PATH="$(abspath $(CLIP_VENV)/bin):$$PATH" $(CLIP_VENV)/bin/python -m marble.tools.dev.paper_mini
+	PATH="$(abspath $(CLIP_VENV)/bin):$$PATH" PYTHONPATH="$(CURDIR)/tests" $(CLIP_VENV)/bin/python -m beds.paper_mini
 
 # GenEval's real detector path, not in CI: mmdet 2.28.2 + mmcv-full 1.7.2 in a third environment.
 # mmcv.runner imports torchvision, so this uses the clip pair (torch 2.14.1 / torchvision 0.29.1;
@@ -106,7 +111,7 @@ test-paper: $(CLIP_VENV)/bin/marble
 # CPU ops compile from source (`setuptools<81`, no build isolation; 26 min on 2 busy cores). The
 # wheel is kept under .cache/wheels/<torch>/ (`make clean` keeps it), so a rebuilt environment
 # takes 3 min. The test builds a tiny random Mask2Former in the reference's config and checkpoint
-# formats (marble/tools/dev/mmdet_replica.py) and scores images through GenEvalReward and `marble evaluate`.
+# formats (tests/beds/mmdet_replica.py) and scores images through GenEvalReward and `marble evaluate`.
 MMDET_VENV ?= .venv-mmdet
 MMCV ?= mmcv-full==1.7.2
 MMDET ?= mmdet==2.28.2

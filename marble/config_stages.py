@@ -16,6 +16,13 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 
+# A staged run (`stages:`) is its own kind in the report and Table 1's "sequential" row, never
+# pooled with the joint runs of its stages' balancer (marble.report.loading). Its name and look
+# sit here, beside the stages they describe, as each balancer's sit in its descriptor
+# (marble.config_balancers): the figures' palette lists no method or run kind of its own.
+STAGED_KIND = "sequential"
+STAGED_LOOK = {"color": "tab:olive", "label": "sequential stages"}
+
 
 class StageError(ValueError):
     """A stage that cannot be built; marble.config reports it as a ConfigError."""

@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"exit 0 even when remote reward requests failed (default: exit {EXIT_INCOMPLETE} "
                         "after writing every output, so a workflow reruns the job and the rerun retries them)")
     # $MARBLE_REWARD_OPTIONS (a YAML file) is the base every evaluation starts from: a harness
-    # (marble.tools.dev.paper_mini) or a site points all evaluations at its scorer options; the
+    # (beds.paper_mini) or a site points all evaluations at its scorer options; the
     # flag (the workflow's eval.reward_options) overrides it option by option.
     p.add_argument("--reward_options", default=None,
                    help="YAML file or inline mapping {reward: {option: value}}, applied over "

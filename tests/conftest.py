@@ -15,6 +15,11 @@ pytest_plugins = ["pytester"]  # test_conftest.py runs this conftest in a scratc
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("MARBLE_SHARED_DIR", ROOT.parent / "shared"))
 NEEDS_SHARED = "needs ../shared"  # the skip reason's prefix, counted in the summary below
+# The test beds (tests/beds: mirrors, replicas, fake servers) are the package `beds`, outside the
+# shipped `marble`: pytest puts tests/ on sys.path for this process, and the environment carries
+# it to the processes the tests start (`python -m beds.fake_sglang` as a judge's server command).
+BEDS_PATH = str(ROOT / "tests")
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (BEDS_PATH, os.environ.get("PYTHONPATH")) if p)
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from marble.tools.dev.replicas import _byte_chars  # the one CLIP byte alphabet
+from beds.replicas import _byte_chars  # the one CLIP byte alphabet
 
 
 def save_tiny_clip(out: Path, projection_dim: int = 16, image_size: int = 32, seed: int = 0) -> Path:
@@ -17,7 +17,7 @@ def save_tiny_clip(out: Path, projection_dim: int = 16, image_size: int = 32, se
     vocab = {tok: i for i, tok in enumerate(chars + [c + "</w>" for c in chars] + ["<|startoftext|>", "<|endoftext|>"])}
     (out / "vocab.json").write_text(json.dumps(vocab))
     (out / "merges.txt").write_text("#version: 0.2\n")  # character-level BPE: no merges
-    # Positional: transformers 5 ignores vocab_file= / merges_file= (marble/tools/dev/replicas.py).
+    # Positional: transformers 5 ignores vocab_file= / merges_file= (tests/beds/replicas.py).
     tokenizer = CLIPTokenizer(str(out / "vocab.json"), str(out / "merges.txt"), model_max_length=77)
     images = CLIPImageProcessor(size={"shortest_edge": image_size},
                                 crop_size={"height": image_size, "width": image_size})

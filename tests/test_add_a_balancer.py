@@ -69,7 +69,7 @@ def test_the_claims_table_reads_its_descriptor(probe, monkeypatch):
     from dataclasses import replace
 
     from marble.config_balancers import BALANCERS
-    from marble.report.claim_markdown import anti_frame
+    from marble.report.verdict_frames import anti_frame
 
     empty = {k: None for k in ("applied", "full_solve", "amortized", "fresh_solve", "alpha_unit", "alpha_raw")}
     verdict = {"published_anti_aligned": {}, "arms": ["probe"],

@@ -1,7 +1,7 @@
 """`balancer.zoo_gradients: raw`: a zoo weighting on the raw Gram, as its authors published it."""
 
 import numpy as np
-import pytest
+from extras import needs
 import torch
 from balancer_toy import NAMES, Toy, _adv, _kl_grad, _masked_reward_grads
 
@@ -9,7 +9,7 @@ from marble.balancers import build_balancer
 from marble.config import BalancerConfig
 from marble.maths.qp import min_norm_weights
 
-pytest.importorskip("torchjd")
+needs("torchjd", "zoo", module_level=True)
 
 
 def _cfg(gradients):

@@ -15,6 +15,7 @@ import importlib.util
 import json
 
 import pytest
+from extras import needs
 
 from marble.config import load_config
 
@@ -109,7 +110,7 @@ def test_cli_tiny_json_and_markdown(tmp_path, capsys):
 def test_zoo_rows_amortize_at_the_weighted_sums_flops_exactly():
     """The balancer zoo's rows on the tiny preset: amortized = weighted_sum FLOPs exactly,
     the full-solve row (listed above its amortized row) K + 1 backward passes."""
-    pytest.importorskip("torchjd")
+    needs("torchjd", "zoo")
     from marble.tools.bench_flops import bench_flops
 
     rows = ("weighted_sum", "zoo_pcgrad_full", "zoo_pcgrad", "gdpo")  # one per code path
@@ -124,7 +125,7 @@ def test_zoo_rows_amortize_at_the_weighted_sums_flops_exactly():
 def test_zoo_runs_are_priced_from_their_own_rows():
     """A tiny_zoo run has MARBLE's tiny cadence, each kind of micro-step priced from the
     weighting's rows (diagnostic ones from MARBLE's); gdpo runs the weighted sum's."""
-    pytest.importorskip("torchjd")
+    needs("torchjd", "zoo")
     from marble.balancers.cadence import run_overhead
 
     flops = {"weighted_sum": 1.0, "weighted_sum_diag": 2.0, "marble": 1.0, "marble_diag": 3.0,

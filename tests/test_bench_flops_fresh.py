@@ -54,7 +54,7 @@ def test_every_claim_and_zoo_arm_is_priced_with_the_rows_its_cadence_names(tmp_p
 
     import yaml
 
-    from marble.tools import claim_cost
+    from marble.experiments import claim_cost
     from marble.workflow import claim as wf_claim
 
     from marble.workflow import configs

@@ -1,4 +1,4 @@
-"""Issue 37's question beyond the paper by hand (marble.report.claim_beyond): an arm answers
+"""Issue 37's question beyond the paper by hand (marble.experiments.claim_beyond): an arm answers
 yes only when every measured micro-step's worst cosine is positive, its counted FLOPs without
 diagnostics are within 1% of the weighted sum's, and it keeps (a) and (b)."""
 
@@ -9,9 +9,10 @@ import math
 import pandas as pd
 import pytest
 
-from marble.report.claim_beyond import AT_COST, arms_versus_baseline, beyond_sentence
-from marble.report.claim_experiment import ANGLES, FLAGS, RunMeasure, measure_run
-from marble.report.claim_markdown import beyond_frame
+from marble.experiments.claim_beyond import AT_COST, arms_versus_baseline, beyond_sentence
+from marble.experiments.claim_experiment import measure_claim_run as measure_run
+from marble.report.run_measures import ANGLES, FLAGS, RunMeasure
+from marble.experiments.claim_markdown import beyond_frame
 
 
 def _m(arm, seed, g, s, micro_anti=0.0, micro_min=0.2):

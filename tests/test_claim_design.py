@@ -1,5 +1,5 @@
 """Issue 36 items 2 and 4 by hand: Holm, TOST, the seed halves, the pilot, the verdict's
-`levels`, `multiplicity` and `replication` (marble.report.claim_stats / claim_design /
+`levels`, `multiplicity` and `replication` (marble.report.seed_stats / claim_design /
 claim_levels)."""
 
 from __future__ import annotations
@@ -10,49 +10,52 @@ import math
 import pandas as pd
 import pytest
 
-from marble.report import claim_stats as cs
-from marble.report.claim_design import (NO_PILOT, load_pilot, multiplicity, pilot_effects,
+from marble.experiments import claim_family as fam
+from marble.report import seed_stats as cs
+from marble.experiments.claim_design import (NO_PILOT, load_pilot, multiplicity, pilot_effects,
                                         pilot_section, replication)
-from marble.report.claim_experiment import ANGLES, FLAGS, RunMeasure, claim_verdict, measure_run
-from marble.report.claim_levels import PAPER_QUANTITY, levels_verdict, run_levels
+from marble.experiments.claim_experiment import claim_verdict
+from marble.experiments.claim_experiment import measure_claim_run as measure_run
+from marble.report.run_measures import ANGLES, FLAGS, RunMeasure
+from marble.experiments.claim_levels import PAPER_QUANTITY, levels_verdict, run_levels
 
 
 def test_holm_by_hand_and_nan_out_of_the_family():
     # sorted .01, .03, .04: x3 = .03, x2 = .06, x1 = .04 -> monotone .06
-    adj = cs.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": math.nan})
+    adj = fam.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": math.nan})
     assert adj["a"] == pytest.approx(0.03) and adj["c"] == pytest.approx(0.06)
     assert adj["b"] == pytest.approx(0.06) and math.isnan(adj["d"])
-    assert cs.holm({"x": 0.6, "y": 0.7}) == {"x": 1.0, "y": 1.0}  # capped at 1
+    assert fam.holm({"x": 0.6, "y": 0.7}) == {"x": 1.0, "y": 1.0}  # capped at 1
 
 
 def test_t_pvalue_and_tost_by_hand():
     # df = 2: P(|T| > t) = 1 - t / sqrt(t^2 + 2); [1, 2, 3]: t = 2 / (1 / sqrt 3) = sqrt 12
-    assert cs.t_pvalue([1, 2, 3]) == pytest.approx(1 - math.sqrt(12) / math.sqrt(14))
-    assert math.isnan(cs.t_pvalue([1.0]))
+    assert fam.t_pvalue([1, 2, 3]) == pytest.approx(1 - math.sqrt(12) / math.sqrt(14))
+    assert math.isnan(fam.t_pvalue([1.0]))
     # TOST of [0.1, -0.1, 0]: mean 0, se 0.1 / sqrt 3; margin 1: t = 1 / se = sqrt 300,
     # one-sided p = (1 - t / sqrt(t^2 + 2)) / 2 on each side
-    assert cs.tost([0.1, -0.1, 0.0], 1.0) == pytest.approx((1 - math.sqrt(300 / 302)) / 2)
+    assert fam.tost([0.1, -0.1, 0.0], 1.0) == pytest.approx((1 - math.sqrt(300 / 302)) / 2)
     t = 0.05 / (0.1 / math.sqrt(3))
-    assert cs.tost([0.1, -0.1, 0.0], 0.05) == pytest.approx((1 - t / math.sqrt(t * t + 2)) / 2)
-    assert cs.tost([0.1, -0.1, 0.0], 0.05) > 0.05  # an interval around 0 is not equivalence
-    assert math.isnan(cs.tost([0.1, 0.2], math.nan))
+    assert fam.tost([0.1, -0.1, 0.0], 0.05) == pytest.approx((1 - t / math.sqrt(t * t + 2)) / 2)
+    assert fam.tost([0.1, -0.1, 0.0], 0.05) > 0.05  # an interval around 0 is not equivalence
+    assert math.isnan(fam.tost([0.1, 0.2], math.nan))
 
 
 def test_adjusted_answers_halves_and_answer_kinds():
-    assert cs.adjusted_answer(0.3, 0.01) is True and cs.adjusted_answer(-0.3, 0.01) is False
-    assert cs.adjusted_answer(0.3, 0.2).startswith("no difference shown after Holm")
-    assert cs.halves([5, 1, 3, 2]) == ([1, 2], [3, 5])
-    assert cs.halves([1, 2, 3, 4, 5]) == ([1, 2], [3, 4])
-    assert cs.answer_kind("no difference larger than 0.3") == cs.answer_kind("no difference shown")
-    assert cs.answer_kind(True) != cs.answer_kind(False)
+    assert fam.adjusted_answer(0.3, 0.01) is True and fam.adjusted_answer(-0.3, 0.01) is False
+    assert fam.adjusted_answer(0.3, 0.2).startswith("no difference shown after Holm")
+    assert fam.halves([5, 1, 3, 2]) == ([1, 2], [3, 5])
+    assert fam.halves([1, 2, 3, 4, 5]) == ([1, 2], [3, 4])
+    assert fam.answer_kind("no difference larger than 0.3") == fam.answer_kind("no difference shown")
+    assert fam.answer_kind(True) != fam.answer_kind(False)
 
 
 def test_pilot_power_uses_the_pilots_sd_and_no_file_says_no_pilot(tmp_path):
-    got = cs.pilot_powered([0.0, 2.0], 10, 5.0)  # sd sqrt 2
+    got = fam.pilot_powered([0.0, 2.0], 10, 5.0)  # sd sqrt 2
     assert got["pilot_sd"] == pytest.approx(math.sqrt(2)) and got["pilot_seeds"] == 2
     assert got["minimal_detectable_difference"] == pytest.approx(
         cs.minimal_detectable_difference(math.sqrt(2), 10))
-    assert got["powered"] is True and cs.pilot_powered([0.0, 2.0], 3, 0.1)["powered"] is False
+    assert got["powered"] is True and fam.pilot_powered([0.0, 2.0], 3, 0.1)["powered"] is False
     assert pilot_section(load_pilot(tmp_path / "absent.json"), 4) == NO_PILOT
     path = tmp_path / "claim_pilot.json"
     path.write_text(json.dumps({"commit": "abc123", "questions": {
@@ -80,14 +83,14 @@ def test_multiplicity_holm_families_and_equivalence_only_from_tost():
     m = multiplicity(ms, ["g", "s"], {"s": 0.3}, "marble", "weighted_sum", 0.5)
     a = m["families"]["a_every_reward_rises_under_marble"]
     # (a) g: [2, 3, 4, 5]: p = 2 P(T3 > 3.5 / (1.29099 / 2)); two members -> Holm x2 or monotone
-    assert a["g"]["p"] == pytest.approx(cs.t_pvalue([2, 3, 4, 5]))
+    assert a["g"]["p"] == pytest.approx(fam.t_pvalue([2, 3, 4, 5]))
     # s's changes 0.21, 0.19, 0.2, 0.205 have the smaller p: Holm doubles it, g keeps max(own, that)
     p_g, p_s = a["g"]["p"], a["s"]["p"]
     assert p_s < p_g and a["s"]["p_holm"] == pytest.approx(2 * p_s)
     assert a["g"]["p_holm"] == pytest.approx(max(p_g, 2 * p_s)) and a["g"]["answer"] is True
     eq = m["b_equivalence"]["s"]
     assert eq["margin"] == pytest.approx(0.5 * 1.25)  # half the mean change alone
-    assert eq["p_tost"] == pytest.approx(cs.tost(diffs, 0.625)) and eq["equivalent"] is True
+    assert eq["p_tost"] == pytest.approx(fam.tost(diffs, 0.625)) and eq["equivalent"] is True
     b = m["families"]["b_specialists_rise_more_under_marble"]["s"]
     assert b["answer"].startswith("no difference shown")  # not a match: the TOST says that
     assert "learnable" in " ".join(m["families"])
@@ -170,8 +173,8 @@ def test_the_weighted_sums_fresh_solve_is_not_set_beside_the_paper():
     """The paper's weighted-sum row (80%, min cos -0.13) is of the weighted sum's own direction;
     a fresh min-norm solve on its batches is not a direction it takes. Before, the verdict and
     claim.md set that row beside 80% as if it were (issue 36 item 2: two quantities compared)."""
-    from marble.report.claim_levels import NOT_ITS_DIRECTION
-    from marble.report.claim_markdown import levels_frame
+    from marble.experiments.claim_levels import NOT_ITS_DIRECTION
+    from marble.experiments.claim_markdown import levels_frame
 
     lv = {level: {"anti_aligned_frac": 0.0, "cos_min_mean": 0.4, "cos_var_mean": 0.006}
           for level in ("fresh_solve", "applied_micro", "step", "update")}
@@ -200,7 +203,7 @@ def test_verdict_has_levels_from_the_runs_metrics():
 
 
 def test_claim_md_shows_the_levels_and_the_design_lines():
-    from marble.report.claim_markdown import design_lines, levels_frame
+    from marble.experiments.claim_markdown import design_lines, levels_frame
 
     lv = {"fresh_solve": {"anti_aligned_frac": 0.0, "cos_min_mean": 0.4, "cos_var_mean": 0.006}}
     lv = {level: lv["fresh_solve"] for level in ("fresh_solve", "applied_micro", "step", "update")}
@@ -236,10 +239,10 @@ def test_the_theorem_reads_fresh_micro_steps_not_a_lines_mixed_mean(tmp_path):
 
 
 def test_a_pilot_from_runs_holds_each_questions_per_seed_values_and_effects(tmp_path):
-    """marble.report.claim_pilot by hand: (b) the arm minus the baseline per seed, (c) the
+    """marble.experiments.claim_pilot by hand: (b) the arm minus the baseline per seed, (c) the
     baseline's anti-aligned fraction minus the arm's, effects from the alone arms and the
     paper's gap; the written file is one pilot_section reads."""
-    from marble.report.claim_pilot import pilot_from_measures
+    from marble.experiments.claim_pilot import pilot_from_measures
     from marble.runtime.io import write_json
 
     def run(arm, seed, g, s, anti):
@@ -268,7 +271,7 @@ def test_a_pilot_from_runs_holds_each_questions_per_seed_values_and_effects(tmp_
 def test_the_n_curve_holds_only_arms_that_differ_in_n():
     """The default claim's figure stacked marble_n5, marble_output and marble_n5_normcorr as
     three unlabelled points at N = 5; the curve keeps the arms that differ from MARBLE's in N."""
-    from marble.report.claim_figures import n_curve_arms
+    from marble.experiments.claim_figures import n_curve_arms
 
     base = {"method": "marble", "alpha_ema": 0.7, "weighting": None, "micro_batch": 6,
             "gram_space": "parameters", "cached_weights": "reference"}

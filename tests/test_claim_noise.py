@@ -1,5 +1,5 @@
 """Issue 36 items 3 and 5: the claim's micro-batch sweep, no-conflict control, dilution and
-per-seed pretrained models (marble.report.claim_noise, marble.workflow.claim), by hand."""
+per-seed pretrained models (marble.experiments.claim_noise, marble.workflow.claim), by hand."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 import pandas as pd
 import pytest
 
-from marble.report.claim_cli import pretrained_models
-from marble.report.claim_levels import LEVELS
-from marble.report.claim_noise import (
+from marble.experiments.claim_cli import pretrained_models
+from marble.experiments.claim_levels import LEVELS
+from marble.experiments.claim_noise import (
     control_section,
     dilution_section,
     falls_with_batch_size,
@@ -199,7 +199,7 @@ def test_the_claim_cli_reports_sweep_control_dilution_and_models(tmp_path):
     sum's advantage correlates 0.2 / 0.3 / 0.4 with the specialist's own."""
     import json
 
-    from marble.report.claim_cli import main
+    from marble.experiments.claim_cli import main
 
     runs = tmp_path / "runs"
     for seed, ws in zip((1, 2, 3), (0.5, 0.6, 0.4)):

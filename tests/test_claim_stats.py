@@ -1,4 +1,4 @@
-"""marble.report.claim_stats and claim_experiment against hand calculations (issue 26 item 3)."""
+"""marble.report.seed_stats and claim_experiment against hand calculations (issue 26 item 3)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import math
 import pandas as pd
 import pytest
 
-from marble.report import claim_stats as cs
-from marble.report.claim_experiment import claim_verdict, eval_change, measure_run
+from marble.report import seed_stats as cs
+from marble.experiments.claim_experiment import claim_verdict
+from marble.experiments.claim_experiment import measure_claim_run as measure_run
+from marble.report.run_measures import eval_change
 from marble.workflow.claim import arms, parse_run_name, run_name, runs
 
 
@@ -146,7 +148,7 @@ def test_two_seeds_that_agree_by_chance_keep_the_fractions_sampling_error():
     se 0.08956, 0.09129; paired floor hypot = 0.12788), so the answer is a bound, not `true`
     on a zero-width interval: 0.1 +- t(0.975, 1) 0.12788 / sqrt 2 = 0.1 +- 1.1490, cut to
     [-1, 1], the range a difference of two fractions can take."""
-    from marble.report.claim_experiment import RunMeasure, question_c
+    from marble.report.run_measures import RunMeasure, question_c
 
     def run(arm, seed, f):
         return RunMeasure(arm, seed, {}, {"applied": f}, {}, math.nan, 0, 30)
@@ -160,7 +162,7 @@ def test_two_seeds_that_agree_by_chance_keep_the_fractions_sampling_error():
 
 
 def test_a_runs_cpu_seconds_come_from_its_summary_before_the_sampled_benchmark(tmp_path):
-    from marble.report.claim_cli import cpu_seconds
+    from marble.experiments.claim_cli import cpu_seconds
 
     (tmp_path / "r-s1.tsv").write_text("s\tcpu_time\n35.0\t13.0\n")
     assert cpu_seconds({"cpu_time_s": 38.5}, tmp_path, "r-s1") == 38.5
@@ -201,7 +203,7 @@ def test_an_arms_fractions_keep_each_runs_sampling_error_over_the_steps_they_cou
     seeds' sd is 0, the floor is each run's Jeffreys error: applied p = 20.5/31 over 30 steps
     -> se 0.086407, t(0.975, 2) 4.3027 x 0.086407 / sqrt 3 = 0.21465; full solve p = 0.5/7
     over 6 steps -> se 0.10514, half-width 0.26119, its low end cut to 0."""
-    from marble.report.claim_experiment import ANGLES, RunMeasure, arm_table
+    from marble.report.run_measures import ANGLES, RunMeasure, arm_table
 
     anti = {"applied": 20 / 30, "full_solve": 0.0, "amortized": 20 / 24}
     angles = dict.fromkeys(ANGLES, math.nan)  # as measure_run records a run without angles

@@ -236,7 +236,7 @@ def test_the_judges_environment_must_exist_and_import_sglang(tmp_path, monkeypat
                                           "import sglang"]
     assert checks.judge_probe(".venv-sglang/bin/python -m sglang.launch_server --port {port}") == [
         ".venv-sglang/bin/python", "-c", "import sglang"]
-    assert checks.judge_probe("python -m marble.tools.dev.fake_sglang --port {port}") is None
+    assert checks.judge_probe("python -m beds.fake_sglang --port {port}") is None
     _stub(tmp_path, "conda", 'echo "EnvironmentLocationNotFound: Not a conda environment: $4" >&2; exit 1')
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
     row = doctor._unifiedreward_row({}, managed=server)

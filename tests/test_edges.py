@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from extras import needs
 import torch
 
 from marble.config import ConfigError, load_config
@@ -78,7 +79,7 @@ def test_a_cache_built_for_another_model_length_or_dtype_is_refused(tmp_path, ke
 
 
 def _gramian(name: str, options: str | None = None):
-    pytest.importorskip("torchjd.aggregation")
+    needs("torchjd.aggregation", "zoo")
     from marble.balancers import build_balancer
 
     sets = ["balancer.method=gramian", f"balancer.weighting={name}"]

@@ -9,7 +9,7 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 
 from marble.evaluation.runner import load_eval_pipeline
 from marble.models.lora import merge_lora
-from marble.tools.dev import replicas
+from beds import replicas
 
 
 def test_merge_lora_adds_the_delta_exactly_in_fp32():

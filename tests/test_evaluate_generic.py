@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from marble import evaluate
-from marble.tools.dev import replicas_t2i
+from beds import replicas_t2i
 
 PROMPTS = ["a red bicycle", 'a sign that says "hello"', "a foggy forest"]
 

@@ -10,6 +10,7 @@ regenerated; and every shape the presets and workflow configs of this repository
 from __future__ import annotations
 
 import pytest
+from extras import needs as needs_extra
 
 from marble.config import load_config
 from marble.workflow import flops as wf_flops
@@ -19,7 +20,7 @@ ft = pytest.importorskip("marble.tools.flops_table")
 
 
 def test_every_shape_the_presets_and_configs_use_is_counted():
-    pytest.importorskip("torchjd")  # the zoo extra: its rows are part of every shape
+    needs_extra("torchjd", "zoo")  # the zoo extra: its rows are part of every shape
     needs = ft.needed()
     for key, (_, rows) in needs["micro_step"].items():
         assert set(rows) <= set(TABLE["micro_step"][key]["rows"]), key

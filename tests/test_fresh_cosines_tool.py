@@ -1,10 +1,10 @@
-"""The smoke measurement of issue 37's options (marble.tools.dev.fresh_cosines) on two micro-batches."""
+"""The smoke measurement of issue 37's options (beds.fresh_cosines) on two micro-batches."""
 
 import pytest
 
 
 def test_fresh_solve_never_opposes_a_reward_and_every_option_is_measured():
-    from marble.tools.dev.fresh_cosines import OPTIONS, measure
+    from beds.fresh_cosines import OPTIONS, measure
 
     res = measure(2)
     assert set(res) == set(OPTIONS)

@@ -28,14 +28,14 @@ SIZE = 128
 
 @pytest.fixture(scope="module")
 def tiny_detector(tmp_path_factory) -> tuple[Path, Path]:
-    from marble.tools.dev.mmdet_replica import build
+    from beds.mmdet_replica import build
 
     return build(tmp_path_factory.mktemp("mask2former"), seed=0)
 
 
 @pytest.fixture(scope="module")
 def color_clip(tmp_path_factory) -> Path:
-    from marble.tools.dev.replicas import clip_repo
+    from beds.replicas import clip_repo
 
     out = tmp_path_factory.mktemp("clip") / "clip-vit-large-patch14"
     clip_repo(out, seed=3)
@@ -63,7 +63,7 @@ def images(n: int = 4) -> torch.Tensor:
 def test_config_inherits_the_reference_and_checkpoint_is_openmmlab(tiny_detector, tmp_path):
     from mmcv import Config
 
-    from marble.tools.dev.mmdet_replica import write_checkpoint
+    from beds.mmdet_replica import write_checkpoint
 
     config, ckpt = tiny_detector
     cfg = Config.fromfile(str(config))

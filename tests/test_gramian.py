@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from extras import needs
 import torch
 
 from marble.balancers import build_balancer
@@ -25,7 +26,7 @@ from marble.balancers.weightings import WEIGHTINGS
 from marble.config import ConfigError, load_config
 from marble.maths.qp import min_norm_weights
 
-torchjd = pytest.importorskip("torchjd.aggregation")
+torchjd = needs("torchjd.aggregation", "zoo", module_level=True)
 
 
 def _unit_rows(rng, k: int, d: int, tie: bool = False) -> np.ndarray:
@@ -198,7 +199,7 @@ def test_min_norm_tolerance_is_a_property_of_the_balancer_not_its_name():
     """Issue 36 item 7: the claim's full-solve theorem was asked of methods named marble/mgda
     only, so zoo_mgda (torchjd's MGDA, a min-norm solver) skipped it."""
     from marble.balancers import min_norm_tolerance
-    from marble.report.claim_cli import min_norm_arms
+    from marble.experiments.claim_cli import min_norm_arms
 
     assert min_norm_tolerance("marble") == min_norm_tolerance("mgda") == 1e-6
     assert min_norm_tolerance("gramian", "mgda") == WEIGHTINGS["mgda"].min_norm_tol == 1e-3

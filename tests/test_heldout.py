@@ -176,7 +176,7 @@ def test_evaluation_settings_may_change_on_resume_and_the_change_says_it_is_none
     difference of two measurements of different things."""
     import pandas as pd
 
-    from marble.report.claim_experiment import eval_change
+    from marble.report.run_measures import eval_change
 
     run = tmp_path / "run"
     assert train_main(_args(tiny_model_dir, tables, run, 2, *EVAL)) == 0

@@ -14,7 +14,7 @@ import pytest
 from test_workflow_lib import ROOT
 
 from marble import doctor
-from marble.tools.dev.mirror_server import MirrorServer
+from beds.mirror_server import MirrorServer
 from marble.workflow import configs, doctor_checks, hub_lock
 
 PLACEHOLDER_REPOS = {"jieliu/SD3.5M-FlowGRPO-GenEval": "1" * 40, "jieliu/SD3.5M-FlowGRPO-Text": "2" * 40,

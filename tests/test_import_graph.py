@@ -387,3 +387,33 @@ def test_a_needless_deferred_import_is_caught(tmp_path):
                       "pkg/core/extra.py": "def g():\n    from pkg import plot\n"})
     found = deferred_without_cause(tmp_path, "pkg")
     assert [f.split(":")[0] for f in found] == ["pkg.loop"], found  # pkg.core.extra defers matplotlib
+
+
+EXPERIMENTS = "marble.experiments"
+
+
+def product_imports_of_experiments(edges: dict[str, set[str]]) -> list[str]:
+    """`importer -> target` for every module outside marble.experiments that imports one inside."""
+    inside = lambda m: m == EXPERIMENTS or m.startswith(EXPERIMENTS + ".")  # noqa: E731
+    return sorted(f"{src} -> {dst}" for src, dsts in edges.items() if not inside(src)
+                  for dst in dsts if inside(dst))
+
+
+def test_no_product_module_imports_the_experiments():
+    """The laboratory (claim, zoo, pilot) sits above the product: the report reads its
+    verdict.json, never its code (docs/layers.yaml's last layer)."""
+    edges, _ = scan(ROOT, "marble")
+    assert not product_imports_of_experiments(edges)
+
+
+@pytest.mark.parametrize("importer", ["marble.report.build", "marble.workflow.plan_price",
+                                      "marble.tools.mutants", "marble.cli"])
+def test_an_import_of_the_experiments_from_the_product_is_caught(tmp_path, importer):
+    """The fence, by injection: a product module (the report, the workflow, a tool, even the
+    dispatch) that imports marble.experiments fails both the layer check and the direct one."""
+    layers = load_layers()
+    edges = {importer: {"marble.experiments.claim_stats"}, "marble.experiments.claim_stats": set()}
+    lines = {(importer, "marble.experiments.claim_stats"): "x.py:1"}
+    found = upward_imports(edges, lines, layers, "marble")
+    assert any(f.startswith("upward import: x.py:1") for f in found), found
+    assert product_imports_of_experiments(edges) == [f"{importer} -> marble.experiments.claim_stats"]

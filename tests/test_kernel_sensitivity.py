@@ -1,4 +1,4 @@
-"""marble.tools.dev.kernel_sensitivity's pure parts, by hand (the tool itself runs by hand)."""
+"""beds.kernel_sensitivity's pure parts, by hand (the tool itself runs by hand)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from marble.tools.dev.kernel_sensitivity import VARIANTS, max_abs_differences, strict_json, variant_env
+from beds.kernel_sensitivity import VARIANTS, max_abs_differences, strict_json, variant_env
 
 
 def test_variant_env_sets_and_removes():

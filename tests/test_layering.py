@@ -36,9 +36,9 @@ def test_architecture_shows_the_layer_file():
 @pytest.mark.parametrize("module, layer", [
     ("marble.config", 1), ("marble.maths.nft", 2), ("marble.runtime.io", 3),
     ("marble.data.records", 7), ("marble.data.cli", 14), ("marble.report.cli", 14),
-    ("marble.report.table1", 13), ("marble.tools.dev.mirror", 15), ("marble.cli", 16),
+    ("marble.report.table1", 13), ("marble.tools.mutants", 15), ("marble.cli", 16),
     ("marble.train", 14), ("marble.training.trainer", 10), ("marble.balancers.solve", 8),
-    ("marble.balance", 9),
+    ("marble.balance", 9), ("marble.experiments.claim_cli", 17), ("marble.experiments", 17),
 ])
 def test_a_module_belongs_to_its_most_specific_entry(module, layer):
     assert layer_of(module, LAYERS).rank == layer

@@ -12,8 +12,8 @@ import yaml
 
 from marble.assets.manifest import AccessDenied, DownloadError, group_dirs, load_manifest
 from marble.assets.download import main as download_main
-from marble.tools.dev.mirror import build_mirror
-from marble.tools.dev.mirror_server import MirrorServer
+from beds.mirror import build_mirror
+from beds.mirror_server import MirrorServer
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +164,7 @@ def test_gated_message_on_the_cli(hub_env, tmp_path, capsys):
 
 
 def test_replicas_are_deterministic(mirror_dir, tmp_path):
-    from marble.tools.dev import replicas, replicas_hps
+    from beds import replicas, replicas_hps
 
     replicas.clip_repo(tmp_path / "clip", seed=3)
     replicas_hps.hps_repo(tmp_path / "hps", seed=4)
@@ -211,7 +211,7 @@ def test_hps_replica_loads_through_the_hpsv2_reward(mirror_dir, tmp_path):
     import torch
 
     from marble.rewards.hpsv2 import HPSv2
-    from marble.tools.dev.mirror import HPS_ARCH
+    from beds.mirror import HPS_ARCH
 
     reward = HPSv2(ckpt_dir=str(mirror_dir / "hub/xswu/HPSv2"), arch=HPS_ARCH,
                    model_config=str(mirror_dir / f"{HPS_ARCH}.json"))
@@ -229,7 +229,7 @@ def test_table1_public_rows_are_served_at_the_commits_paper_yaml_pins(mirror_dir
     from marble.assets.hub import main as hub_main
     from marble.models.loading import load_pipeline, load_text_to_image
     from marble.models.lora import adapters_disabled, load_lora_into_pipeline
-    from marble.tools.dev.mirror import pinned_public_rows
+    from beds.mirror import pinned_public_rows
 
     pins = pinned_public_rows()
     served_repos = json.loads((mirror_dir / "mirror.json").read_text())["repos"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from marble.rewards import paddle_models
-from marble.tools.dev.replicas import paddle_model_tar
+from beds.replicas import paddle_model_tar
 from marble.workflow import configs
 
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from marble.config import load_config
-from marble.tools.dev.paper_mini import failed_stages
+from beds.paper_mini import failed_stages
 from marble.workflow import configs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,7 +101,7 @@ def test_failed_stages_name_the_rule_and_its_log():
 
 
 def test_stage_times_read_snakemake_benchmarks(tmp_path):
-    from marble.tools.dev.paper_mini import stage_times
+    from beds.paper_mini import stage_times
 
     (tmp_path / "train").mkdir()
     header = "s\th:m:s\tmax_rss\n"
@@ -113,7 +113,7 @@ def test_stage_times_read_snakemake_benchmarks(tmp_path):
 
 def test_evaluation_takes_reward_options_from_the_environment(tmp_path, monkeypatch):
     from marble.evaluate import merged_reward_options
-    from marble.tools.dev.mirror import HPS_ARCH, replica_reward_options
+    from beds.mirror import HPS_ARCH, replica_reward_options
 
     options = tmp_path / "reward_options.yaml"
     options.write_text(yaml.safe_dump(replica_reward_options(tmp_path)))
@@ -133,7 +133,7 @@ def test_evaluation_takes_reward_options_from_the_environment(tmp_path, monkeypa
 def test_an_older_mirror_is_rebuilt(tmp_path):
     import json
 
-    from marble.tools.dev.mirror import REPLICA_VERSION, is_current
+    from beds.mirror import REPLICA_VERSION, is_current
 
     assert not is_current(tmp_path)
     (tmp_path / "mirror.json").write_text(json.dumps({"seed": 0, "repos": {}}))  # before versions
@@ -191,7 +191,7 @@ def test_eval_rank_check_reads_only_this_invocations_run_info(tmp_path):
     import json
     import os
 
-    from marble.tools.dev.paper_mini import eval_world_sizes, rank_problems
+    from beds.paper_mini import eval_world_sizes, rank_problems
 
     def check_eval_ranks(expected, root, since):
         return rank_problems(eval_world_sizes(root, since), expected)
@@ -214,7 +214,7 @@ def test_eval_rank_check_reads_only_this_invocations_run_info(tmp_path):
 def test_harness_downloads_the_replicas_before_the_preflight():
     """The preflight's disk estimate guesses the paper's sizes (~150 GB) for files not yet on
     disk and refused a 70 GB-free machine; the harness downloads the mirror's tiny files first."""
-    from marble.tools.dev.paper_mini import snakemake_commands
+    from beds.paper_mini import snakemake_commands
 
     first, second = snakemake_commands(list(PAPER_MINI), 2, ["all"])
     assert first == ["snakemake", "--configfile", *PAPER_MINI, "-c2", "data/models/sd35m", "data/reward_ckpts",
@@ -226,7 +226,7 @@ def test_paper_mini_refuses_first_when_results_hold_another_configs_runs(tmp_pat
     """`make demo` then `make test-paper` in one checkout: the demo's tiny weighted_sum run sits
     where the paper's would train; the harness names it and stops before any download (training
     refused it after 1.4 min), and a folder of its own earlier run is no obstacle."""
-    from marble.tools.dev import paper_mini
+    from beds import paper_mini
 
     def run_folder(name, preset, model):
         (tmp_path / "results/runs" / name).mkdir(parents=True)

@@ -12,7 +12,7 @@ import torch
 
 from marble.assets.manifest import load_manifest
 from marble.rewards import build
-from marble.tools.dev import replicas, replicas_hps
+from beds import replicas, replicas_hps
 
 REWARD_REPOS = ("yuvalkirstain/PickScore_v1", "laion/CLIP-ViT-H-14-laion2B-s32B-b79K",
                 "openai/clip-vit-large-patch14", "google-bert/bert-base-uncased", "zai-org/ImageReward", "xswu/HPSv2")
@@ -21,7 +21,7 @@ REWARD_REPOS = ("yuvalkirstain/PickScore_v1", "laion/CLIP-ViT-H-14-laion2B-s32B-
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
     """A reward-checkpoint dir laid out as `marble download rewards` leaves it (tiny replicas)."""
-    from marble.tools.dev.mirror import _hub_builders
+    from beds.mirror import _hub_builders
 
     src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("reward_ckpts")
     builders = _hub_builders(0)
@@ -70,7 +70,7 @@ def test_paper_scorers_read_the_downloaded_folders_by_their_hub_ids(ckpts, offli
 
 def test_hpsv2_reads_the_downloaded_checkpoint(ckpts, offline):
     pytest.importorskip("open_clip", reason="HPSv2.1 needs open_clip (make test-clip / test-paper env)")
-    from marble.tools.dev.mirror import replica_reward_options
+    from beds.mirror import replica_reward_options
 
     options = replica_reward_options(ckpts)["hpsv2"]
     scores = build("hpsv2", ckpt_dir=str(ckpts), **options)(torch.rand(2, 3, 32, 32), ["a red car", "a dog"])
@@ -116,7 +116,7 @@ def test_detector_option_names_the_choices(ckpts, tmp_path):
 
 def test_unifiedreward_against_the_fake_sglang_server(monkeypatch):
     from marble.rewards.unifiedreward import QUESTION
-    from marble.tools.dev.fake_sglang import FakeSglangServer, judge_score
+    from beds.fake_sglang import FakeSglangServer, judge_score
 
     prompts = ["a red apple", "a cat on a sofa", "a red apple"]
     with FakeSglangServer(idle_s=60) as server:
@@ -128,7 +128,7 @@ def test_unifiedreward_against_the_fake_sglang_server(monkeypatch):
 
 
 def test_fake_sglang_server_stops_by_itself_when_idle():
-    from marble.tools.dev.fake_sglang import FakeSglangServer
+    from beds.fake_sglang import FakeSglangServer
 
     server = FakeSglangServer(idle_s=0.3)
     with server:

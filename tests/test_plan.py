@@ -8,6 +8,7 @@ import json
 import re
 
 import pytest
+from extras import needs
 from test_workflow_lib import ROOT, copy_workflow, snakemake
 
 from marble.balancers.weightings import WEIGHTINGS
@@ -125,7 +126,7 @@ ZOO = ["zoo_" + w for w in WEIGHTINGS]
 def test_each_balancer_is_priced_from_its_own_counted_rows(tmp_path):
     """Every balancer the project has: amortized micro-steps at the weighted sum's row, full
     solves at the balancer's own row, so a zoo weighting's price moves with its own row only."""
-    pytest.importorskip("torchjd")
+    needs("torchjd", "zoo")
     runs = {p: {"preset": p} for p in ["weighted_sum", "equal_alpha", "full_mgda", "rho_07",
                                        "gdpo", "reward_sum", *ZOO]}
     config = {**PAPER, "runs": runs}

@@ -1,4 +1,4 @@
-"""The tokenizers of the dev replicas (marble/tools/dev/replicas.py) tokenize words.
+"""The tokenizers of the dev replicas (tests/beds/replicas.py) tokenize words.
 
 Loaded through the loaders the rewards use (BLIP's `load_tokenizer`, `CLIPProcessor`): two
 prompts of equal length must get different ids, with no unknown token, or every check through
@@ -14,7 +14,7 @@ PROMPTS = ["a red dog", "a blue cat"]  # equal length, different words
 
 def test_bert_replica_tokenizes_words(tmp_path):
     from marble.rewards.blip import load_tokenizer
-    from marble.tools.dev.replicas import bert_repo, bert_vocab
+    from beds.replicas import bert_repo, bert_vocab
 
     bert_repo(tmp_path)
     saved = json.loads((tmp_path / "tokenizer.json").read_text())["model"]["vocab"]
@@ -29,7 +29,7 @@ def test_bert_replica_tokenizes_words(tmp_path):
 def test_clip_replica_tokenizes_words(tmp_path):
     from transformers import CLIPProcessor
 
-    from marble.tools.dev.replicas import clip_repo
+    from beds.replicas import clip_repo
 
     clip_repo(tmp_path)
     tok = CLIPProcessor.from_pretrained(str(tmp_path)).tokenizer
@@ -45,7 +45,7 @@ def test_real_clip_sizes_have_the_published_parameter_counts():
     import torch
     from transformers import CLIPModel
 
-    from marble.tools.dev.replicas import clip_config
+    from beds.replicas import clip_config
 
     with torch.device("meta"):
         counts = {size: sum(p.numel() for p in CLIPModel(clip_config(size, 514)).parameters())
@@ -58,7 +58,7 @@ def test_real_hps_size_is_open_clips_vit_h14():
     import pytest
 
     open_clip = pytest.importorskip("open_clip", reason="needs open_clip (make test-clip env)")
-    from marble.tools.dev.replicas_hps import OPEN_CLIP_VIT_H14
+    from beds.replicas_hps import OPEN_CLIP_VIT_H14
 
     real = open_clip.get_model_config("ViT-H-14")
     for tower in ("vision_cfg", "text_cfg"):

@@ -13,7 +13,7 @@ import pytest
 from test_report import DOWN, MARBLE_DIAG, UP, WS_DIAG, write_run
 
 from marble.report.build import run_trends
-from marble.report.claim_experiment import RunMeasure
+from marble.report.run_measures import RunMeasure
 from marble.report.cli import main
 from marble.report.demo_claim import (HELD_OUT, TRAINING, Runs, by_balancer, demo_verdict, per_seed,
                                       step_kind_text, step_kinds)

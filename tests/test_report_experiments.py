@@ -10,9 +10,10 @@ from pathlib import Path
 import pandas as pd
 
 from marble.report.build import ReportInputs, build_report
-from marble.report.claim_experiment import claim_verdict, measure_run
-from marble.report.claim_figures import write_figures
-from marble.report.claim_markdown import change_frame
+from marble.experiments.claim_experiment import claim_verdict
+from marble.experiments.claim_experiment import measure_claim_run as measure_run
+from marble.experiments.claim_figures import write_figures
+from marble.report.verdict_frames import change_frame
 
 
 def _verdict() -> dict:

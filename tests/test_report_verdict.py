@@ -83,3 +83,21 @@ def test_stderr_from_the_epoch_windows():
     assert change.delta == pytest.approx(2.0)
     assert change.stderr == pytest.approx(math.sqrt(2.0))
     assert math.isnan(reward_changes(frame, ["a"], window=1)["a"].stderr)  # one epoch: no spread
+
+
+def test_the_min_norm_sentence_follows_the_descriptors():
+    """"A fresh min-norm solve cannot oppose a reward" holds for an exact min-norm QP only: it is
+    said for the balancers whose descriptor has `min_norm_tol`, never for another that solves
+    (a torchjd weighting), and named when both kinds solved."""
+    from marble.config_balancers import BALANCERS
+    from marble.report.demo_claim import step_kind_text
+
+    iv = {"mean": 0.1, "low": 0.0, "high": 0.2, "n": 2, "sd": 0.1}
+    kind = {"full_solve": iv, "amortized": iv, "solve_steps": 3}
+    min_norm = [m for m, d in BALANCERS.items() if d.min_norm_tol is not None]
+    other = [m for m, d in BALANCERS.items() if d.min_norm_tol is None]
+    sentence = "cannot oppose a reward"
+    assert sentence in step_kind_text({min_norm[0]: kind})
+    assert f"solve ({min_norm[0]}) {sentence}" in step_kind_text({min_norm[0]: kind, other[0]: kind})
+    text = step_kind_text({m: kind for m in other})
+    assert sentence not in text and text.startswith(" Split by step kind: ")

@@ -10,7 +10,7 @@ import pytest
 from marble.rewards import service
 from marble.workflow import evaluation
 
-FAKE = f"{shlex.quote(sys.executable)} -m marble.tools.dev.fake_sglang --port {{port}} --idle 60"
+FAKE = f"{shlex.quote(sys.executable)} -m beds.fake_sglang --port {{port}} --idle 60"
 # The job: one real UnifiedReward request through the URL the service hands over.
 JOB = """
 import os, sys, torch

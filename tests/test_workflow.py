@@ -65,7 +65,7 @@ def test_the_claim_verdict_reads_the_committed_pilot():
     not recompute the verdict), and the default claim is the pre-registered pair plus its sweep,
     control and alone arms, each over claim.seeds."""
     proc = snakemake(["-n", "-p", "--forceall", "claim"], ROOT)
-    verdict_cmd = [line for line in proc.stdout.splitlines() if "marble.report.claim_cli" in line]
+    verdict_cmd = [line for line in proc.stdout.splitlines() if "marble.experiments.claim_cli" in line]
     assert verdict_cmd and "--pilot docs/claim_pilot.json" in verdict_cmd[0], verdict_cmd
     assert "docs/claim_pilot.json" in proc.stdout.split("rule claim:")[1].split("output:")[0]
     runs = {line.split("claimrun=")[1].strip() for line in proc.stdout.splitlines() if "claimrun=" in line}

@@ -10,7 +10,7 @@ import sys
 import yaml
 from test_workflow_lib import copy_workflow, snakemake
 
-from marble.tools.dev import replicas_t2i
+from beds import replicas_t2i
 
 
 def test_generic_row_scored_by_the_workflow_started_judge(tmp_path):
@@ -26,7 +26,7 @@ def test_generic_row_scored_by_the_workflow_started_judge(tmp_path):
         checkpoints={"sdxl": "base"},
         protocols={"sdxl": {"model": str(model), "model_type": "generic", "num_inference_steps": 2,
                             "resolution": 32, "guidance_scale": 5.0}},
-        unifiedreward={"server": f"{sys.executable} -m marble.tools.dev.fake_sglang --port {{port}} --idle 120",
+        unifiedreward={"server": f"{sys.executable} -m beds.fake_sglang --port {{port}} --idle 120",
                        "model": None, "ready_timeout_s": 120})
     (work / "config.yaml").write_text(yaml.safe_dump(cfg))
     snakemake(["-c1", "eval_only", "--allowed-rules", "evaluate_ckpt", "eval_summary", "eval_only"], work)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from extras import needs
 from checkpoint_compare import assert_same_checkpoint
 from test_trainer import read_metrics, small_args, table_path  # noqa: F401 (fixture)
 
@@ -24,7 +25,7 @@ FAMILIES = {
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_zoo_family_trains_and_resumes_bitwise(family, tiny_model_dir, table_path, tmp_path):  # noqa: F811
     if family == "gramian":
-        pytest.importorskip("torchjd")
+        needs("torchjd", "zoo")
     method, extra = FAMILIES[family]
     argv = small_args(tiny_model_dir, table_path, tmp_path / "straight", method, extra=extra)
     assert train_main(argv + ["--max-steps", "3"]) == 0

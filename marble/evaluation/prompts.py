@@ -20,6 +20,7 @@ from marble.evaluation.datasets import (  # noqa: F401  (re-exported)
     DATASETS,
     DEFAULT_BATCH_SIZE,
     DEFAULT_REWARDS,
+    GENEVAL,
     PROMPT_FILES,
 )
 from marble.runtime.seeds import stable_seed
@@ -64,7 +65,7 @@ def load_samples(data_dir: str | Path, dataset: str) -> list[EvalSample]:
     path = dataset_file(data_dir, dataset)
     out: list[EvalSample] = []
     seen: dict[str, int] = {}
-    records = _geneval_records(path) if dataset == "geneval" else _text_records(path)
+    records = _geneval_records(path) if dataset == GENEVAL else _text_records(path)
     for meta, prompt in records:
         meta = {**meta, "source": dataset}
         pid = make_prompt_id(dataset, prompt, meta)

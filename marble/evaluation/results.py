@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 from typing import Iterable
 
+from marble.evaluation.datasets import GENEVAL  # the dataset, and the reward scoring it, by one name
 from marble.rewards.geneval_rules import TAGS as GENEVAL_TAGS  # the one definition of the six tags
 from marble.rewards.geneval_rules import per_tag_means
 from marble.runtime.io import read_jsonl
@@ -82,7 +83,7 @@ def check_row(path: Path, lineno: int, row: dict, previous: dict | None) -> None
                                "number (unscorable samples are stored as null); the file was edited")
     check_result_row(row, f"{path}:{lineno}: sample {sid}", ResultsError)
     meta = row.get("metadata") or {}
-    if meta.get("source") == "geneval" and meta.get("tag") not in GENEVAL_TAGS:  # dropped from every per-tag mean
+    if meta.get("source") == GENEVAL and meta.get("tag") not in GENEVAL_TAGS:  # dropped from every per-tag mean
         raise ResultsError(f"{path}:{lineno}: sample {sid}: `metadata.tag` = {meta.get('tag')!r} is not a GenEval "
                            f"tag ({', '.join(sorted(GENEVAL_TAGS))}); the file was edited")
     legacy = previous is not None and "rev" not in previous and "rev" not in row  # files of before revisions
@@ -157,7 +158,7 @@ def geneval_summary(rows: list[dict]) -> dict[str, float]:
             if tag in means[key]:
                 out[f"{tag}_{key}"] = means[key][tag]
     # The reference's per-tag means of the partial-credit score, beside the per-tag accuracies.
-    credit = per_tag_means([{"score": (r.get("scores") or {}).get("geneval"), "tag": d["tag"]}
+    credit = per_tag_means([{"score": (r.get("scores") or {}).get(GENEVAL), "tag": d["tag"]}
                             for r, d in zip(rows, details)], "score")
     out.update({f"{tag}_partial_credit": credit[tag] for tag in GENEVAL_TAGS if tag in credit})
     tag_acc = [means["accuracy"][tag] for tag in GENEVAL_TAGS if tag in means["accuracy"]]

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from marble.evaluation.datasets import DRAWBENCH, GENEVAL, PICKSCORE
 from marble.evaluation.results import RESULTS_FILE, ResultsError, read_results
 from marble.rewards import descriptors
 from marble.runtime.io import write_text
@@ -39,14 +40,14 @@ PAPER_KEYS = {key for _, keys, _, _, _ in PAPER_METRICS for key in keys}
 # prints (issue 29): each is kept in average_scores.json; Table 1 takes the one selected
 # (eval.table1_geneval) and its header names it.
 GENEVAL_AGGREGATES = {"task_mean": "geneval_overall", "image_accuracy": "accuracy",
-                      "partial_credit": "geneval"}
+                      "partial_credit": GENEVAL}
 # The model-based columns: the MARBLE evaluation scores them on both prompt sets; Table 1 takes
 # one (eval.table1_prompts), the other set's numbers stay in the results.
 MODEL_COLUMNS = tuple(c.label for c in _COLUMNS if c.model_based)
-PROMPT_SETS = ("pickscore", "drawbench")
+PROMPT_SETS = (PICKSCORE, DRAWBENCH)
 
 
-def paper_metrics(geneval: str = "task_mean", prompts: str = "pickscore") -> list[tuple]:
+def paper_metrics(geneval: str = "task_mean", prompts: str = PICKSCORE) -> list[tuple]:
     """PAPER_METRICS with one GenEval aggregate and one prompt set for the model-based
     columns, no fallback: a cell the selected protocol did not produce is NaN ("–")."""
     if geneval not in GENEVAL_AGGREGATES or prompts not in PROMPT_SETS:

@@ -12,7 +12,7 @@ from tqdm import tqdm
 from marble.runtime.io import atomic_path
 from marble.runtime.oserrors import not_a_folder
 from marble.report import figures, glance, lead, published, tables
-from marble.report.claim_markdown import interval_text
+from marble.report.verdict_frames import interval_text
 from marble.report.demo_claim import demo_verdict
 from marble.report.experiments import experiment_section
 from marble.report.loading import (ReportInputError, RunData, eval_samples, left_out_sentence, load_bench,

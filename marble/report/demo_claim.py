@@ -4,7 +4,7 @@
 questions of whatever runs it is given: (a) every reward rises under MARBLE, (b) every
 specialist rises more under MARBLE than under the weighted sum, (c) MARBLE's applied
 direction opposes some reward on fewer steps than the weighted sum's. The statistics are
-the claim experiment's, in one place (marble.report.claim_experiment, claim_stats): Student-t
+the claim experiment's, in one place (marble.report.run_measures, seed_stats): Student-t
 intervals over seeds, (b) and (c) paired by seed, answers true / false / "no difference
 larger than X", the minimal detectable difference. This module only turns run folders into
 that module's per-(balancer, seed) measures:
@@ -25,11 +25,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from marble.report import claim_stats as cs
-from marble.report.claim_experiment import (CHANGE_MEASURE, QUESTIONS, RunMeasure, arm_table,
-                                            measure_run, question_a, question_b, question_c)
-from marble.report.claim_experiment import has_heldout as held_out_exists
-from marble.report.claim_markdown import interval_text
+from marble.config_balancers import BALANCERS
+from marble.report import seed_stats as cs
+from marble.report.run_measures import (CHANGE_MEASURE, QUESTIONS, RunMeasure, arm_table,
+                                        measure_run, question_a, question_b, question_c)
+from marble.report.run_measures import has_heldout as held_out_exists
+from marble.report.verdict_frames import interval_text
 from marble.report.loading import RunData
 from marble.report.published import PUBLISHED_ANTI_ALIGNED
 from marble.report.verdict import RunTrend
@@ -206,12 +207,23 @@ def step_kinds(balancers: dict[str, dict]) -> dict[str, dict]:
                   "solve_steps": b["solve_steps"]} for bal, b in balancers.items() if b["solve_steps"] > 0}
 
 
+def _min_norm(balancer: str) -> bool:
+    """Its descriptor says its full solve is the exact min-norm QP (`min_norm_tol`): only then
+    does the theorem d.g_k >= |d|^2 hold (a torchjd weighting or a new method may oppose)."""
+    return balancer in BALANCERS and BALANCERS[balancer].min_norm_tol is not None
+
+
 def step_kind_text(kinds: dict[str, dict]) -> str:
     parts = [f"{bal}: full-solve steps {interval_text(k['full_solve'], True)} ({k['solve_steps']} steps), "
              f"amortized steps {interval_text(k['amortized'], True)}" for bal, k in kinds.items()]
     if not parts:
         return ""
-    return (" Split by step kind: " + "; ".join(parts) + ". A fresh min-norm solve cannot oppose "
+    min_norm = [bal for bal in kinds if _min_norm(bal)]
+    if not min_norm:
+        return " Split by step kind: " + "; ".join(parts) + "."
+    # Every solving balancer min-norm (the demo's): the sentence as it always read; else it names them.
+    which = "" if len(min_norm) == len(kinds) else f" ({', '.join(min_norm)})"
+    return (" Split by step kind: " + "; ".join(parts) + f". A fresh min-norm solve{which} cannot oppose "
             "a reward (d.g_k >= |d|^2); between solves the cached EMA alpha can.")
 
 

@@ -1,9 +1,9 @@
 """The CPU-scale experiments in the main report: `claim` (results/claim) and `zoo` (results/zoo).
 
-Each is a folder the experiment's rule wrote (marble.report.claim_cli: verdict.json and
+Each is a folder the experiment's rule wrote (marble.experiments.claim_cli: verdict.json and
 figures/). The report leads with their answers: one section each, holding the verdict's
 sentences, the per-reward change of every arm with its interval, the anti-aligned fractions
-and the cost, as the same frames claim.md shows (marble.report.claim_markdown), and the
+and the cost, as the same frames claim.md shows (marble.report.verdict_frames), and the
 experiment's figures copied into the report. A folder without a verdict is one line saying
 what to run.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from marble.report.claim_markdown import anti_frame, change_frame, cost_frame, paired_frame, power_lines
+from marble.report.verdict_frames import anti_frame, change_frame, cost_frame, paired_frame, power_lines
 from marble.report.loading import ReportInputError, read_json_file
 from marble.report.render import Figure, Section, Table, Text
 

@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from marble.config_stages import STAGED_KIND
 from marble.runtime.io import read_jsonl
 from marble.runtime.schema import check_metrics_line, check_result_row
 
@@ -40,7 +41,7 @@ class RunData:
         if self.config.get("stages"):
             # A staged run is its own method (Table 1's "sequential"), never pooled with the
             # joint runs of its stages' balancer (the verdict compares weighted sum and MARBLE).
-            return "sequential"
+            return STAGED_KIND
         method = (self.config.get("balancer") or {}).get("method")
         if method:
             return str(method)

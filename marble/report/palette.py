@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from marble.config_balancers import BALANCERS
+from marble.config_stages import STAGED_KIND, STAGED_LOOK
 
-# Table 1's staged row is a run kind, not a balancer method (marble.report.loading): its look.
-_STAGED = {"sequential": ("tab:olive", "sequential stages")}
+# Table 1's staged row is a run kind, not a balancer method: its look is config_stages'.
+_STAGED = {STAGED_KIND: (STAGED_LOOK["color"], STAGED_LOOK["label"])}
 _BASELINE, _MARBLE = "weighted_sum", "marble"
 _OTHER = "tab:gray"  # an unregistered balancer (an old run's method): grey, labelled by its name
 SEED_STYLES = ("-", "--", ":", "-.")

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from marble.evaluation.datasets import PICKSCORE
 from marble.evaluation.summary import (
     COMPOSITE,
     GENEVAL_AGGREGATES,
@@ -50,7 +51,7 @@ class Choice:
     columns (eval.table1_prompts)."""
 
     geneval: str = "task_mean"
-    prompts: str = "pickscore"
+    prompts: str = PICKSCORE
 
     def label(self, metric: str) -> str:
         """The column header that names the choice: `GenEval (task mean)`, `PickScore (pickscore prompts)`."""
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-dir", type=Path, required=True)
     p.add_argument("--geneval", choices=sorted(GENEVAL_AGGREGATES), default="task_mean",
                    help="the GenEval aggregate beside the paper's number (eval.table1_geneval)")
-    p.add_argument("--prompts", choices=PROMPT_SETS, default="pickscore",
+    p.add_argument("--prompts", choices=PROMPT_SETS, default=PICKSCORE,
                    help="the prompt set of the five model-based columns (eval.table1_prompts)")
     args = p.parse_args(argv)
     choice = Choice(args.geneval, args.prompts)

@@ -7,7 +7,7 @@ for runs without a held-out evaluation (marble.report.demo_claim). A specialist 
 applicable to a strict subset of the rollouts: its `reward_applicable/<name>` count is below
 the largest count of any reward (a general reward applies to every rollout; no total is
 logged, so the largest count stands for it). The claim's questions are answered in one
-place, marble.report.claim_experiment / claim_stats.
+place, marble.report.run_measures / seed_stats.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ gets a free loopback port, is health-checked (`GET /health`, then `GET /v1/model
 job starts, and its address reaches the client as $MARBLE_UNIFIEDREWARD_URL. The server runs
 in its own process group (its own environment: the command may be `conda run -n ENV ...`)
 and is stopped (SIGTERM, then SIGKILL) when the job ends, fails or is signalled. The same
-mechanism starts paper-mini's fake judge (marble.tools.dev.fake_sglang).
+mechanism starts paper-mini's fake judge (beds.fake_sglang).
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ exception type (DataError, ResultsError, ReportInputError), so each reader keeps
 from __future__ import annotations
 
 import json
-import math
 import re
 from typing import Any
 
@@ -80,12 +79,6 @@ def check_str_list(value: Any, where: str, key: str, error: type[Exception] = Sc
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise error(f"{where}: `{key}` must be a list of names, got {value!r}")
     return value
-
-
-def check_number_or_null(value: Any, where: str, key: str, error: type[Exception] = SchemaError) -> None:
-    """A finite number or null (the JSON of NaN); a quoted number or text is an edit."""
-    if value is not None and not (is_number(value) and math.isfinite(value)):
-        raise error(f"{where}: `{key}` = {value!r} is not a finite number or null")
 
 
 def check_mask_value(value: Any, where: str, key: str, error: type[Exception] = SchemaError) -> bool:

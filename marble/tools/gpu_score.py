@@ -2,7 +2,7 @@
 
 For every reward of the paper (the training five, then the evaluation-only two) it writes a
 random-init replica of the scorer's checkpoint in the real on-disk format at the REAL
-architecture (marble.tools.dev.replicas with `size`: CLIP ViT-H/14 for PickScore, ViT-L/14
+architecture (the test beds' tests/beds/replicas.py, package `beds`, with `size`: CLIP ViT-H/14 for PickScore, ViT-L/14
 for CLIPScore and the aesthetic head, BLIP ViT-L/16 + BERT-base for ImageReward, open_clip's
 ViT-H-14 for HPSv2.1, mmdet's own Mask2Former Swin-S config for GenEval) into a temporary
 folder under the work folder (~11 GB; the random init runs on the GPU), builds the real class
@@ -78,7 +78,9 @@ class Replicas:
         return folder
 
     def clip(self, reward: str) -> str:
-        from marble.tools.dev.replicas import clip_repo
+        # The replicas are test beds (tests/beds, not shipped): the gpu check runs from a checkout
+        # with tests/ on PYTHONPATH (`make gpu-check`), so `beds` is imported only here, lazily.
+        from beds.replicas import clip_repo
 
         size = self.size(reward)
         return str(self._once(reward, self.root / f"clip-{size}",
@@ -86,7 +88,7 @@ class Replicas:
 
     def options(self, reward: str) -> dict:
         """The real class's options pointing at the replica (raises Skipped)."""
-        from marble.tools.dev import replicas
+        from beds import replicas
 
         kind = descriptor(reward).replica
         if kind == "clip":
@@ -110,8 +112,8 @@ class Replicas:
         raise KeyError(f"gpu check score phase: no replica writer {kind!r} for reward {reward!r}")
 
     def _hps(self, reward: str) -> dict:
-        from marble.tools.dev import replicas_hps
-        from marble.tools.dev.mirror import HPS_ARCH, replica_reward_options
+        from beds import replicas_hps
+        from beds.mirror import HPS_ARCH, replica_reward_options
 
         if (why := importable("open_clip")) is not None:
             raise Skipped(f"HPSv2.1 needs open_clip (carry open_clip_torch, ftfy, wcwidth, timm as "
@@ -132,7 +134,7 @@ class Replicas:
             raise Skipped(f"GenEval's Mask2Former needs mmdet 2.x on a compiled mmcv-full 1.x "
                           f"(docs/rewards.md): {why}")
         from marble.rewards.geneval import DETECTOR_CONFIG, mmdet_config_path
-        from marble.tools.dev import mmdet_replica
+        from beds import mmdet_replica
 
         folder = self.root / reward
         # Tiny: the config inheriting the real one with small widths; real: the Swin-S config itself.

@@ -26,6 +26,7 @@ class Mutant:
 _TRAINER = "marble/training/trainer.py"
 _RESUME_TEST = "tests/test_trainer.py::test_resume_is_bitwise"
 _EDGES = "tests/test_edges.py"
+_EDGES_AT = "tests/test_edges_mechanisms.py"  # issue 50 item 4: mechanisms whose own tests let these pass
 
 MUTANTS: list[Mutant] = [
     # ---------------------------------------------------------------- resume, checkpoints
@@ -183,12 +184,12 @@ MUTANTS: list[Mutant] = [
            ("tests/test_rewards_ocr.py::test_default_target_rule_is_the_first_non_empty_quoted_span",),
            "the OCR target is the last quoted span"),
     # ---------------------------------------------------------------- dev replicas (the mirror)
-    Mutant("bert_replica_vocab_keyword", "marble/tools/dev/replicas.py",
+    Mutant("bert_replica_vocab_keyword", "tests/beds/replicas.py",
            'BertTokenizer(str(folder / "vocab.txt"), do_lower_case=True)',
            'BertTokenizer(vocab_file=str(folder / "vocab.txt"), do_lower_case=True)',
            ("tests/test_replicas.py::test_bert_replica_tokenizes_words",),
            "the old bug: transformers 5 ignores vocab_file=, every word becomes [UNK]"),
-    Mutant("clip_replica_vocab_keyword", "marble/tools/dev/replicas.py",
+    Mutant("clip_replica_vocab_keyword", "tests/beds/replicas.py",
            'CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"), model_max_length=77)',
            'CLIPTokenizer(vocab_file=str(folder / "vocab.json"), merges_file=str(folder / "merges.txt"),'
            " model_max_length=77)",
@@ -283,9 +284,57 @@ MUTANTS: list[Mutant] = [
            "self.direction = sum_into(None, direction)",
            ("tests/test_levels.py::test_step_level_sums_micro_steps_before_the_cosine",),
            "the step level's direction is the last micro-step's, not the step's accumulated one"),
-    Mutant("holm_not_monotone", "marble/report/claim_stats.py",
+    Mutant("holm_not_monotone", "marble/experiments/claim_family.py",
            "running = max(running, min(1.0, (m - i) * p))", "running = min(1.0, (m - i) * p)",
            ("tests/test_claim_design.py::test_holm_by_hand_and_nan_out_of_the_family",),
            "Holm's step-down p-values are not made monotone: a later member rejects where an "
            "earlier one did not"),
+    Mutant("tost_smaller_one_sided_p", "marble/experiments/claim_family.py",
+           "return float(max(p_low, p_high))", "return float(min(p_low, p_high))",
+           (f"{_EDGES_AT}::test_tost_is_the_larger_one_sided_p_on_a_sample_off_zero",),
+           "TOST rejects when only one of its two nulls is rejected: equivalence claimed for a "
+           "difference sitting at the margin"),
+    Mutant("equivalence_on_unadjusted_p", "marble/experiments/claim_design.py",
+           "and tost_adj[s] < 1 - cs.LEVEL)", "and tost_p[s] < 1 - cs.LEVEL)",
+           (f"{_EDGES_AT}::test_equivalence_is_decided_on_the_holm_adjusted_tost_p",),
+           "equivalence read off the unadjusted TOST p: the family-wise error is not controlled"),
+    # ---------------------------------------------------------------- the min-norm QP beyond enumeration
+    Mutant("qp_away_only_from_large_weights", "marble/maths/qp.py",
+           "on = np.flatnonzero(alpha > 0)", "on = np.flatnonzero(alpha > 1e-3)",
+           (_EDGES_AT,),
+           "K > 10: away steps never leave a vertex of small weight, so a wrong support survives "
+           "(tests/test_balance.py let it pass: a worse objective on random K = 14 Grams)"),
+    # ---------------------------------------------------------------- fingerprints, typed reads
+    Mutant("tree_fingerprint_without_names", "marble/runtime/fingerprint.py",
+           'digest.update(f"{f.relative_to(path).as_posix()}\\0{cache.sha256(f)}\\n".encode())',
+           'digest.update(f"{cache.sha256(f)}\\n".encode())',
+           (f"{_EDGES_AT}::test_a_tree_fingerprint_names_its_files",),
+           "a folder's identity without its file names: a renamed file keeps the identity"),
+    Mutant("hash_cache_keyed_on_size", "marble/runtime/fingerprint.py",
+           "if all(record.get(k) == v for k, v in key.items()) and",
+           'if record.get("size") == key["size"] and',
+           (f"{_EDGES_AT}::test_the_hash_cache_is_not_keyed_on_size_alone",),
+           "a same-size rewrite passes as the cached file: a stale digest identifies new content"),
+    Mutant("json_true_is_a_number", "marble/runtime/schema.py",
+           "return isinstance(value, (int, float)) and not isinstance(value, bool)",
+           "return isinstance(value, (int, float))",
+           (f"{_EDGES_AT}::test_a_json_true_is_no_number",),
+           "a JSON true in an averages file is read as the score 1"),
+    Mutant("legacy_rows_either_without_rev", "marble/evaluation/results.py",
+           'and "rev" not in previous and "rev" not in row', 'and ("rev" not in previous or "rev" not in row)',
+           (f"{_EDGES_AT}::test_the_legacy_row_rule_needs_both_lines_without_a_revision",),
+           "a line with a revision beside one without passes as a legacy file: an edit is averaged in"),
+    Mutant("output_rescale_over_all_norms", "marble/maths/fresh_balance.py",
+           'w[idx] = alpha[idx] * (norms[idx].mean() / norms[idx]', 'w[idx] = alpha[idx] * (norms.mean() / norms[idx]',
+           (f"{_EDGES_AT}::test_the_output_space_rescale_uses_the_valid_rewards_norms_only",),
+           "the output-space rescale's mean norm counts rewards without a gradient: the step shrinks"),
+    Mutant("table1_columns_in_registry_order", "marble/evaluation/summary.py",
+           "_COLUMNS = sorted((d.column for d in descriptors() if d.column), key=lambda c: c.position)",
+           "_COLUMNS = [d.column for d in descriptors() if d.column]",
+           (f"{_EDGES_AT}::test_table1_columns_are_the_papers_order",),
+           "Table 1's columns follow the reward registry, not the paper's order"),
+    Mutant("reward_named_twice_accepted", "marble/config.py",
+           "if len(set(names)) != len(names):", "if False:",
+           (f"{_EDGES_AT}::test_a_reward_named_twice_is_refused",),
+           "a reward listed twice trains with double weight under the weighted sum and a duplicate QP row"),
 ]

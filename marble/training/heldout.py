@@ -19,7 +19,7 @@ after the EMA swap, so a run with evaluation trains bitwise as one without; so i
 may change on resume (marble.training.run_dir.RESULT_NEUTRAL_KEYS). What they measure is
 recorded instead: every line carries `eval_id`, a digest of the test table's content and
 the evaluation's settings, and a change between two evaluations of different ids is no
-change (marble.report.claim_experiment.eval_change refuses it).
+change (marble.report.run_measures.eval_change refuses it).
 """
 
 from __future__ import annotations

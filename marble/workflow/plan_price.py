@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from marble.config import load_config
-from marble.evaluation.datasets import DEFAULT_REWARDS
+from marble.evaluation.datasets import DEFAULT_REWARDS, DRAWBENCH, GENEVAL, OCR, PICKSCORE
 from marble.runtime.io import read_jsonl
 from marble.training.checkpoint_format import list_checkpoints
 from marble.workflow import claim as wf_claim
@@ -32,7 +32,7 @@ EVAL_RULE = "evaluate_ckpt"
 # Samples per dataset in the reference's prompt files (data/raw after `marble download`:
 # GenEval's 553 prompts x 4, OCR's 1018, PickScore's 2048, DrawBench's 200 x 5), for a plan
 # made before the download; once downloaded the files are counted.
-REFERENCE_SAMPLES = {"geneval": 2212, "ocr": 1018, "pickscore": 2048, "drawbench": 1000}
+REFERENCE_SAMPLES = {GENEVAL: 2212, OCR: 1018, PICKSCORE: 2048, DRAWBENCH: 1000}
 # The mixed test split training's held-out evaluation reads (pickscore + ocr + geneval), for a
 # plan made before the dataset is assembled; once it is, its rows are counted.
 REFERENCE_TEST_ROWS = 2048 + 1018 + 2212

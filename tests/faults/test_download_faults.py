@@ -139,13 +139,13 @@ REPO, REV = "google-bert/bert-base-uncased", "86b5e0934494bd15c9632b12f734a8a67f
 
 @pytest.fixture
 def hub_mirror(tmp_path, monkeypatch):
-    """A one-repo hub on 127.0.0.1 (marble.tools.dev.mirror_server) and a manifest naming it
+    """A one-repo hub on 127.0.0.1 (beds.mirror_server) and a manifest naming it
     without sha256 pins: its files are verified against the hub's listing only."""
     import json
 
     import huggingface_hub.constants as hf_constants
 
-    from marble.tools.dev.mirror_server import MirrorServer
+    from beds.mirror_server import MirrorServer
 
     root = tmp_path / "mirror"
     (root / "hub" / REPO).mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""UnifiedReward against a flaky judge on 127.0.0.1 (marble.tools.dev.fake_sglang's faults):
+"""UnifiedReward against a flaky judge on 127.0.0.1 (beds.fake_sglang's faults):
 a failed request is NaN and flagged, never a score; evaluation stores it as missing, counts
 it in average_scores.json and the next run fills it."""
 
@@ -16,7 +16,7 @@ from PIL import Image
 from marble import evaluate
 from marble.rewards import build
 from marble.rewards.unifiedreward import QUESTION, REFERENCE_MODEL_NAME
-from marble.tools.dev.fake_sglang import FakeSglangServer, judge_score
+from beds.fake_sglang import FakeSglangServer, judge_score
 
 PROMPTS = ["a red bicycle", "a foggy forest"]
 

@@ -21,7 +21,8 @@ from marble.data import cli as data_cli
 from marble.data.records import PromptRecord, to_frame
 from marble.evaluation.results import ResultsError, read_results
 from marble.models import cli as models_cli
-from marble.report import claim_cli, tables_cli
+from marble.experiments import claim_cli
+from marble.report import tables_cli
 from marble.report import cli as report_cli
 
 

@@ -93,11 +93,11 @@ rule claim_cost:
     # the rows come from the arms' own cadences (claim_cost --print-rows), so an arm of a new
     # kind is priced instead of failing after every training
     shell:
-        "rows=$(python -m marble.tools.claim_cost --print-rows --arms {params.arms:q}"
+        "rows=$(python -m marble.experiments.claim_cost --print-rows --arms {params.arms:q}"
         " --model {input.model:q} 2> {log:q})"
         " && marble bench flops --preset tiny --set model.path={input.model:q}"
         ' --rows "$rows" --runs tiny --json {output.flops:q} >> {log:q} 2>&1'
-        " && python -m marble.tools.claim_cost --flops {output.flops:q} --arms {params.arms:q}"
+        " && python -m marble.experiments.claim_cost --flops {output.flops:q} --arms {params.arms:q}"
         " --model {input.model:q} --out {output.cost:q} >> {log:q} 2>&1"
 
 
@@ -138,6 +138,6 @@ rule claim:
             else "--no-arms"
         ),
     shell:
-        "python -m marble.report.claim_cli {params.inputs} --marble-arm {params.marble_arm:q}"
+        "python -m marble.experiments.claim_cli {params.inputs} --marble-arm {params.marble_arm:q}"
         " --baseline-arm {params.baseline:q} --effect-fraction {params.effect:q}"
         " --out {params.out:q} > {log:q} 2>&1"

@@ -50,11 +50,11 @@ rule zoo_cost:
         arms=json.dumps(ZOO_ARMS, sort_keys=True),
     # the rows that price every zoo arm, from the arms' cadences (marble.balancers.cadence)
     shell:
-        "rows=$(python -m marble.tools.claim_cost --print-rows --arms {params.arms:q}"
+        "rows=$(python -m marble.experiments.claim_cost --print-rows --arms {params.arms:q}"
         " --model {input.model:q} 2> {log:q})"
         " && marble bench flops --preset tiny --set model.path={input.model:q}"
         ' --rows "$rows" --runs tiny --json {output.flops:q} >> {log:q} 2>&1'
-        " && python -m marble.tools.claim_cost --flops {output.flops:q} --arms {params.arms:q}"
+        " && python -m marble.experiments.claim_cost --flops {output.flops:q} --arms {params.arms:q}"
         " --model {input.model:q} --out {output.cost:q} >> {log:q} 2>&1"
 
 
@@ -78,7 +78,7 @@ rule zoo:
         runs=lambda wc, input: os.path.join(os.path.dirname(input.cost), "runs"),
         out=lambda wc, output: os.path.dirname(output.verdict),
     shell:
-        "python -m marble.report.claim_cli --runs {params.runs:q} --cost {input.cost:q}"
+        "python -m marble.experiments.claim_cli --runs {params.runs:q} --cost {input.cost:q}"
         " --benchmarks benchmarks/zoo --marble-arm {params.marble_arm:q}"
         " --baseline-arm {params.baseline:q} --effect-fraction {params.effect:q}"
         " --out {params.out:q} > {log:q} 2>&1"

@@ -1,4 +1,4 @@
-"""A tiny local mirror of every paper asset: `python -m marble.tools.dev.mirror --out DIR --seed 0`.
+"""A tiny local mirror of every paper asset: `python -m beds.mirror --out DIR --seed 0`.
 
 For every entry of the manifest (and so every model a scorer loads) it writes a random-init
 replica in the on-disk format the real loading code reads, under the same names:
@@ -12,7 +12,7 @@ replica in the on-disk format the real loading code reads, under the same names:
 - hub/<repo>/ of Table 1's public rows whose commit config/paper.yaml pins (not manifest
   entries: the workflow fetches them by `hf:repo@commit`): tiny SD-XL and FLUX.1 pipelines
   (replicas_t2i), an SD3 pipeline for SD3.5-L, a peft LoRA for the SD3 replica (FlowGRPO's);
-- mirror.json (repo -> pinned revision, gated) for marble.tools.dev.mirror_server, and
+- mirror.json (repo -> pinned revision, gated) for beds.mirror_server, and
   manifest.yaml: the packaged manifest with every size and sha256 replaced by the replica's,
   so `marble download --manifest DIR/manifest.yaml` verifies what the mirror serves.
 Deterministic from the seed; a few seconds and ~10 MB.
@@ -33,7 +33,7 @@ import yaml
 from marble.assets.manifest import MANIFEST, load_manifest
 from marble.rewards import descriptors
 from marble.runtime.io import sha256_file
-from marble.tools.dev import replicas, replicas_hps
+from beds import replicas, replicas_hps
 from marble.workflow import configs
 
 # open_clip architecture of the HPS replica (pass it as the hpsv2 reward's model_config/arch).
@@ -75,7 +75,7 @@ def _hub_builders(seed: int) -> dict:
 
 def _public_row_builders(seed: int) -> dict:
     """repo id -> (function(folder) writing its replica, gated) for Table 1's public rows."""
-    from marble.tools.dev import replicas_t2i
+    from beds import replicas_t2i
 
     return {
         "stabilityai/stable-diffusion-xl-base-1.0": (lambda d: replicas_t2i.sdxl_repo(d, seed + 20), False),
@@ -134,7 +134,7 @@ def _url_key(url: str, builders: dict) -> str:
     for key in sorted(builders, key=len, reverse=True):
         if rest.endswith("/" + key):
             return key
-    raise KeyError(f"no replica for {url}: add a builder to marble.tools.dev.mirror")
+    raise KeyError(f"no replica for {url}: add a builder to beds.mirror")
 
 
 def url_path(url: str) -> str:
@@ -152,7 +152,7 @@ def _build_public_rows(out: Path, seed: int, paper_config: str | Path) -> dict[s
     for repo, commit in pinned_public_rows(paper_config).items():
         if repo not in builders:
             raise KeyError(f"{paper_config}: {repo}@{commit} has no replica: add a builder to "
-                           "marble.tools.dev.mirror._public_row_builders")
+                           "beds.mirror._public_row_builders")
         write, gated = builders[repo]
         write(out / "hub" / repo)
         repos[repo] = {"revision": commit, "gated": gated}
@@ -175,7 +175,7 @@ def build_mirror(out: str | Path, seed: int = 0, manifest: str | Path = MANIFEST
             if not e.repo or e.repo in repos:
                 continue
             if e.repo not in hub:
-                raise KeyError(f"no replica for hub repo {e.repo}: add a builder to marble.tools.dev.mirror")
+                raise KeyError(f"no replica for hub repo {e.repo}: add a builder to beds.mirror")
             hub[e.repo](out / "hub" / e.repo)
             repos[e.repo] = {"revision": e.revision or hashlib.sha1(e.repo.encode()).hexdigest(), "gated": e.gated}
         repos.update(_build_public_rows(out, seed, paper_config))
@@ -212,7 +212,7 @@ def mirror_manifest(out: Path, manifest: str | Path = MANIFEST) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m marble.tools.dev.mirror", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m beds.mirror", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=0)
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     out = build_mirror(args.out, args.seed, args.manifest)
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     print(f"mirror written to {out} ({size / 1e6:.1f} MB); serve it with "
-          f"`python -m marble.tools.dev.mirror_server {out}`")
+          f"`python -m beds.mirror_server {out}`")
     return 0
 
 

@@ -2,7 +2,7 @@
 state-dict layout hpsv2 saves: the tiny ViT-H-14-shaped model the mirror serves (its open_clip
 config written beside it, as files cannot name an architecture) and, with `size="ViT-H-14"`,
 open_clip's real architecture for the gpu check's score phase. Split from
-marble/tools/dev/replicas.py, whose `write_config_json` and `CLIP_IMAGE` it shares.
+tests/beds/replicas.py, whose `write_config_json` and `CLIP_IMAGE` it shares.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from marble.tools.dev.replicas import CLIP_IMAGE, write_config_json
+from beds.replicas import CLIP_IMAGE, write_config_json
 
 HPS_WIDTH, HPS_EMBED, HPS_LAYERS = 32, 16, 2
 OPEN_CLIP_VOCAB, OPEN_CLIP_CONTEXT = 49408, 77  # open_clip's SimpleTokenizer

@@ -1,6 +1,6 @@
-"""`python -m marble.report.claim_pilot`: a committed pilot from a claim run (issue 36 item 4).
+"""`python -m marble.experiments.claim_pilot`: a committed pilot from a claim run (issue 36 item 4).
 
-    python -m marble.report.claim_pilot --runs results/claim/runs --commit <sha of the run's code>
+    python -m marble.experiments.claim_pilot --runs results/claim/runs --commit <sha of the run's code>
         --out docs/claim_pilot.json
 
 A pilot fixes, before the main run, each question's seed-to-seed spread and its effect of
@@ -24,8 +24,9 @@ import math
 import sys
 from pathlib import Path
 
-from marble.report.claim_cli import collect
-from marble.report.claim_experiment import RunMeasure, effects_of_interest
+from marble.experiments.claim_cli import collect
+from marble.experiments.claim_experiment import effects_of_interest
+from marble.report.run_measures import RunMeasure
 from marble.report.loading import ReportInputError
 from marble.report.published import PUBLISHED_ANTI_ALIGNED
 from marble.runtime.io import write_json
@@ -73,7 +74,7 @@ def pilot_from_measures(measures: list[RunMeasure], rewards: list[str], speciali
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m marble.report.claim_pilot", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m marble.experiments.claim_pilot", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=Path, required=True, help="the pilot's results/claim/runs")
     p.add_argument("--commit", required=True, help="the commit whose code made the runs")

@@ -1,4 +1,5 @@
-"""The `claim` experiment's verdict from its runs' metrics (docs/claim.md, issue 26).
+"""The per-run measures and the three questions that the demo's verdict (marble.report.demo_claim)
+and the claim experiment (marble.experiments.claim_experiment) both ask (docs/claim.md, issue 26).
 
 Per run (arm x seed): each reward's change, = its held-out mean at the run's last
 evaluation minus at step 0 (RUN/eval.jsonl, marble.training.heldout: the EMA weights on the
@@ -8,8 +9,9 @@ new draw of prompts or noise); the fraction of diagnostic steps whose applied di
 opposes some reward (`anti_aligned`), split into full-solve and amortized steps, and the
 same for a fresh solve on the same gradients (`anti_aligned_solve`), the applied alpha in
 the solve's form (`anti_aligned_alpha_unit`) and on raw gradients (`anti_aligned_alpha_raw`).
-Over seeds: intervals and paired differences (marble.report.claim_stats). Pure functions on
-frames.
+Over seeds: intervals and paired differences (marble.report.seed_stats). Pure functions on
+frames. The experiment's extra per-run measures (levels, dilution) are added by
+marble.experiments.claim_experiment.measure_claim_run.
 """
 
 from __future__ import annotations
@@ -20,18 +22,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from marble.report import claim_stats as cs
-from marble.report.claim_levels import levels_verdict, run_levels
-from marble.report.claim_noise import run_dilution
-from marble.report.claim_stats import json_number
-from marble.report.published import PUBLISHED_ANTI_ALIGNED
-from marble.workflow.claim import ALONE_PREFIX
+from marble.report import seed_stats as cs
+from marble.report.seed_stats import json_number
 
 CHANGE_MEASURE = ("held-out mean of the reward over the test prompts it applies to (EMA weights, "
                   "latents fixed by seed, prompt and repeat): last evaluation minus step 0")
 # The ranges the fractions and their differences can take: their intervals are cut to them.
 FRACTION, FRACTION_DIFFERENCE = (0.0, 1.0), (-1.0, 1.0)
-THEOREM_TOL = 1e-6  # a full solve's worst cosine may sit this far below 0 (rounding)
 # anti-aligned flags and angles recorded per diagnostic step (marble.balancers.solve);
 # ws_direction: the weighted-sum direction on the same batches (the counterfactual baseline)
 FLAGS = {"applied": "anti_aligned", "fresh_solve": "anti_aligned_solve",
@@ -50,6 +47,7 @@ class RunMeasure:
     full_solve_min_cos: float  # worst cos_min over full-solve steps (NaN: none)
     full_solve_steps: int
     diag_steps: int = 0  # diagnostic steps the fractions count (their sampling error)
+    # filled by the experiment only (marble.experiments.claim_experiment.measure_claim_run)
     levels: dict = field(default_factory=dict)  # claim_levels.run_levels: the three levels
     dilution: dict = field(default_factory=dict)  # reward -> mean `dilution/<reward>` (claim_noise)
     # every measured micro-step (`diag_micro` records, any weight source): the share whose
@@ -111,8 +109,7 @@ def measure_run(arm: str, seed: int, metrics: pd.DataFrame, rewards: list[str],
     cos = cos[np.isfinite(cos)]
     every = np.concatenate([fresh, other]) if fresh is not None else np.array([])
     return RunMeasure(arm, seed, {r: eval_change(evals, r, final_step) for r in rewards}, anti, angles,
-                      float(cos.min()) if len(cos) else math.nan, solves, len(diag),
-                      run_levels(metrics), run_dilution(metrics, rewards),
+                      float(cos.min()) if len(cos) else math.nan, solves, len(diag), {}, {},
                       float((every < 0).mean()) if len(every) else math.nan,
                       float(every.min()) if len(every) else math.nan)
 
@@ -130,7 +127,7 @@ def _micro_minima(diag: pd.DataFrame) -> tuple[np.ndarray | None, np.ndarray | N
     return (np.array([c for f, c in keep if f], float), np.array([c for f, c in keep if not f], float))
 
 
-def _applied_se(m: RunMeasure) -> float:
+def applied_se(m: RunMeasure) -> float:
     return cs.fraction_se(m.anti.get("applied", math.nan), m.diag_steps)
 
 
@@ -214,51 +211,11 @@ def question_c(measures, marble_arm, baseline_arm, effect: float = math.nan) -> 
     opposes a reward less often); each run's fraction carries its sampling error as a floor."""
     base = _by_seed(measures, baseline_arm, lambda m: m.anti["applied"])
     marble = _by_seed(measures, marble_arm, lambda m: m.anti["applied"])
-    se = {arm: _by_seed(measures, arm, _applied_se) for arm in (baseline_arm, marble_arm)}
+    se = {arm: _by_seed(measures, arm, applied_se) for arm in (baseline_arm, marble_arm)}
     floor = cs.pooled_se([math.hypot(se[baseline_arm][s], se[marble_arm][s])
                           for s in sorted(set(base) & set(marble))])
     iv = cs.paired(base, marble, sd_floor=floor, bounds=FRACTION_DIFFERENCE)
     return {"answer": cs.decide(iv), "difference": iv.as_json(), **power_fields(iv, effect)}
-
-
-def question_conflict(measures, baseline_arm) -> dict:
-    """Do the rewards conflict: is the weighted sum's anti-aligned fraction above 0?"""
-    mine = [m for m in measures if m.arm == baseline_arm]
-    iv = cs.t_interval([m.anti["applied"] for m in mine],
-                       sd_floor=cs.pooled_se([_applied_se(m) for m in mine]), bounds=FRACTION)
-    return {"answer": cs.decide(iv), "fraction": iv.as_json()}
-
-
-def question_theorem(measures, min_norm_arms: set[str] | dict | None = None) -> dict:
-    """Every full-solve step of every run of a min-norm balancer (`min_norm_arms`: a set, or
-    arm -> its solver's tolerance; None: every arm): worst-reward cosine of the solve's
-    combination >= -tol. Only the min-norm point of the unit gradients' hull has
-    <d, u_k> >= |d|^2; another weighting (UPGrad, CAGrad, random, ...) may oppose a reward on
-    its own solve, which the arm's `fresh_solve` fraction shows."""
-    tol = {} if not isinstance(min_norm_arms, dict) else dict(min_norm_arms)
-    if min_norm_arms is not None:
-        measures = [m for m in measures if m.arm in min_norm_arms]
-    cos = [m.full_solve_min_cos for m in measures if math.isfinite(m.full_solve_min_cos)]
-    worst = min(cos) if cos else math.nan
-    steps = sum(m.full_solve_steps for m in measures)
-    held = all(m.full_solve_min_cos >= -tol.get(m.arm, THEOREM_TOL) for m in measures
-               if math.isfinite(m.full_solve_min_cos))
-    arms = sorted({m.arm for m in measures if m.full_solve_steps})
-    out = {"answer": bool(steps) and held, "min_cosine": json_number(worst),
-           "full_solve_steps": steps, "tolerance": THEOREM_TOL, "arms": arms}
-    if tol:  # per-arm tolerances (a looser solver such as torchjd's MGDA) named beside
-        out["tolerances"] = {a: tol[a] for a in arms}
-    return out
-
-
-def question_learnable(measures) -> dict:
-    """Each reward trained alone (`alone_<reward>` arms) rises: its change's interval > 0."""
-    per = {}
-    for arm in dict.fromkeys(m.arm for m in measures if m.arm.startswith(ALONE_PREFIX)):
-        reward = arm[len(ALONE_PREFIX):]
-        iv = cs.t_interval([m.changes.get(reward, math.nan) for m in measures if m.arm == arm])
-        per[reward] = {"change": iv.as_json(), "answer": cs.decide(iv)}
-    return {"answer": cs.all_of([p["answer"] for p in per.values()]), "per_reward": per}
 
 
 QUESTIONS = {
@@ -273,67 +230,3 @@ QUESTIONS = {
     "theorem_full_solves_never_anti_aligned":
         "Every full-solve step's combination has worst-reward cosine >= -1e-6",
 }
-
-
-def effects_of_interest(alone: list[RunMeasure], fraction: float) -> dict[str, float]:
-    """reward -> `fraction` x its mean change when trained alone (the `alone_<reward>` arms):
-    a balancer's edge smaller than that share of what the reward can gain is not worth one."""
-    out = {}
-    for arm in dict.fromkeys(m.arm for m in alone):
-        reward = arm[len(ALONE_PREFIX):]
-        mean = cs.t_interval([m.changes.get(reward, math.nan) for m in alone if m.arm == arm]).mean
-        out[reward] = fraction * abs(mean) if math.isfinite(mean) else math.nan
-    return out
-
-
-def claim_verdict(measures: list[RunMeasure], rewards: list[str], specialists: dict[str, float],
-                  marble_arm: str, baseline_arm: str, effect_fraction: float = 0.5,
-                  min_norm_arms: set[str] | dict | None = None,
-                  arm_methods: dict[str, str] | None = None,
-                  fixed_effects: dict[str, float] | None = None) -> dict:
-    """The verdict JSON (keys documented in docs/claim.md). `effect_fraction`: the smallest
-    effect of interest as a fraction of a specialist's change trained alone (question b) and
-    of the paper's anti-aligned difference, 80% - 0% (question c). `min_norm_arms`: the arms
-    the full-solve theorem holds for (None: all). `fixed_effects`: specialist -> (b)'s effect of
-    interest in absolute units, fixed before the run by the committed pilot (claim_design.
-    pilot_effects); without it, `effect_fraction` of this run's alone change (observed, said
-    so in `effect_of_interest_source`). Without alone arms (the zoo) the learnability question
-    is not asked."""
-    arms = list(dict.fromkeys(m.arm for m in measures))
-    for need in (marble_arm, baseline_arm):
-        if need not in arms:
-            raise ValueError(f"claim: arm {need!r} has no runs (arms: {', '.join(arms) or 'none'})")
-    alone = [m for m in measures if m.arm.startswith(ALONE_PREFIX)]
-    measures = [m for m in measures if not m.arm.startswith(ALONE_PREFIX)]
-    arms = [a for a in arms if not a.startswith(ALONE_PREFIX)]
-    table = arm_table(measures, rewards, baseline_arm)
-    questions = {
-        **({"every_reward_learnable_alone": question_learnable(alone)} if alone else {}),
-        "a_every_reward_rises_under_marble": question_a(measures, rewards, marble_arm),
-        "b_specialists_rise_more_under_marble": question_b(
-            measures, specialists, marble_arm, baseline_arm,
-            fixed_effects or effects_of_interest(alone, effect_fraction)),
-        "c_marble_less_anti_aligned": question_c(
-            measures, marble_arm, baseline_arm,
-            effect_fraction * (PUBLISHED_ANTI_ALIGNED["weighted_sum"] - PUBLISHED_ANTI_ALIGNED["marble"])),
-        "conflict_weighted_sum_anti_aligned": question_conflict(measures, baseline_arm),
-        "theorem_full_solves_never_anti_aligned": question_theorem(measures, min_norm_arms),
-    }
-    methods = arm_methods or {marble_arm: "marble", baseline_arm: "weighted_sum"}
-    levels = levels_verdict({a: [m.levels for m in measures if m.arm == a and m.levels] for a in arms},
-                            methods)
-    return {
-        "arms": arms, "seeds": sorted({m.seed for m in measures}),
-        "levels": levels,
-        "marble_arm": marble_arm, "baseline_arm": baseline_arm,
-        "rewards": rewards, "specialists": specialists, "change_measure": CHANGE_MEASURE,
-        "effect_fraction": effect_fraction,
-        "effect_of_interest_source": ("the committed pilot (fixed before the run)" if fixed_effects
-                                      else "this run's alone arms (observed)"),
-        "level": cs.LEVEL, "power": cs.POWER,
-        "published_anti_aligned": dict(PUBLISHED_ANTI_ALIGNED),
-        "arm_results": {arm: {part: {k: iv.as_json() for k, iv in vals.items()}
-                              for part, vals in t.items()} for arm, t in table.items()},
-        "questions": questions,
-        "sentences": [cs.sentence(QUESTIONS[q], v["answer"]) for q, v in questions.items()],
-    }

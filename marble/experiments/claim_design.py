@@ -22,8 +22,9 @@ import json
 import math
 from pathlib import Path
 
-from marble.report import claim_stats as cs
-from marble.report.claim_experiment import claim_verdict, effects_of_interest
+from marble.experiments import claim_family as fam
+from marble.report import seed_stats as cs
+from marble.experiments.claim_experiment import claim_verdict, effects_of_interest
 from marble.workflow.claim import ALONE_PREFIX
 
 __all__ = ["multiplicity", "replication", "load_pilot", "pilot_section", "NO_PILOT"]
@@ -33,13 +34,13 @@ NO_PILOT = "no pilot"
 
 def _family(values: dict[str, list[float]]) -> dict:
     """name -> per-seed values: p, Holm-adjusted p and the adjusted answer per member."""
-    p = {name: cs.t_pvalue(v) for name, v in values.items()}
-    adj = cs.holm(p)
+    p = {name: fam.t_pvalue(v) for name, v in values.items()}
+    adj = fam.holm(p)
     out = {}
     for name, v in values.items():
         mean = cs.t_interval(v).mean
         out[name] = {"p": cs.json_number(p[name]), "p_holm": cs.json_number(adj[name]),
-                     "answer": cs.adjusted_answer(mean, adj[name])}
+                     "answer": fam.adjusted_answer(mean, adj[name])}
     return out
 
 
@@ -75,9 +76,9 @@ def multiplicity(measures, rewards, specialists, marble_arm, baseline_arm,
         families["arms_vs_baseline"] = _family(
             {f"{a}/{r}": _paired_values(main, a, baseline_arm, r) for a in others for r in rewards})
     effects = fixed_effects or effects_of_interest(alone, effect_fraction)
-    tost_p = {s: cs.tost(_paired_values(main, marble_arm, baseline_arm, s), effects.get(s, math.nan))
+    tost_p = {s: fam.tost(_paired_values(main, marble_arm, baseline_arm, s), effects.get(s, math.nan))
               for s in specialists}
-    tost_adj = cs.holm(tost_p)
+    tost_adj = fam.holm(tost_p)
     equivalence = {s: {"margin": cs.json_number(effects.get(s, math.nan)),
                        "p_tost": cs.json_number(tost_p[s]), "p_holm": cs.json_number(tost_adj[s]),
                        "equivalent": bool(math.isfinite(tost_adj[s]) and tost_adj[s] < 1 - cs.LEVEL)}
@@ -90,13 +91,13 @@ def multiplicity(measures, rewards, specialists, marble_arm, baseline_arm,
 
 def replication(measures, rewards, specialists, marble_arm, baseline_arm, seeds: list | None = None,
                 **kwargs) -> dict:
-    """The verdict on each half of the claim arms' seeds (cs.halves) and, per question, whether
+    """The verdict on each half of the claim arms' seeds (fam.halves) and, per question, whether
     the two answers say the same (true / false / no difference shown). The alone arms (their own
     seeds, often fewer) are not split: both halves read all of them for the effects of
     interest, so learnability is not a question the halves replicate."""
     alone = [m for m in measures if m.arm.startswith(ALONE_PREFIX)]
     main = [m for m in measures if not m.arm.startswith(ALONE_PREFIX)]
-    first, second = cs.halves(seeds if seeds is not None else sorted({m.seed for m in main}))
+    first, second = fam.halves(seeds if seeds is not None else sorted({m.seed for m in main}))
     if len(first) < 2:
         return {"status": "not computable", "seed_sets": [first, second],
                 "why": "each half needs two seeds for an interval"}
@@ -108,7 +109,7 @@ def replication(measures, rewards, specialists, marble_arm, baseline_arm, seeds:
         if q == "every_reward_learnable_alone":
             questions[q] = {"answers": answers, "status": "not split (the alone arms are shared)"}
             continue
-        same = cs.answer_kind(answers[0]) == cs.answer_kind(answers[1])
+        same = fam.answer_kind(answers[0]) == fam.answer_kind(answers[1])
         questions[q] = {"answers": answers, "status": "replicated" if same else "not replicated"}
     status = "replicated" if all(q["status"] != "not replicated" for q in questions.values()) \
         else "not replicated"
@@ -147,7 +148,7 @@ def pilot_section(pilot: dict | None, seeds: int) -> dict | str:
         return NO_PILOT
     out = {"commit": pilot["commit"], "design_seeds": seeds, "questions": {}}
     for q, items in pilot["questions"].items():
-        out["questions"][q] = {item: cs.pilot_powered(spec.get("per_seed", []), seeds,
+        out["questions"][q] = {item: fam.pilot_powered(spec.get("per_seed", []), seeds,
                                                       float(spec.get("effect_of_interest", math.nan)))
                                for item, spec in items.items()}
     return out

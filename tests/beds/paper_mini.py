@@ -25,8 +25,8 @@ from pathlib import Path
 
 import yaml
 
-from marble.tools.dev.mirror import build_mirror, is_current, replica_reward_options
-from marble.tools.dev.mirror_server import MirrorServer
+from beds.mirror import build_mirror, is_current, replica_reward_options
+from beds.mirror_server import MirrorServer
 from marble.workflow.doctor_checks import merge
 
 CONFIGS = ("config/paper.yaml", ".test/paper-mini.yaml")
@@ -116,7 +116,7 @@ def snakemake_commands(configs: list[str], cores: int, targets: list[str]) -> li
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m marble.tools.dev.paper_mini", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m beds.paper_mini", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mirror", default="data/mirror")
     p.add_argument("--cores", type=int, default=2)

@@ -12,7 +12,7 @@ each level's anti-aligned fraction, worst-reward cosine and across-reward varian
 Beside the paper's 80% / 0% anti-aligned, min cos -0.13 / +0.37 and variance 0.161 / 0.006
 (published.HARMONY), each as our value minus the paper's over seeds (an interval; a
 "no difference larger than X" answer is not a match: equivalence needs the TOST of
-marble.report.claim_stats).
+marble.report.seed_stats).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from marble.balancers import min_norm_tolerance
-from marble.report import claim_stats as cs
+from marble.report import seed_stats as cs
 from marble.report.published import HARMONY
 
 __all__ = ["LEVELS", "PAPER_QUANTITY", "run_levels", "levels_verdict"]

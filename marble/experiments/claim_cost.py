@@ -1,8 +1,8 @@
 """Counted cost of each `claim` arm: `marble bench flops` rows priced with the arm's cadence.
 
-    python -m marble.tools.claim_cost --flops FLOPS.json --arms '{"arm": {preset, max_steps, set}}'
+    python -m marble.experiments.claim_cost --flops FLOPS.json --arms '{"arm": {preset, max_steps, set}}'
         --model MODEL_DIR --out COST.json
-    python -m marble.tools.claim_cost --print-rows --arms ... --model MODEL_DIR
+    python -m marble.experiments.claim_cost --print-rows --arms ... --model MODEL_DIR
 
 `--print-rows` prints the comma-separated bench rows that price every arm (the claim and zoo
 rules pass them to `marble bench flops --rows`): an arm of a new kind (issue 37's output-space
@@ -53,7 +53,7 @@ def arm_costs(arms: dict, row_flops: dict, model_dir: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m marble.tools.claim_cost", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m marble.experiments.claim_cost", description=__doc__)
     p.add_argument("--print-rows", action="store_true",
                    help="print the bench rows that price the arms (comma-separated) and exit")
     p.add_argument("--flops", help="marble bench flops --json output")

@@ -1,9 +1,9 @@
 """The two evaluation numerics modes side by side on the paper-mini replicas (issue 29 item 3).
 
-    python -m marble.tools.dev.numerics_compare [--prompts 8] [--steps 4] [--resolution 64]
+    python -m beds.numerics_compare [--prompts 8] [--steps 4] [--resolution 64]
 
 Builds the tiny SD3.5-M replica, its hub-LoRA replica (FlowGRPO's peft format, random B) and a
-tiny CLIP (marble.tools.dev.replicas), then generates the same prompts and seeds through
+tiny CLIP (beds.replicas), then generates the same prompts and seeds through
 evaluation's own path (runner.load_eval_pipeline + generate_images, fp16) in `--numerics
 marble` and `--numerics reference`, and scores both with PickScore and CLIPScore on the tiny
 CLIP. Prints the 8-bit pixel difference and each score's mean per mode. On a CPU the runner
@@ -26,7 +26,7 @@ from marble.evaluation.prompts import EvalSample
 from marble.evaluation.runner import sd3_latents, generate_images, load_eval_pipeline
 from marble.models.encode import decode_latents
 from marble.rewards.clip_family import ClipScore, PickScore
-from marble.tools.dev import replicas
+from beds import replicas
 
 PROMPTS = ["a red apple on a table", "two dogs in the snow", "a sign that says hello", "a blue car",
            "a cat next to a lamp", "three green balls", "a castle at night", "a bowl of soup"]
@@ -76,7 +76,7 @@ def _vae_only(pipe, samples, args) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m marble.tools.dev.numerics_compare",
+    p = argparse.ArgumentParser(prog="python -m beds.numerics_compare",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--steps", type=int, default=4)

@@ -1,4 +1,4 @@
-"""A loopback stand-in for UnifiedReward's sglang server (`python -m marble.tools.dev.fake_sglang`).
+"""A loopback stand-in for UnifiedReward's sglang server (`python -m beds.fake_sglang`).
 
 Answers `GET /health` and `GET /v1/models` (readiness, as marble.rewards.service polls) and
 `POST /v1/chat/completions` (the OpenAI-compatible call `marble.rewards.unifiedreward`
@@ -24,7 +24,7 @@ import time
 from collections import deque
 from http.server import BaseHTTPRequestHandler
 
-from marble.tools.dev.mirror_server import LoopbackServer
+from beds.mirror_server import LoopbackServer
 
 MAX_BODY = 8 << 20  # a 512x512 PNG in base64 is well under this
 FAULT = re.compile(r"^(?:\d{3}|trickle|bad_gzip|score:.+)$")
@@ -126,7 +126,7 @@ class FakeSglangServer(LoopbackServer):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m marble.tools.dev.fake_sglang", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m beds.fake_sglang", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--idle", type=float, default=600.0, help="stop after this many seconds without a request")

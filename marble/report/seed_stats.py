@@ -1,7 +1,10 @@
 """Statistics that decide (issue 26 item 3): intervals over seeds, paired differences, power.
 
 Pure functions on per-seed numbers, unit-tested against hand calculations
-(tests/test_claim_stats.py). Seeds are independent draws (`data.sampler_seeds: keyed`), so
+(tests/test_claim_stats.py). Both the demo's verdict (marble.report.demo_claim) and the claim
+experiment (marble.experiments) decide with them: one definition of an interval and an answer.
+The experiment's multiple-testing family (Holm, TOST, halves) is marble.experiments.claim_family.
+Seeds are independent draws (`data.sampler_seeds: keyed`), so
 a value per seed is one sample; two arms with the same seed share the prompt plan, the
 rollout noise and the initial model, so their per-seed difference is a paired sample.
 
@@ -38,6 +41,12 @@ class Interval:
                 "high": json_number(self.high), "n": self.n, "sd": json_number(self.sd)}
 
 
+def finite(values) -> list[float]:
+    """The finite values as floats (None, NaN and infinities dropped): every statistic here and
+    in the experiment's family counts exactly these, so the rule is written once."""
+    return [float(v) for v in values if v is not None and math.isfinite(float(v))]
+
+
 def t_interval(values, level: float = LEVEL, sd_floor: float = 0.0,
                bounds: tuple[float, float] | None = None) -> Interval:
     """Mean and the Student-t interval of the finite values (NaN bounds below two values).
@@ -49,7 +58,7 @@ def t_interval(values, level: float = LEVEL, sd_floor: float = 0.0,
     [-1, 1]); the interval is cut to it, so two seeds answer "no difference larger than 1",
     not a bound no fraction can reach (the t interval on one degree of freedom is 12.7
     standard errors wide)."""
-    xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    xs = finite(values)
     n = len(xs)
     if n == 0:
         return Interval(math.nan, math.nan, math.nan, 0, math.nan)
@@ -152,84 +161,3 @@ def sentence(question: str, answer) -> str:
     if answer is False:
         return f"{question}: false."
     return f"{question}: {answer}."
-
-
-# ------------------------------------------------------------------ tests and their families
-
-
-def t_pvalue(values) -> float:
-    """Two-sided one-sample t-test p of mean = 0 over the finite values (NaN below two, or a
-    zero spread with mean 0; 0 for a zero spread with mean != 0)."""
-    xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    if len(xs) < 2:
-        return math.nan
-    mean = sum(xs) / len(xs)
-    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
-    if sd == 0:
-        return math.nan if mean == 0 else 0.0
-    t = mean / (sd / math.sqrt(len(xs)))
-    return float(2 * stats.t.sf(abs(t), len(xs) - 1))
-
-
-def holm(pvalues: dict) -> dict:
-    """Holm's step-down adjustment of a family {name: p}: sorted ascending, p_(i) x (m - i + 1),
-    made monotone and capped at 1; a NaN p stays NaN and does not count in m."""
-    finite = sorted((p, name) for name, p in pvalues.items() if math.isfinite(p))
-    m, out, running = len(finite), {name: math.nan for name in pvalues}, 0.0
-    for i, (p, name) in enumerate(finite):
-        running = max(running, min(1.0, (m - i) * p))
-        out[name] = running
-    return out
-
-
-def tost(values, margin: float) -> float:
-    """Two one-sided t-tests of |mean| < margin (equivalence): the larger of the two one-sided
-    p-values; equivalence is claimed only when it is below 1 - LEVEL. NaN when no margin or
-    fewer than two values."""
-    xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    if len(xs) < 2 or not (math.isfinite(margin) and margin > 0):
-        return math.nan
-    n, mean = len(xs), sum(xs) / len(xs)
-    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
-    if sd == 0:
-        return 0.0 if abs(mean) < margin else 1.0
-    se = sd / math.sqrt(n)
-    p_low = stats.t.sf((mean + margin) / se, n - 1)  # H0: mean <= -margin
-    p_high = stats.t.cdf((mean - margin) / se, n - 1)  # H0: mean >= +margin
-    return float(max(p_low, p_high))
-
-
-def adjusted_answer(mean: float, p_adjusted: float, alpha: float = 1 - LEVEL):
-    """True / False when the Holm-adjusted p is below alpha (the sign of the mean), else the
-    sentence that the family-wise test shows no difference."""
-    if math.isfinite(p_adjusted) and p_adjusted < alpha:
-        return bool(mean > 0)
-    shown = "n/a" if not math.isfinite(p_adjusted) else f"{p_adjusted:.3g}"
-    return f"no difference shown after Holm adjustment (p = {shown})"
-
-
-def answer_kind(answer) -> str:
-    """What a verdict answer says, for comparing two verdicts: true, false or none shown."""
-    if answer is True:
-        return "true"
-    if answer is False:
-        return "false"
-    return "no difference shown"
-
-
-def halves(seeds: list) -> tuple[list, list]:
-    """Two disjoint seed sets: the sorted seeds' first and second halves (an odd seed out)."""
-    s = sorted(seeds)
-    h = len(s) // 2
-    return s[:h], s[h:2 * h]
-
-
-def pilot_powered(pilot_values, n: int, effect: float) -> dict:
-    """Power fixed before the main run: the pilot's per-seed values give the sd; the design's
-    n seeds detect `effect` when the minimal detectable difference is <= it."""
-    iv = t_interval(pilot_values)
-    mdd = minimal_detectable_difference(iv.sd, n)
-    return {"pilot_sd": json_number(iv.sd), "pilot_seeds": iv.n,
-            "minimal_detectable_difference": json_number(mdd),
-            "powered": bool(math.isfinite(effect) and mdd <= abs(effect)),
-            "seeds_needed": seeds_needed(iv.sd, effect)}

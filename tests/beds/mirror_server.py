@@ -1,6 +1,6 @@
-"""A loopback HTTP server for a mirror folder (`python -m marble.tools.dev.mirror_server DIR`).
+"""A loopback HTTP server for a mirror folder (`python -m beds.mirror_server DIR`).
 
-Serves, on 127.0.0.1 and a free port, what `marble.tools.dev.mirror` wrote:
+Serves, on 127.0.0.1 and a free port, what `beds.mirror` wrote:
 - plain-URL assets at `/<host>/<path>` (what `marble download --mirror URL` requests);
 - Hub repositories at the endpoints huggingface_hub calls through HF_ENDPOINT (checked
   against huggingface_hub 2.4's source): `GET /api/models/{repo}/revision/{rev}` (repo info,
@@ -258,9 +258,9 @@ class MirrorServer(LoopbackServer):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m marble.tools.dev.mirror_server", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m beds.mirror_server", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("root", help="a folder written by `python -m marble.tools.dev.mirror`")
+    p.add_argument("root", help="a folder written by `python -m beds.mirror`")
     p.add_argument("--port", type=int, default=0, help="0: a free port")
     p.add_argument("--idle", type=float, default=600.0, help="stop after this many seconds without a request")
     p.add_argument("--url-file", help="write the server's URL to this file once it listens")

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import math
 
-from marble.report import claim_stats as cs
-from marble.report.claim_experiment import RunMeasure, question_a, question_b, question_c
-from marble.report.claim_stats import json_number
+from marble.report import seed_stats as cs
+from marble.report.run_measures import RunMeasure, question_a, question_b, question_c
+from marble.report.seed_stats import json_number
 
 __all__ = ["AT_COST", "arms_versus_baseline"]
 

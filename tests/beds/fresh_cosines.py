@@ -1,6 +1,6 @@
-"""Per-micro-batch worst cosines of issue 37's options (`python -m marble.tools.dev.fresh_cosines`).
+"""Per-micro-batch worst cosines of issue 37's options (`python -m beds.fresh_cosines`).
 
-    python -m marble.tools.dev.fresh_cosines --batches 40 --json OUT.json
+    python -m beds.fresh_cosines --batches 40 --json OUT.json
 
 A smoke measurement, not a verdict: the `random:tiny` model of the `tiny` preset (LoRA nudged
 off its zero init so every matrix has a gradient), synthetic micro-batches (`marble bench`'s
@@ -113,7 +113,7 @@ def measure(batches: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     from marble.runtime.io import write_json
 
-    p = argparse.ArgumentParser(prog="python -m marble.tools.dev.fresh_cosines",
+    p = argparse.ArgumentParser(prog="python -m beds.fresh_cosines",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--batches", type=int, default=40)
     p.add_argument("--json", default=None, help="also write the result here")

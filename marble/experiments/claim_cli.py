@@ -1,6 +1,6 @@
-"""`python -m marble.report.claim_cli`: the claim experiment's verdict, report section, figures.
+"""`python -m marble.experiments.claim_cli`: the claim experiment's verdict, report section, figures.
 
-    python -m marble.report.claim_cli --runs results/claim/runs --cost results/claim/cost.json
+    python -m marble.experiments.claim_cli --runs results/claim/runs --cost results/claim/cost.json
         --benchmarks benchmarks/claim --marble-arm marble_n5 --baseline-arm weighted_sum
         --out results/claim
 
@@ -20,19 +20,19 @@ from pathlib import Path
 import pandas as pd
 
 from marble.balancers import min_norm_tolerance
-from marble.report import claim_stats as cs
-from marble.report.claim_design import (load_pilot, multiplicity, pilot_effects, pilot_section,
+from marble.report import seed_stats as cs
+from marble.experiments.claim_design import (load_pilot, multiplicity, pilot_effects, pilot_section,
                                          replication)
-from marble.report.claim_beyond import arms_versus_baseline, beyond_sentence
-from marble.report.claim_experiment import claim_verdict, effects_of_interest, measure_run
+from marble.experiments.claim_beyond import arms_versus_baseline, beyond_sentence
+from marble.experiments.claim_experiment import claim_verdict, effects_of_interest, measure_claim_run
 from marble.report.published import PUBLISHED_ANTI_ALIGNED
-from marble.report.claim_figures import write_figures
-from marble.report.claim_markdown import claim_markdown
+from marble.experiments.claim_figures import write_figures
+from marble.experiments.claim_markdown import claim_markdown
 from marble.report.loading import (ReportInputError, incomplete_reason, left_out_sentence, load_run,
                                    read_json_file, run_folders)
 from marble.report.verdict import specialist_rewards
 from marble.runtime.io import write_json, write_text
-from marble.report.claim_noise import control_section, dilution_section, noise_sentences, sweep_section
+from marble.experiments.claim_noise import control_section, dilution_section, noise_sentences, sweep_section
 from marble.runtime.oserrors import not_a_folder, print_write_failure
 from marble.workflow.claim import ALONE_PREFIX, CONTROL_PREFIX, parse_run_name
 
@@ -81,8 +81,8 @@ def collect(runs_dir: Path, benchmarks: Path | None):
         if run.evals is None:  # the workflow's claim runs evaluate at step 0 and at the end
             raise ReportInputError(f"{run.path}: no eval.jsonl: a claim run needs the held-out "
                                    "evaluation (train.eval_every; marble.workflow.claim sets it)")
-    measures = [measure_run(a, s, r.metrics, r.reward_names if a.startswith(own) else rewards,
-                            r.evals, r.max_steps) for a, s, r in loaded]
+    measures = [measure_claim_run(a, s, r.metrics, r.reward_names if a.startswith(own) else rewards,
+                                  r.evals, r.max_steps) for a, s, r in loaded]
     settings, cpu, models = {}, {}, {}
     for arm, seed, run in loaded:
         bal = run.config.get("balancer") or {}
@@ -179,11 +179,11 @@ def write_no_arms(out: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m marble.report.claim_cli", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m marble.experiments.claim_cli", description=__doc__)
     p.add_argument("--runs", type=Path, default=None)
     p.add_argument("--no-arms", action="store_true",
                    help="the config has no claim arms: write a verdict that says so")
-    p.add_argument("--cost", type=Path, default=None, help="marble.tools.claim_cost output")
+    p.add_argument("--cost", type=Path, default=None, help="marble.experiments.claim_cost output")
     p.add_argument("--benchmarks", type=Path, default=None, help="Snakemake benchmark tsvs")
     p.add_argument("--marble-arm", default="marble_n5")
     p.add_argument("--baseline-arm", default="weighted_sum")

@@ -1,6 +1,6 @@
 """How far a tiny run moves across CPU kernels and thread counts (issue 36 item 5).
 
-    python -m marble.tools.dev.kernel_sensitivity --table data/datasets/tiny/train.parquet \
+    python -m beds.kernel_sensitivity --table data/datasets/tiny/train.parquet \
         --test data/datasets/tiny/test.parquet --steps 3 --seed 1 --work tmp/kernels \
         --json results/kernels.json [--variants default,avx2,threads2] [--pretrain]
 
@@ -155,7 +155,7 @@ def compare(folders: dict[str, Path], pretrain: bool) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m marble.tools.dev.kernel_sensitivity",
+    p = argparse.ArgumentParser(prog="python -m beds.kernel_sensitivity",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--table", type=Path, default=Path("data/datasets/tiny/train.parquet"))
     p.add_argument("--test", type=Path, default=Path("data/datasets/tiny/test.parquet"))

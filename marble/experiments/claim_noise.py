@@ -26,8 +26,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from marble.report import claim_stats as cs
-from marble.report.claim_levels import LEVELS
+from marble.report import seed_stats as cs
+from marble.experiments.claim_levels import LEVELS
 from marble.workflow.claim import CONTROL_PREFIX, sweep_base
 
 __all__ = ["run_dilution", "falls_with_batch_size", "sweep_section", "control_section",

@@ -6,7 +6,7 @@ published checkpoint. This writes (a) a config that inherits that very file thro
 publishes them (`{"meta": {...}, "state_dict": ...}`), from the model that config builds,
 randomly initialised from a seed. `make test-geneval-mmdet` runs the GenEval scorer on them.
 
-    python -m marble.tools.dev.mmdet_replica OUT_DIR [--seed N]
+    python -m beds.mmdet_replica OUT_DIR [--seed N]
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def write_config(out: str | os.PathLike, base: str | os.PathLike | None = None) 
     base = Path(base) if base else mmdet_config_path(DETECTOR_CONFIG)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    header = (f"# Tiny random Mask2Former for tests (marble.tools.dev.mmdet_replica): sizes only.\n"
+    header = (f"# Tiny random Mask2Former for tests (beds.mmdet_replica): sizes only.\n"
               f"_base_ = [{str(base)!r}]\n")
     out.write_text(header + TINY_OVERRIDES, encoding="utf-8")
     return out
