@@ -19,6 +19,7 @@ include: "workflow/rules/zoo.smk"
 
 
 from marble.workflow import preflight as wf_preflight
+from marble.workflow import slurm_capacity as wf_capacity
 
 PREFLIGHT = "results/preflight.txt"
 # the resolved config the doctor checked, and a nonce renewed whenever the gate file is missing
@@ -74,6 +75,10 @@ _DUE = wf_preflight.prepare_gate(
     config,
     execute=wf_preflight.executes(sys.argv[1:], wf_plan.is_dry_run(sys.argv[1:])),
     configfiles=workflow.config_settings.configfiles or [],
+    # The named targets (eval_only, train, ...): the doctor checks the SLURM jobs they submit.
+    targets=wf_capacity.named_targets(
+        getattr(workflow.dag_settings, "targets", None) or sys.argv[1:]
+    ),
 )
 if _DUE and wf_plan.is_dry_run(sys.argv[1:]):
     print(f"preflight: marble doctor runs first ({_DUE})", file=sys.stderr)

@@ -35,7 +35,7 @@ from marble.workflow import slurm_capacity as capacity
 from marble.workflow.doctor_checks import FAIL, OK, SKIP, WARN, Check
 from marble.doctor_slurm import LOCAL_JOBS_ENV, local_rows, slurm_rows
 from marble.runtime import install
-from marble.workflow.preflight import read_snapshot
+from marble.workflow.preflight import read_snapshot, snapshot_targets
 
 __all__ = ["Check", "OK", "FAIL", "WARN", "SKIP", "main", "run_checks", "render"]
 
@@ -325,15 +325,16 @@ def disk_row(config: dict, root: Path, downloads_pending: bool = False, via_dvc:
 
 
 def run_checks(config: dict, root: Path, downloads_pending: bool = False,
-               configfiles: tuple[str, ...] = (), local_jobs: bool = False) -> list[Check]:
+               configfiles: tuple[str, ...] = (), local_jobs: bool = False, targets=()) -> list[Check]:
     """`local_jobs`: the workflow runs its jobs on this machine (Snakemake's local executor), so
-    nothing is submitted and SLURM's partitions and capacity are not its concern."""
+    nothing is submitted and SLURM's partitions and capacity are not its concern. `targets`:
+    the Snakemake targets whose SLURM jobs are checked (none: every job)."""
     rows: list[Check] = []
     for group in (lambda: torch_rows(config), lambda: reward_rows(config),
                   lambda: asset_rows(config, root, downloads_pending, configfiles), lambda: hub_rows(config),
                   lambda: gated_rows(config, root),
                   lambda: [disk_row(config, root, downloads_pending)],
-                  lambda: local_rows() if local_jobs else slurm_rows(config)):
+                  lambda: local_rows() if local_jobs else slurm_rows(config, root, targets)):
         rows.extend(group())
     return rows
 
@@ -363,8 +364,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--local-jobs", action="store_true",
                    help="the workflow runs its jobs here (no SLURM submission): SLURM is not checked; "
                         f"also {LOCAL_JOBS_ENV}=1 (the preflight rule's doctor reads it)")
+    p.add_argument("--target", nargs="+", default=None, metavar="TARGET",
+                   help="the Snakemake target(s) to run (all, eval_only, train, ...): only the SLURM jobs "
+                        "they submit are checked (default: those the snapshot names, else every job)")
     args = p.parse_args(argv)
     if args.snapshot is not None:  # what Snakemake resolved and validated, --config included
+        if args.target is None:
+            args.target = snapshot_targets(args.snapshot)
         try:
             config, args.configfile = read_snapshot(args.snapshot)
         except ValueError as exc:
@@ -378,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     # The preflight rule cannot know the executor when its command is formed (a params function
     # would change between the dry run and the run and rerun it): a local-only harness says so.
     local_jobs = args.local_jobs or os.environ.get(LOCAL_JOBS_ENV) == "1"
-    rows = run_checks(config, args.root, args.downloads_pending, tuple(args.configfile), local_jobs)
+    rows = run_checks(config, args.root, args.downloads_pending, tuple(args.configfile), local_jobs,
+                      tuple(args.target or ()))
     print(render(rows))
     return 1 if any(r.status == FAIL for r in rows) else 0
 

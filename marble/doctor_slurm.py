@@ -12,6 +12,7 @@ import shutil
 
 from marble.workflow import doctor_checks as checks
 from marble.workflow import slurm_capacity as capacity
+from marble.workflow import slurm_eval
 from marble.workflow import slurm_limits as limits
 from marble.workflow.doctor_checks import FAIL, OK, SKIP, WARN, Check
 
@@ -24,7 +25,7 @@ def local_rows() -> list[Check]:
     return [Check("slurm", SKIP, f"jobs run on this machine (--local-jobs / {LOCAL_JOBS_ENV}=1): nothing is submitted")]
 
 
-def slurm_rows(config: dict) -> list[Check]:
+def slurm_rows(config: dict, root=".", targets=()) -> list[Check]:
     cluster = config.get("cluster") or {}
     if not shutil.which("sinfo"):
         image = os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER")
@@ -55,17 +56,24 @@ def slurm_rows(config: dict) -> list[Check]:
         ok = f"gpu:{gpu_type}" in gres
         rows.append(Check("slurm gres", OK if ok else FAIL, f"gpu:{gpu_type} in {gres.split() or 'nothing'}",
                           "" if ok else "set cluster.gpu_type to a type `sinfo -o %G` shows"))
-    rows.extend(capacity_rows(config))
+    rows.extend(capacity_rows(config, root, targets))
     rows.append(account_row(cluster.get("account")))
     return rows
 
 
-def capacity_rows(config: dict) -> list[Check]:
-    """Every job shape the workflow submits, asked of SLURM with `sbatch --test-only`, and its
-    minutes against the time limits it would meet (which --test-only does not check)."""
+def capacity_rows(config: dict, root=".", targets=()) -> list[Check]:
+    """Every job shape `targets` submit (slurm_capacity.submitted_jobs), asked of SLURM with
+    `sbatch --test-only`, and its minutes against the time limits it would meet (which
+    --test-only does not check); a training attempt also against the plan's step time."""
     rows = []
     time_limits = TimeLimits(config["cluster"].get("account"))
-    for name, res in capacity.job_shapes(config).items():
+    shapes = capacity.job_shapes(config, targets)
+    # Only when training is submitted: the plan's step time costs a FLOP count per run.
+    step = capacity.plan_step_s(config, root) if "train_run" in shapes else None
+    for name, res in shapes.items():
+        if name == "evaluate_ckpt":  # each evaluation asks its own minutes (slurm_eval)
+            jobs = slurm_eval.planned_jobs(config, root, "train_run" in shapes)
+            res = {**res, "runtime": max([res["runtime"], *(m for _, _, m in jobs)])}
         proc = checks.run_probe(capacity.test_only_args(res))
         if proc is None:
             fits, words = None, "sbatch --test-only did not answer"
@@ -73,16 +81,75 @@ def capacity_rows(config: dict) -> list[Check]:
             fits, words = capacity.test_only_verdict(proc.returncode, proc.stderr + proc.stdout)
         found, unread = time_limits.of(res.get("slurm_partition"))
         in_time, time_words = limits.time_verdict(res["runtime"], found, unread)
+        if name == "evaluate_ckpt":
+            rows.extend(eval_rows(jobs, res, found, unread, fits, words))
+            continue
         fix = []
+        if name == "train_run":  # an attempt too short for a step requeues for ever (issue 48)
+            in_time, time_words, fix = _train_attempt(config["train"], step, found, in_time, time_words)
         if fits is False:
             fix.append(f"`sinfo -p <partition> -o '%D %c %m %G %l'` shows what a partition holds; shrink the "
                        f"job ({capacity.SHAPE_KEYS[name]}) or use a partition that holds it (cluster.gpu_partition)")
-        if in_time is False:
+        if in_time is False and not fix:
             fix.append(time_fix(name, limits.binding_limit(res["runtime"], found)[1]))
         status = FAIL if False in (fits, in_time) else (WARN if None in (fits, in_time) else OK)
         rows.append(Check(f"slurm fits {name}", status, f"{capacity.describe(res)}: {words}; {time_words}",
                           "; ".join(fix)))
     return rows
+
+
+def eval_rows(jobs, res: dict, found, unread, fits, words) -> list[Check]:
+    """One row for the evaluations' shape, and one FAIL row per evaluation whose planned
+    minutes (its --time, slurm_eval.job_minutes) a partition / QOS limit would cut short."""
+    over = []
+    for job, hours, minutes in jobs:
+        in_time, time_words = limits.time_verdict(minutes, found, unread)
+        if in_time is False:
+            over.append(Check(f"slurm fits evaluate_ckpt {job}", FAIL,
+                              f"{'not planned' if hours is None else f'planned {hours:.2f} h'} -> --time "
+                              f"{minutes} min: {time_words}", _eval_fix(hours, found)))
+    in_time, tail = limits.time_verdict(res["runtime"], found, unread)
+    if over:
+        in_time, tail = False, f"{len(over)} over their limit (rows below)"
+    status = FAIL if False in (fits, in_time) else (WARN if None in (fits, in_time) else OK)
+    minutes = [m for _, _, m in jobs] or [res["runtime"]]
+    detail = (f"{len(jobs)} job(s), --time {min(minutes)}-{max(minutes)} min (the plan x{slurm_eval.EVAL_MARGIN} + "
+              f"{slurm_eval.EVAL_LOAD_MIN} min, at least eval.resources.runtime); {capacity.describe(res)}: "
+              f"{words}; {tail}")
+    fix = ("" if fits is not False else "`sinfo -p <partition> -o '%D %c %m %G %l'` shows what a partition holds; "
+           "shrink eval.resources or use a partition that holds it")
+    return [Check("slurm fits evaluate_ckpt", status, detail, fix), *over]
+
+
+def _eval_fix(hours: float | None, found) -> str:
+    """Lower the floor when the plan's own minutes fit the limit; else a longer limit or fewer samples."""
+    limit = limits.binding_limit(10**9, found)[1]
+    if hours is not None and slurm_eval.job_minutes(0, hours) <= limit:
+        return (f"set eval.resources.runtime to at most {limit} min (it is each job's minimum; this one is "
+                f"planned at {slurm_eval.job_minutes(0, hours)} min)")
+    return ("use a partition / QOS that allows it (cluster.gpu_partition), or evaluate fewer samples "
+            "(eval.limit / eval.protocols.<row>.limit)")
+
+
+def _train_attempt(train: dict, step, found, in_time, time_words) -> tuple:
+    """(fits, words, fix) of the training row with its attempt compared with one step of the
+    plan after the signal lead; a fix only ever names a runtime that fits the limits AND steps."""
+    signal_s = train["requeue_signal_s"]
+    fits, words = capacity.step_fit(train["runtime"], signal_s, step)
+    words = f"{time_words}; {words}"
+    if fits is not False and in_time is not False:
+        return in_time, words, []
+    need = capacity.min_train_runtime(signal_s, step[0] if step else 0.0)
+    cap = limits.binding_limit(10**9, found)  # the shortest finite limit the job meets
+    if cap and cap[1] < need:
+        fix = (f"no train.runtime fits: {cap[0]} {cap[1]} min < {need} min (one step after the "
+               f"{signal_s} s lead); lower train.requeue_signal_s or use a partition / QOS with longer jobs")
+    elif in_time is False:
+        fix = time_fix("train_run", limits.binding_limit(train["runtime"], found)[1])
+    else:
+        fix = (f"set train.runtime to at least {need} min{f' and at most {cap[1]}' if cap else ''} "
+               f"(one step after the {signal_s} s signal lead)")
+    return False, words, [fix]
 
 
 def time_fix(name: str, limit: int) -> str:

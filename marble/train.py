@@ -13,10 +13,13 @@ under the same path is refused by name, and a moved project resumes; `--fresh` s
 over instead, the old run renamed aside (marble.training.run_dir.set_aside). Every input is read
 and checked before the first file is written (marble.training.preflight): a failed start
 leaves nothing that refuses the corrected command.
-Errors are one line on stderr and exit status 2. SIGUSR1 or SIGTERM stop the run after
-the current optimizer step with a checkpoint and exit status 75 (marble.training.stopping:
-EXIT_REQUEUE), which the SLURM wrapper turns into a requeue; the handlers are installed
-first thing, so a signal during model loading also ends with 75 (and no new checkpoint).
+Errors are one line on stderr and exit status 2. SIGUSR1 (SLURM's time-limit warning) stops
+the run after the current optimizer step with a checkpoint and exit status 75
+(marble.training.stopping: EXIT_REQUEUE), which the SLURM wrapper turns into a requeue;
+SIGTERM (scancel, preemption) checkpoints the same way and exits 143 (EXIT_CANCELLED), not
+requeued; a job that requeues MAX_STALLED_ATTEMPTS times in a row without a step exits 1.
+The handlers are installed first thing, so a signal during model loading also stops the
+run (and writes no new checkpoint).
 Global rank 0 holds the folder's TRAINING.lock while it trains (marble.training.run_lock;
 under <project>/.marble/locks, where `dvc checkout` cannot remove it): a second trainer on
 the same folder is refused (exit 2) while the first lives. A run whose every step was
@@ -112,11 +115,11 @@ def _is_global_rank0() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from marble.training.stopping import EXIT_REQUEUE, StopRequest, write_requeue_file
+    from marble.training.stopping import StopRequest
 
-    # Stop signals are flagged from here on: a SIGUSR1 (time limit) or SIGTERM that
-    # arrives while torch, the model and the rewards load ends with a requeue (exit 75),
-    # not a kill.
+    # Stop signals are flagged from here on: a SIGUSR1 (time limit) that arrives while torch,
+    # the model and the rewards load ends with a requeue (exit 75), a SIGTERM with a clean
+    # stop (143), not a kill.
     with StopRequest() as stop:
         lock = None
         try:
@@ -140,20 +143,33 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if lock is not None:
                 run_lock.release(lock)
-    if summary.get("requeue"):
-        write_requeue_file(summary["final_step"], summary.get("stop_signal"))
-        if summary.get("rank", 0) == 0:
-            # A stop while the model loaded writes nothing: say so, and where the requeue resumes.
-            saved = checkpoint_of_step(summary.get("last_checkpoint"), summary["final_step"])
-            print(f"marble train: {summary.get('stop_signal')}: stopped after step "
-                  f"{summary['final_step']} "
-                  f"{'with a checkpoint' if saved else '(no checkpoint of it: the requeue starts over)'}; "
-                  f"exit {EXIT_REQUEUE} (requeue)", file=sys.stderr)
-        return EXIT_REQUEUE
+    if summary.get("stopped"):
+        return _stopped(summary)
     if summary.get("rank", 0) == 0:
         print(f"marble train: done at step {summary['final_step']} -> "
               f"{args.output_dir / 'train_summary.json'}")
     return 0
+
+
+def _stopped(summary: dict) -> int:
+    """Exit status (and rank 0's one line) of a run a signal stopped: USR1 -> requeue (75);
+    SIGTERM -> stopped for good (143: a cancel stays one); a requeue storm -> error (1)."""
+    from marble.training.stopping import EXIT_CANCELLED, EXIT_REQUEUE, write_requeue_file
+
+    # A stop while the model loaded writes nothing: the log says so, never "with a checkpoint".
+    saved = checkpoint_of_step(summary.get("last_checkpoint"), summary["final_step"])
+    if summary.get("requeue"):
+        write_requeue_file(summary["final_step"], summary.get("stop_signal"), saved)
+        status, then = EXIT_REQUEUE, "(requeue)"
+    elif summary.get("stall"):
+        status, then = 1, f"(not requeued: {summary['stall']})"
+    else:
+        status, then = EXIT_CANCELLED, "(cancelled: not requeued; a new job resumes from here)"
+    if summary.get("rank", 0) == 0:
+        print(f"marble train: {summary.get('stop_signal')}: stopped after step {summary['final_step']} "
+              f"{'with a checkpoint' if saved else '(no checkpoint of it: a new attempt starts there)'}; "
+              f"exit {status} {then}", file=sys.stderr)
+    return status
 
 
 def _train(args: argparse.Namespace, cfg: RunConfig, stop) -> dict:

@@ -50,8 +50,8 @@ def test_paper_config_fails_naming_each_missing_piece(tmp_path, capsys, monkeypa
     real = doctor.run_checks
 
     def spy(config: dict, root: Path, downloads_pending: bool = False,
-            configfiles: tuple[str, ...] = (), local_jobs: bool = False) -> list:
-        seen.extend(real(config, root, downloads_pending, configfiles, local_jobs))  # the real checks, recorded
+            configfiles: tuple[str, ...] = (), local_jobs: bool = False, targets=()) -> list:
+        seen.extend(real(config, root, downloads_pending, configfiles, local_jobs, targets))  # the real checks
         return seen
 
     monkeypatch.setattr(doctor, "run_checks", spy)
@@ -313,7 +313,7 @@ def test_disk_estimate_adds_what_evaluation_writes_and_dvc_copies_only_through_d
 def test_local_jobs_skip_slurm_even_where_a_daemon_answers(monkeypatch):
     """A local run (`snakemake -c2`, the preflight passes --local-jobs) submits nothing: SLURM's
     job-shape checks would fail GPU shapes on a CPU daemon that never gets them."""
-    monkeypatch.setattr(doctor, "slurm_rows", lambda config: [doctor.Check("slurm fits train_run", doctor.FAIL, "x")])
+    monkeypatch.setattr(doctor, "slurm_rows", lambda *a: [doctor.Check("slurm fits train_run", doctor.FAIL, "x")])
     config = doctor.load_workflow_config([], ROOT)  # the tiny default
     local = doctor.run_checks(config, ROOT, local_jobs=True)
     assert [r.status for r in local if r.name.startswith("slurm")] == [doctor.SKIP]

@@ -109,11 +109,13 @@ def test_every_hint_keeps_the_sites_torch():
 def test_the_torchvision_hint_takes_the_release_and_index_of_the_torch_build():
     from marble.runtime import install
 
-    assert install.torchvision("2.14.1+cu128") == \
-        'pip install -c site-torch.txt "torchvision==0.29.*" --index-url https://download.pytorch.org/whl/cu128'
+    assert install.torchvision("2.14.1+cu128") == (
+        'pip install -c site-torch.txt --force-reinstall --no-deps "torchvision==0.29.*" '
+        "--index-url https://download.pytorch.org/whl/cu128")
     assert install.torchvision("2.13.0+cpu").endswith('"torchvision==0.28.*" --index-url '
                                                      "https://download.pytorch.org/whl/cpu")
-    assert install.torchvision("2.14.1") == 'pip install -c site-torch.txt "torchvision==0.29.*"'
+    assert install.torchvision("2.14.1") == \
+        'pip install -c site-torch.txt --force-reinstall --no-deps "torchvision==0.29.*"'
 
 
 def test_each_extra_hint_runs_as_printed_through_pips_resolver(tmp_path):
@@ -131,7 +133,176 @@ def test_each_extra_hint_runs_as_printed_through_pips_resolver(tmp_path):
     assert len(extras) >= 5, extras
     for hint in extras:
         argv = [str(site) if a == "site-torch.txt" else a for a in shlex.split(hint)][2:]
+        argv = argv[:argv.index("-e") + 2]  # the extra; its torchvision pair is the dry-run test's below
         proc = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps",
                                "--no-build-isolation", "--no-index", *argv],
                               cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
         assert proc.returncode == 0 and "Would install marble" in proc.stdout, (hint, proc.stderr[-1500:])
+
+
+# ------------------------------------------------------- the torch / torchvision pair, dry-run
+
+WHEEL_TORCH = sorted(Path("/opt/wheels").glob("torch-2.13.0+cpu-*.whl"))
+
+
+def _stub_wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> None:
+    from test_site_torch import _wheel
+
+    _wheel(folder, name.replace("-", "_"), version, requires)
+
+
+def _stub_version(requirement, pins: dict) -> str:
+    """A version the requirement and the project's constraints accept (a stub's own)."""
+    name = requirement.name.lower().replace("_", "-")
+    if name in pins:
+        return pins[name]
+    for spec in requirement.specifier:
+        if spec.operator in ("==", ">=", "~=") and "*" not in spec.version:
+            return spec.version
+    return "1.0"
+
+
+@pytest.fixture(scope="module")
+def torch_venv(tmp_path_factory):
+    """One venv holding the wheel torch 2.13.0+cpu (no torchvision), a stand-in PyPI (every
+    requirement a hint names as an empty wheel; PyPI's torchvision 0.28.0 / 0.29.1, built for
+    PyPI's torch of their minor) and a stand-in of PyTorch's cpu index (torchvision 0.28.0+cpu)."""
+    if not WHEEL_TORCH:
+        pytest.skip("no /opt/wheels/torch-2.13.0+cpu wheel here")
+    from test_site_torch import _isolated, _run
+
+    base = tmp_path_factory.mktemp("pair")
+    venv, pypi, pytorch = base / "venv", base / "pypi", base / "whl" / "cpu"
+    pypi.mkdir()
+    pytorch.mkdir(parents=True)
+    assert _run([sys.executable, "-m", "venv", "--without-pip", venv]).returncode == 0
+    python = venv / "bin" / "python"
+    # The wheel's own dist-info, unpacked into the venv: what pip and site_torch.py read of an
+    # installed torch (its version, tag and requirements), without unpacking 190 MB of library
+    # (30 s on two busy cores) that no dry run opens.
+    import zipfile
+
+    purelib = _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+    with zipfile.ZipFile(WHEEL_TORCH[0]) as wheel:
+        wheel.extractall(purelib, [n for n in wheel.namelist() if n.split("/")[0].endswith(".dist-info")])
+    # torch's own requirements (filelock, sympy, ...) as stubs installed beside it, so that pip
+    # finds the environment whole when a torchvision asks for this torch
+    from packaging.requirements import Requirement
+
+    needs = _run([python, "-c", "import importlib.metadata as m; print(*(m.requires('torch') or []), sep='\\n')"])
+    reqs = [Requirement(x) for x in needs.stdout.splitlines() if x and "extra ==" not in x]
+    reqs = [r for r in reqs if r.marker is None or r.marker.evaluate()]
+    for req in reqs:
+        _stub_wheel(pypi, req.name, _stub_version(req, {}))
+    if reqs:
+        done = _run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-index", "--no-deps",
+                     "--find-links", pypi, *[r.name for r in reqs]])
+        assert done.returncode == 0, done.stderr
+    _stub_wheel(pypi, "torchvision", "0.28.0", ("torch==2.13.0",))
+    _stub_wheel(pypi, "torchvision", "0.29.1", ("torch==2.14.1",))
+    _stub_wheel(pytorch, "torchvision", "0.28.0+cpu", ("torch==2.13.0",))
+    site = base / "site-torch.txt"
+    pins = _run([python, ROOT / "workflow/envs/site_torch.py"])
+    assert pins.stdout.strip() == "torch==2.13.0+cpu", pins.stdout + pins.stderr
+    site.write_text(pins.stdout)
+    return dict(python=python, pypi=pypi, pytorch=pytorch.parent, site=site, env=_isolated())
+
+
+def _dry_run_argv(command: str, ctx: dict, requirements: list[str]) -> list[str]:
+    """A printed `pip install ...` as pip runs it here: offline, the stand-in indexes for PyPI
+    and PyTorch's, `-e ".[x]"` as the extra's own requirements (the project's base ones do not
+    name torchvision), site-torch.txt the venv's."""
+    import shlex
+
+    from marble.runtime import install
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    words, out = iter(shlex.split(command, comments=True)[2:]), []
+    for word in words:
+        if word == "-c":
+            name = next(words)
+            out += ["-c", str(ctx["site"]) if name == "site-torch.txt" else name]
+        elif word == "-e":
+            requirements += [r for x in re.search(r"\[([a-z,]+)\]", next(words)).group(1).split(",") for r in extras[x]]
+        elif word == "-r":
+            requirements += [x for x in (ROOT / next(words)).read_text().splitlines() if x and not x.startswith("#")]
+        elif word in ("--index-url", "--extra-index-url"):
+            url = next(words)
+            if url.startswith(install.PYTORCH_INDEX):  # PyTorch's index: its stand-in folder
+                out += ["--find-links", str(ctx["pytorch"] / url.removeprefix(install.PYTORCH_INDEX))]
+        elif word == "--find-links":
+            out += ["--find-links", str(ctx["pypi"].parent / next(words))]  # SITE_WHEELS: an empty place
+        elif word.startswith("-"):
+            out.append(word)
+        else:
+            requirements.append(word)
+    return out
+
+
+def _would_install(command: str, ctx: dict) -> dict[str, str]:
+    """{name: version} pip's dry run of `command` (each `&&` part) would install in the venv."""
+    from packaging.requirements import Requirement
+
+    pins = {name.strip().lower().replace("_", "-"): version.strip() for name, version in
+            (line.split("==", 1) for line in (ROOT / "workflow/envs/constraints.txt").read_text().splitlines()
+             if "==" in line and not line.startswith("#"))}
+    got = {}
+    # each command of a chain ("A && B", the mmcv recipe's "A, then B"), from its `pip install`
+    # to before a parenthesis of prose
+    for part in re.split(r" && |, then ", command):
+        part = part[part.index("pip install"):].split(" (")[0]
+        requirements: list[str] = []
+        options = _dry_run_argv(part, ctx, requirements)
+        if not requirements:
+            continue  # no requirement of its own (a `--no-deps` install of downloaded files)
+        for text in requirements:
+            req = Requirement(text)
+            if req.name not in ("torch", "torchvision"):
+                _stub_wheel(ctx["pypi"], req.name, _stub_version(req, pins))
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "--python", str(ctx["python"]), "install", "--dry-run", "--no-index",
+             "--find-links", str(ctx["pypi"]), *options, *requirements],
+            cwd=ROOT, capture_output=True, text=True, timeout=300, check=False, env=ctx["env"])
+        assert proc.returncode == 0, (command, proc.stdout[-1500:], proc.stderr[-1500:])
+        line = next((x for x in proc.stdout.splitlines() if x.startswith("Would install ")), "")
+        got.update(w.rsplit("-", 1) for w in line.removeprefix("Would install ").split())
+    return got
+
+
+def test_every_hint_keeps_torch_and_torchvision_a_pair_beside_a_wheel_torch(torch_venv, monkeypatch):
+    """Every printed hint, as printed for a venv holding the wheel torch 2.13.0+cpu and no
+    torchvision, through pip's dry run in that venv: torch stays, and a torchvision it would
+    install is the +cpu build. The geneval and clip hints used to pull PyPI's torchvision beside
+    it (`operator torchvision::nms does not exist` once installed for real): the control below."""
+    from marble.runtime import install
+
+    monkeypatch.setattr(install, "installed", {"torch": "2.13.0+cpu", "torchvision": None}.get)
+    # as printed here: the torchvision hint of this torch, not those _hints renders for other builds
+    other = {install.torchvision(v) for v in ("2.14.1+cu128", "2.14.1")}
+    hints = sorted({h for _, h in _hints()} - other | {install.torchvision("2.13.0+cpu")})
+    paired = 0
+    for hint in hints:
+        got = _would_install(hint, torch_venv)
+        assert "torch" not in got, (hint, got)
+        assert got.get("torchvision", "+cpu").endswith("+cpu"), (hint, got)
+        paired += "torchvision" in got
+    assert paired >= 3  # the torchvision hint, geneval's and clip's
+    control = _would_install('pip install -c site-torch.txt -e ".[geneval]"', torch_venv)
+    assert control["torchvision"] == "0.28.0"  # PyPI's: the broken pair the old hint made
+
+
+def test_a_sites_own_torch_tag_is_never_a_pytorch_index():
+    """`+site` and `+computecanada` builds have no PyTorch index (`.../whl/computecanada` does not
+    exist): their hints take torchvision from where the site's torch came from."""
+    from marble.runtime import install
+
+    for version in ("2.14.1+site", "2.14.1+computecanada"):
+        for hint in (install.torchvision(version), install.extra("geneval", version, None)):
+            assert install.PYTORCH_INDEX not in hint and "--find-links SITE_WHEELS" in hint, hint
+            assert '"torchvision==0.29.*"' in hint, hint
+    # the extra: torchvision from the site first, then the extra (the note after both: a shell comment)
+    chain = install.extra("clip", "2.14.1+site", None)
+    assert chain.index("--find-links SITE_WHEELS") < chain.index('-e ".[clip]"') < chain.index("#")
+    assert install.extra("clip", "2.14.1+site", "0.29.0+site").endswith('-e ".[clip]"')  # there already
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert install.TORCHVISION_EXTRAS == {x for x, reqs in extras.items() if "torchvision" in reqs}

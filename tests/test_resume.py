@@ -116,7 +116,7 @@ def test_usr1_checkpoints_the_current_step_and_the_rerun_resumes(
     assert ckpts == [f"checkpoint-{stopped:06d}"]
     assert damaged_files(checkpoint_dir(run, stopped)) == []
     assert not (run / "train_summary.json").exists()  # the workflow must not see "done"
-    assert flag.read_text() == f"step {stopped} SIGUSR1\n"
+    assert flag.read_text() == f"step {stopped} SIGUSR1 with a checkpoint\n"
     assert "SIGUSR1" in err and f"exit {EXIT_REQUEUE}" in err
     # The requeued job resumes from the signal's checkpoint; one more step equals the
     # uninterrupted run's (which keeps checkpoints 2-4).

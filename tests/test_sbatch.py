@@ -117,7 +117,7 @@ def test_in_a_container_each_task_runs_under_apptainer_exec_and_the_batch_shell_
     torchrun = " ".join((stubs / "torchrun.argv").read_text().split())
     assert "--rdzv_endpoint gpu01:24242" in torchrun
     assert (stubs / "scontrol.log").read_text().splitlines() == ["scontrol requeue 4242"]
-    assert "train.sbatch: training stopped with a checkpoint: requeue job 4242" in proc.stdout
+    assert "train.sbatch: training stopped for the time limit (exit 75): requeue job 4242" in proc.stdout
 
 
 def _cpu_job(tiny_model_dir, tmp_path) -> tuple:
@@ -176,7 +176,7 @@ def test_a_run_longer_than_the_time_limit_requeues_itself_and_finishes(tiny_mode
     try:
         deadline = time.time() + 900  # readiness polling only; nothing is timed
         text = ""
-        while "training stopped with a checkpoint" not in text and job.poll() is None:
+        while "training stopped for the time limit" not in text and job.poll() is None:
             assert time.time() < deadline, "the first attempt never stopped"
             time.sleep(0.2)
             text = log.read_text() if log.exists() else ""
@@ -203,7 +203,7 @@ def test_a_run_longer_than_the_time_limit_requeues_itself_and_finishes(tiny_mode
     assert [int(a) for _, a in attempts] == list(range(1, len(attempts) + 1)) and len(attempts) >= 2, attempts
     assert {j for j, _ in attempts} == {job_id}, attempts
     # SLURM's timer, not the test, sent the signal: nothing here called scancel --signal.
-    assert "torchrun_slurm: USR1 (time limit or preemption)" in text
+    assert "torchrun_slurm: USR1 (time limit)" in text
     summary = json.loads((run / "train_summary.json").read_text())
     assert summary["final_step"] == steps
     if int(stopped.group(1)) > 0:  # a stop while the model loaded leaves no checkpoint

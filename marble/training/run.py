@@ -20,7 +20,7 @@ from marble.training.checkpoint import latest_checkpoint
 from marble.training.outcome import failed_run_reason
 from marble.training.preflight import preflight
 from marble.training.run_dir import TrainError, set_aside
-from marble.training.stopping import StopRequest
+from marble.training.stopping import StopRequest, stall_check
 from marble.training.trainer import Trainer
 
 
@@ -31,11 +31,11 @@ def _last_values(records: list[dict], prefix: str) -> dict:
 
 def _train_loop(trainer: Trainer, cfg: RunConfig, progress: bool,
                 stop: StopRequest) -> tuple[Path | None, bool]:
-    """Resume, then step and checkpoint to max_steps; (resumed from, stopped to requeue)."""
+    """Resume, then step and checkpoint to max_steps; (resumed from, stopped early)."""
     resumed = trainer.resume()
     max_steps, every = cfg.train.max_steps, max(1, cfg.train.save_every)
     # A stop signal that came while the model loaded: nothing new to save (the newest
-    # checkpoint is where the requeued job resumes), so stop before the first step.
+    # checkpoint is where a requeued or resubmitted job resumes), so stop before the first step.
     if trainer.step < max_steps and stop.agreed():
         return resumed, True
     def stop_after_evaluation() -> bool:
@@ -66,13 +66,19 @@ def _train_loop(trainer: Trainer, cfg: RunConfig, progress: bool,
     return resumed, requeue
 
 
+def _resumed_step(resumed: Path | None) -> int:
+    """The step a checkpoint folder holds (0: started from scratch)."""
+    return int(Path(resumed).name.rsplit("-", 1)[-1]) if resumed else 0
+
+
 def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
                  progress: bool = True, stop: StopRequest | None = None, fresh: bool = False,
                  adopt: bool = False) -> dict:
     """Train (or resume) to cfg.train.max_steps; write DIR/train_summary.json; return it.
 
     SIGUSR1/SIGTERM stop the run early (marble.training.stopping): the step in flight finishes, a
-    checkpoint is written, no train_summary.json, and the summary has `requeue: True`.
+    checkpoint is written, no train_summary.json, and the summary has `stopped: True`;
+    `requeue: True` only for SIGUSR1 (the time-limit warning) and while the job progresses.
     `stop`: an already active StopRequest (`marble train` installs it before loading);
     without one the handlers are installed here, before the model loads.
     `fresh`: a run already in `out_dir` is renamed aside once all loaded (run_dir.set_aside).
@@ -112,8 +118,13 @@ def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
         "rank": info.rank,
         "balancer": cfg.balancer.method, "final_rewards": _last_values(trainer.metrics.read(), "reward/"),
         "final_eval": _last_values(trainer.eval_log.read() if trainer.eval_log else [], "eval_reward/"),
-        "requeue": requeue, "stop_signal": stop.signal_name,
+        # stopped: ended before max_steps (a signal); requeue: only for the time-limit USR1,
+        # never a SIGTERM (a cancel stays one), nor a job that keeps stopping without a step.
+        "stopped": requeue, "stop_signal": stop.signal_name,
+        "stall": dist.broadcast_object(stall_check(out_dir, _resumed_step(resumed), trainer.step)
+                                       if info.is_main and requeue and not stop.cancelled else None),
     }
+    summary["requeue"] = requeue and not stop.cancelled and not summary["stall"]
     # Every step skipped, or a reward NaN throughout: a failed run, no summary (all ranks raise).
     reason = dist.broadcast_object(failed_run_reason(trainer.metrics.read(), cfg.reward_names)
                                    if info.is_main and not requeue else None)

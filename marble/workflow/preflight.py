@@ -33,11 +33,22 @@ GATE_INPUT = "preflight"  # the name of the gate input in every gated rule
 PLACEHOLDER = "preflight not run yet (marble.workflow.preflight.ensure_gate)\n"
 
 
-def snapshot_text(config: dict, configfiles: Iterable = ()) -> str:
-    """The resolved configuration and the --configfile list as canonical JSON (sorted keys: a
-    reordered file is no change)."""
+def snapshot_text(config: dict, configfiles: Iterable = (), targets: Iterable = ()) -> str:
+    """The resolved configuration, the --configfile list and the named targets as canonical
+    JSON (sorted keys: a reordered file is no change). The targets decide which SLURM jobs the
+    doctor checks (marble.workflow.slurm_capacity.TARGET_JOBS); none: the key is left out."""
     data = {"config": config, "configfiles": [str(f) for f in configfiles]}
+    if targets:
+        data["targets"] = sorted(str(t) for t in targets)
     return json.dumps(data, sort_keys=True, indent=1, default=str) + "\n"
+
+
+def snapshot_targets(path: str | Path) -> list[str]:
+    """The targets a snapshot names ([] when none: the doctor then checks every job)."""
+    try:
+        return [str(t) for t in json.loads(Path(path).read_text(encoding="utf-8")).get("targets") or []]
+    except (OSError, ValueError, AttributeError):
+        return []
 
 
 def read_snapshot(path: str | Path) -> tuple[dict, list[str]]:
@@ -49,10 +60,35 @@ def read_snapshot(path: str | Path) -> tuple[dict, list[str]]:
         raise ValueError(f"{path}: not a preflight snapshot ({exc})") from None
 
 
-def sync_snapshot(path: str | Path, config: dict, configfiles: Iterable = ()) -> bool:
+def wanted_text(path: str | Path, config: dict, configfiles: Iterable = (), targets: Iterable = ()) -> str:
+    """The snapshot this invocation needs. Same configuration and a target whose SLURM jobs
+    the doctor already checked (`eval_only` after `all`): the stored text, kept as it is (a
+    rewrite would rerun the doctor for nothing). A target with jobs not checked yet: the
+    targets of both, so the doctor runs again and checks them all."""
+    from marble.workflow.slurm_capacity import TARGET_JOBS, named_targets
+
+    text = snapshot_text(config, configfiles, targets)
+    try:
+        stored = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return text
+    before = named_targets(stored.pop("targets", None) or [])
+    if json.dumps(stored, sort_keys=True, indent=1, default=str) + "\n" != snapshot_text(config, configfiles):
+        return text  # the configuration changed: the doctor checks this target's jobs
+
+    def jobs(names):  # no named target: every job (`all`)
+        return set().union(*(TARGET_JOBS[t] for t in names)) if names else set(TARGET_JOBS["all"])
+
+    new = named_targets(targets)
+    if jobs(new) <= jobs(before):
+        return Path(path).read_text(encoding="utf-8")
+    return snapshot_text(config, configfiles, sorted(set(before) | set(new)) if new else ())
+
+
+def sync_snapshot(path: str | Path, config: dict, configfiles: Iterable = (), targets: Iterable = ()) -> bool:
     """Write the snapshot atomically when its text changed; True when it was written."""
     path = Path(path)
-    text = snapshot_text(config, configfiles)
+    text = wanted_text(path, config, configfiles, targets)
     if path.is_file() and path.read_text(encoding="utf-8") == text:
         return False
     _write(path, text)
@@ -104,7 +140,7 @@ def executes(argv: list[str], dry_run: bool) -> bool:
 
 
 def prepare_gate(gate: str | Path, snapshot: str | Path, request: str | Path, config: dict,
-                 execute: bool, configfiles: Iterable = ()) -> str | None:
+                 execute: bool, configfiles: Iterable = (), targets: Iterable = ()) -> str | None:
     """Bind the gate's files for one invocation; the reason the doctor is due, or None.
 
     execute (a run): the snapshot follows the config, a missing or placeholder gate renews
@@ -115,12 +151,12 @@ def prepare_gate(gate: str | Path, snapshot: str | Path, request: str | Path, co
     """
     gate, snapshot, request = Path(gate), Path(snapshot), Path(request)
     placeholder = gate.is_file() and gate.read_text(encoding="utf-8", errors="replace") == PLACEHOLDER
-    text = snapshot_text(config, configfiles)
+    text = wanted_text(snapshot, config, configfiles, targets)
     changed = not snapshot.is_file() or snapshot.read_text(encoding="utf-8") != text
     reason = ("it has not passed here yet" if not gate.exists() or placeholder
               else "the configuration changed since it passed" if changed else None)
     if execute:
-        sync_snapshot(snapshot, config, configfiles)
+        sync_snapshot(snapshot, config, configfiles, targets)
         if placeholder:
             gate.unlink()
         ensure_gate(gate, request)

@@ -33,7 +33,7 @@ def job_resources(resources: dict, cluster: dict) -> dict:
     return out
 
 
-def train_resources(train: dict, cluster: dict) -> dict:
+def train_resources(train: dict, cluster: dict, check: bool = True) -> dict:
     """One SLURM job for the whole run: a task per node, torchrun inside each task.
 
     `mpi` makes the plugin hand the job shell to us instead of `srun -n1` (we call srun
@@ -50,6 +50,15 @@ def train_resources(train: dict, cluster: dict) -> dict:
     # 0 turns it off (the job then ends in TIMEOUT; the next submission resumes).
     signal_s = train["requeue_signal_s"]
     signal = f" --signal=USR1@{signal_s}" if signal_s > 0 else ""
+    # What the schema cannot say (two keys): a job no longer than the signal's lead is warned
+    # at its start, every attempt, and requeues without a step for ever. `check=False`: the
+    # doctor, which reports it as a row with the plan's step time instead of stopping.
+    if check and signal_s > 0 and train["runtime"] * 60 <= signal_s:
+        raise ValueError(
+            f"train.runtime: {train['runtime']} min is not longer than train.requeue_signal_s "
+            f"({signal_s} s): every training job would be warned at its start and requeue without "
+            f"a step; set train.runtime above {-(-signal_s // 60)} min (`marble doctor` checks it "
+            "against the plan's step time) or lower train.requeue_signal_s")
     res = dict(nodes=nodes, tasks=tasks, cpus_per_task=train["cpus_per_task"],
                mem_mb=train["mem_mb"], runtime=train["runtime"], tasks_per_gpu=0,
                **cluster_resources(cluster, gpus))

@@ -17,18 +17,51 @@ import getpass
 import os
 
 from marble.workflow import slurm
+from marble.workflow.runs import configured
+
+# The SLURM jobs each named target of the Snakefile can submit (the rules of its DAG that are
+# not localrules). A run is checked for its target's jobs only: `eval_only` of
+# config/paper-eval.yaml submits no training and no bench, and a limit those would not meet is
+# no reason to refuse it. A file target, or none, gets every job (`all`).
+_EVERY = frozenset({"train_run", "evaluate_ckpt", "bench_step", "embed_prompts", "report"})
+_TRAINING = frozenset({"train_run", "embed_prompts"})
+TARGET_JOBS = {
+    "all": _EVERY, "report": _EVERY, "prepare": frozenset({"embed_prompts"}), "train": _TRAINING,
+    "evaluate": _TRAINING | {"evaluate_ckpt"}, "eval_only": frozenset({"evaluate_ckpt"}),
+    "rho_ablation": _TRAINING | {"evaluate_ckpt"}, "harmony": _TRAINING | {"evaluate_ckpt"},
+    "paper_tables": _EVERY, "cost": frozenset({"bench_step"}),
+}
 
 
-def job_shapes(config: dict) -> dict[str, dict]:
-    """{job name: its SLURM resources} of every kind of job the workflow submits."""
-    cluster = config["cluster"]
-    shapes = {"train_run": slurm.train_resources(config["train"], cluster)}
+def named_targets(argv) -> list[str]:
+    """The targets among Snakemake's (or its command line's) words that TARGET_JOBS names."""
+    return sorted({str(a) for a in argv if str(a) in TARGET_JOBS})
+
+
+def submitted_jobs(config: dict, targets=()) -> set[str]:
+    """The kinds of SLURM job `targets` submit under `config`: no training without a configured
+    run, no embedding job without dataset.embed."""
+    named = named_targets(targets)
+    jobs = set().union(*(TARGET_JOBS[t] for t in named)) if named else set(_EVERY)
+    if not configured(config.get("runs")):
+        jobs -= {"train_run"}
+    if not (config.get("dataset") or {}).get("embed"):
+        jobs -= {"embed_prompts"}
+    return jobs
+
+
+def job_shapes(config: dict, targets=()) -> dict[str, dict]:
+    """{job name: its SLURM resources} of every kind of job `targets` submit (submitted_jobs)."""
+    cluster, wanted = config["cluster"], submitted_jobs(config, targets)
+    # check=False: a runtime within the signal's lead is the doctor's row (step_fit), not a crash.
+    shapes = ({"train_run": slurm.train_resources(config["train"], cluster, check=False)}
+              if "train_run" in wanted else {})
     for name, section, key in (("evaluate_ckpt", "eval", "resources"),
                                ("bench_step", "bench", "resources"),
                                ("embed_prompts", "dataset", "embed_resources"),
                                ("report", "report", "resources")):
         block = (config.get(section) or {}).get(key)
-        if block:
+        if block and name in wanted:
             shapes[name] = slurm.job_resources(block, cluster)
     return shapes
 
@@ -102,3 +135,56 @@ def gated_to_fetch(hub_models: dict, present: set[str]) -> list[str]:
         if repo in GATED_REPOS and folder not in present:
             out.append(repo)
     return out
+
+
+def plan_step_s(config: dict, root) -> tuple[float, str] | None:
+    """(seconds of the slowest configured run's optimizer step, which run) from the plan's own
+    figures (marble.workflow.plan_price: counted FLOPs over the measured or assumed throughput,
+    a run's own median time/step_s once it has one); None without a run to time."""
+    import json
+    from pathlib import Path
+
+    from marble.workflow import flops as wf_flops
+    from marble.workflow import plan_price
+
+    bench_file = Path(root) / "results/bench/step.json"  # the plan's default bench
+    try:
+        bench = json.loads(bench_file.read_text()) if bench_file.is_file() else None
+    except ValueError:
+        bench = None
+    ctx, slowest = plan_price.context(config, Path(root), bench), None
+    for name in configured(config.get("runs")):
+        try:
+            job = plan_price.training_job("train_run", name, ctx)
+        except wf_flops.Missing:
+            continue  # a shape the FLOP table lacks: the plan names it, no step time here
+        steps = job.detail.get("steps") or 0
+        if steps <= 0:
+            continue
+        step_flops = sum(v for k, v in job.flops.items() if k != "held-out evaluation") / max(job.processes, 1)
+        seconds = step_flops / job.throughput.flops_per_s / steps
+        if slowest is None or seconds > slowest[0]:
+            slowest = (seconds, name)
+    return slowest
+
+
+def min_train_runtime(signal_s: int, step_s: float) -> int:
+    """The shortest train.runtime (minutes) that leaves one step after the signal lead, with
+    the step counted twice (a model load and a step in flight, both unmeasured here)."""
+    return -(-int(signal_s + 2 * step_s) // 60) + 1
+
+
+def step_fit(runtime: int, signal_s: int, step: tuple[float, str] | None) -> tuple[bool | None, str]:
+    """(fits, words): whether a training attempt of `runtime` minutes leaves one step of the
+    plan after the requeue signal's lead (else it requeues without progress)."""
+    if runtime * 60 <= signal_s:
+        return False, (f"train.runtime {runtime} min is not longer than train.requeue_signal_s {signal_s} s: "
+                       "every attempt is warned at its start and requeues without a step")
+    if step is None:
+        return None, "no planned step time (no configured run the FLOP table counts)"
+    seconds, name = step
+    left = runtime * 60 - signal_s
+    if left < 2 * seconds:
+        return False, (f"{left} s after the {signal_s} s signal lead < one {name} step with its load "
+                       f"(~{seconds:.0f} s per step in the plan, counted twice): requeues without progress")
+    return True, f"{left} s per attempt after the signal lead, {name} step ~{seconds:.0f} s in the plan"

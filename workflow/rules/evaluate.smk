@@ -7,6 +7,9 @@
 # state `marble evaluate` resumes from (finished samples are skipped).
 
 
+from marble.workflow import slurm_eval
+
+
 rule evaluate_ckpt:
     input:
         unpack(eval_inputs),
@@ -24,8 +27,9 @@ rule evaluate_ckpt:
     conda:
         MARBLE_ENV
     threads: EVAL["resources"]["cpus_per_task"]
+    # --time per job from the plan (at least eval.resources.runtime): marble.workflow.slurm_eval
     resources:
-        **resources_of("eval"),
+        **{**resources_of("eval"), "runtime": slurm_eval.runtime_of(config)},
     params:
         source=eval_source_args,
         out_dir=lambda wc, output: os.path.dirname(output.scores),

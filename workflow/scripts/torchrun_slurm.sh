@@ -2,16 +2,19 @@
 # One SLURM task per node: torchrun with a c10d rendezvous on the allocation's first
 # host (no hard-coded address), one process per GPU (one on CPU, gloo).
 #   torchrun_slurm.sh <marble train arguments>
-# Preemption / time limit: the job is submitted with --requeue --signal=USR1@N. On USR1
-# (or TERM) this script asks the training processes to stop: they finish the optimizer
-# step in flight, write a checkpoint and exit with marble.training.stopping.EXIT_REQUEUE (75).
-# Because torchrun reports a failed worker as status 1, they also write
-# $MARBLE_REQUEUE_FILE; when torchrun returns with that file present (or that status),
-# task 0 runs `scontrol requeue`, and the requeued job resumes from that checkpoint
-# (marble train always resumes from its run folder).
+# Time limit: the job is submitted with --requeue --signal=USR1@N. On USR1 this script asks
+# the training processes to stop: they finish the optimizer step in flight, write a
+# checkpoint and exit with marble.training.stopping.EXIT_REQUEUE (75). Because torchrun
+# reports a failed worker as status 1, they also write $MARBLE_REQUEUE_FILE; when torchrun
+# returns with that file present (or that status), task 0 runs `scontrol requeue`, and the
+# requeued job resumes from that checkpoint (marble train always resumes from its run folder).
+# TERM is a cancel (scancel, an admin, Snakemake's Ctrl-C, a preemption): the trainers
+# checkpoint and stop the same way, but nothing here requeues, so a cancelled job stays
+# cancelled (under PreemptMode=REQUEUE slurmctld requeues a preempted job itself).
 set -euo pipefail
 child=""
 pending=""
+cancelled=""
 
 # The workers are torchrun's direct children (each in its own session, so a process group
 # signal would miss them); marble.training.stopping flags the signal in each of them.
@@ -19,7 +22,14 @@ signal_workers() {
     if [ -n "$child" ] && [ -n "$pending" ]; then pkill "-$pending" -P "$child" 2>/dev/null || true; fi
 }
 forward() {
-    echo "torchrun_slurm: $1 (time limit or preemption): asking training to checkpoint and stop"
+    if [ "$1" = TERM ]; then
+        # Remembered: a TERM after the time-limit USR1 (a cancel during that stop) still
+        # means no requeue.
+        cancelled=1
+        echo "torchrun_slurm: TERM (scancel or preemption): asking training to checkpoint and stop, no requeue"
+    else
+        echo "torchrun_slurm: USR1 (time limit): asking training to checkpoint and stop, then requeue"
+    fi
     pending="$1"
     signal_workers
 }
@@ -85,9 +95,16 @@ while true; do
         break
     fi
 done
+stopped="$(cat "$requeue_file" 2>/dev/null || echo "status $status")"
+if [ -n "$cancelled" ]; then
+    rm -f "$requeue_file"
+    echo "torchrun_slurm: training stopped after a TERM ($stopped): job $SLURM_JOB_ID not requeued"
+    exit "$status"
+fi
 if [ "$status" = "$EXIT_REQUEUE" ] || [ -e "$requeue_file" ]; then
-    echo "torchrun_slurm: training stopped with a checkpoint" \
-        "($(cat "$requeue_file" 2>/dev/null || echo "status $status")): requeue job $SLURM_JOB_ID"
+    # The trainer's own line says whether a checkpoint was written ("step N SIGUSR1 with a
+    # checkpoint" / "... without a checkpoint"): repeated, never assumed.
+    echo "torchrun_slurm: training stopped for the time limit ($stopped): requeue job $SLURM_JOB_ID"
     rm -f "$requeue_file"
     # Task 0 requeues; the others exit 0 so srun --kill-on-bad-exit cannot kill task 0
     # before it has.
