@@ -30,7 +30,7 @@ from marble.maths.qp import min_norm_weights
 from marble.runtime.distributed import all_reduce_mean_
 
 __all__ = ["gradient_passes", "reduce_reward_grads", "host_gram", "combine", "cosine_metrics",
-           "solve_gap_metrics"]
+           "solve_gap_metrics", "alpha_combination"]
 
 LossFn = Callable[[MicroStep], torch.Tensor]
 
@@ -162,7 +162,7 @@ def _angle_deg(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.rad2deg(torch.arccos(cos))
 
 
-def _alpha_combination(grads, alpha: np.ndarray, norms: np.ndarray, valid: np.ndarray,
+def alpha_combination(grads, alpha: np.ndarray, norms: np.ndarray, valid: np.ndarray,
                        unit: bool) -> torch.Tensor:
     """sum_k alpha_k g_k (raw gradients: what an amortized step with exact masking applies) or
     |g|_mean sum_k alpha_k g_k / |g_k| (`unit`: the solve's form, docs/algorithm.md §7.2)."""
@@ -198,8 +198,8 @@ def solve_gap_metrics(names, applied: torch.Tensor, grads, gram: torch.Tensor, g
     dirs = [("cos_solve", fresh)]
     out: dict = {}
     if alpha is not None:
-        raw = _alpha_combination(grads, alpha, norms, valid, unit=False)
-        dirs += [("cos_alpha_unit", _alpha_combination(grads, alpha, norms, valid, unit=True)),
+        raw = alpha_combination(grads, alpha, norms, valid, unit=False)
+        dirs += [("cos_alpha_unit", alpha_combination(grads, alpha, norms, valid, unit=True)),
                  ("cos_alpha_raw", raw)]
         out["angle_applied_alpha_raw"] = _angle_deg(applied, raw)
     out.update(cosine_metrics(names, dirs, grads, valid_dev))

@@ -13,6 +13,13 @@ the transformer's prediction v as the shared representation. u_k = dL_k/dv costs
 through the loss head only; the min-norm QP on the K x K Gram of the u_k gives weights that
 are fresh for the micro-batch they are applied to. `unit`: QP on the unit u_k and the
 solve's rescale (as `combine` in parameter space); `raw`: QP on the raw u_k, w = alpha.
+
+Exact fresh balance (`balancer.fresh: exact`, issue 46). A per-sample loss affine in its
+optimality probability, l_i(r) = r l+_i + (1 - r) l-_i (the NFT loss, with l+-_i = l_i(1),
+l_i(0)), makes every masked reward loss L_k = sum_i c_ki l_i(r_ki) an exact combination
+sum_i a_ki l+_i + b_ki l-_i of 2B per-sample functions with known coefficients
+(`affine_coefficients`): the K reward gradients follow from the per-sample gradients of
+l+ and l- (two backward passes, whatever K is).
 """
 
 from __future__ import annotations
@@ -20,11 +27,13 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
+import torch
 
+from marble.maths.nft import amortized_coefficients
 from marble.maths.qp import min_norm_weights
 
 __all__ = ["norm_corrected_weights", "record_solve_norms", "split_total",
-           "output_space_weights", "output_cosines"]
+           "output_space_weights", "output_cosines", "affine_coefficients"]
 
 
 def norm_corrected_weights(alpha, norms, mean_norm: float) -> np.ndarray:
@@ -107,3 +116,21 @@ def output_cosines(gram, w) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         cos = gw / (d_norm * norms)
     return np.where((norms > 0) & (d_norm > 0), cos, np.nan)
+
+
+def affine_coefficients(advantages: torch.Tensor, adv_clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a, b), each [K, B] float64: L_k = sum_i a_ki l_i(1) + b_ki l_i(0) for the masked reward
+    losses of docs/algorithm.md §7.1 and any per-sample loss affine in r.
+
+    With c_ki = [A_ki finite] / max(|V_k|, 1) and r_ki = r(A_ki) (`amortized_coefficients`
+    with K = 1, so masks, counts and the clip are the trainer's own): a = c r, b = c (1 - r).
+    A reward with no sample here has zero rows."""
+    if advantages.dim() != 2:
+        raise ValueError(f"advantages must be [B, K], got {tuple(advantages.shape)}")
+    a, b = [], []
+    for k in range(advantages.shape[1]):
+        r, c = amortized_coefficients(advantages[:, k:k + 1], [1.0], adv_clip, True)
+        r, c = r.double(), c.double()
+        a.append(c * r)
+        b.append(c * (1.0 - r))
+    return torch.stack(a), torch.stack(b)

@@ -1,0 +1,110 @@
+"""Issue 46: the exact fresh balance (`balancer.fresh: exact`) against full MGDA on the same
+micro-batch: the same weights and update, from two per-sample backward passes."""
+
+from __future__ import annotations
+
+
+import numpy as np
+import pytest
+import torch
+from balancer_toy import BETA, CLIP, SCALE, _adv
+
+from marble.balancers import MicroStep, build_balancer
+from marble.balancers.per_sample import PerSampleGrads
+from marble.config import BalancerConfig, ConfigError, load_config
+from marble.maths.fresh_balance import affine_coefficients
+from marble.maths.nft import kl_loss, nft_loss_from_terms, nft_terms
+from marble.training.metrics import host_floats
+
+NAMES = ["r0", "r1", "r2"]
+EXACT = dict(method="marble", fresh="exact", alpha_ema=0.0, diagnostics_every=0)
+
+
+class LinearToy:
+    """v_theta = a two-layer MLP over the channels of [B, T, C] (tokens per sample, as a
+    transformer's Linear layers see them); v_old, v_ref, x0 fixed."""
+
+    def __init__(self, seed=0, batch=6, tokens=5, width=4):
+        gen = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)
+        self.model = torch.nn.Sequential(torch.nn.Linear(width, 8), torch.nn.Tanh(),
+                                         torch.nn.Linear(8, width, bias=False))
+        shape = (batch, tokens, width)
+        self.x0, noise, self.v_old, self.v_ref = (torch.randn(shape, generator=gen) for _ in range(4))
+        self.t = torch.rand(batch, generator=gen) * 0.7 + 0.2
+        tb = self.t.view(-1, 1, 1)
+        self.x_t = (1 - tb) * self.x0 + tb * noise
+        self.params = list(self.model.parameters())
+
+    def step(self, adv, per_sample=True, global_step=0, micro_index=0):
+        rec = PerSampleGrads(self.model, self.params) if per_sample else None
+        with rec.recording(adv.shape[0]) if rec else torch.enable_grad():
+            v = self.model(self.x_t)
+        l_pos, l_neg = nft_terms(v, self.v_old, self.x0, self.x_t, self.t, BETA)
+        return MicroStep(
+            loss_per_sample=lambda r: nft_loss_from_terms(l_pos, l_neg, r, BETA, CLIP),
+            kl=1e-2 * kl_loss(v, self.v_ref).mean(), advantages=adv,
+            avg_advantage=torch.nanmean(adv, 1), scale=SCALE, params=self.params,
+            global_step=global_step, micro_index=micro_index, adv_clip=CLIP, per_sample=rec)
+
+    def applied(self, bal, adv, **kw):
+        for p in self.params:
+            p.grad = None
+        m = bal.backward(self.step(adv, **kw))
+        return torch.cat([p.grad.reshape(-1) for p in self.params]), \
+            dict(zip(m, host_floats(list(m.values()))))
+
+
+def _alphas(m):
+    return np.array([m[f"alpha/{n}"] for n in NAMES])
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_exact_fresh_equals_full_mgda_on_the_same_micro_batch(masked):
+    toy, adv = LinearToy(1), _adv(2)
+    if masked:
+        adv[[0, 2], 1] = adv[[1, 3, 4], 2] = float("nan")
+    mgda = build_balancer(BalancerConfig(method="mgda", diagnostics_every=0), NAMES)
+    exact = build_balancer(BalancerConfig(**EXACT), NAMES)
+    want, m_want = toy.applied(mgda, adv)
+    got, m_got = toy.applied(exact, adv)
+    np.testing.assert_allclose(_alphas(m_got), _alphas(m_want), atol=1e-6)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    assert m_got["full_solve"] == 1.0 and len(set(_alphas(m_got).round(3))) > 1  # not uniform
+
+
+def test_exact_fresh_never_opposes_a_reward_without_the_ema_and_measures_it_with():
+    """alpha_ema = 0: every micro-step's worst cosine >= -1e-6 (the min-norm theorem on the
+    micro-batch's own gradients); alpha_ema = 0.7: the EMA'd cache, in unit form."""
+    toy = LinearToy(3)
+    exact = build_balancer(BalancerConfig(**{**EXACT, "diagnostics_every": 1}), NAMES)
+    smooth = build_balancer(BalancerConfig(**{**EXACT, "diagnostics_every": 1, "alpha_ema": 0.7}),
+                            NAMES)
+    for micro in range(4):
+        adv = _adv(10 + micro)
+        _, m = toy.applied(exact, adv, micro_index=micro)
+        assert m["cos_min"] >= -1e-6 and m["anti_aligned"] == 0.0
+        _, ms = toy.applied(smooth, adv, micro_index=micro)
+    cache = smooth.alpha_cache
+    assert abs(cache.sum() - 1) < 1e-9 and not np.allclose(cache, _alphas(ms))
+
+
+def test_affine_coefficients_by_hand():
+    """Two samples, two rewards; reward 1 on sample 0 only. r = clip(A, -5, 5) / 10 + 1/2."""
+    adv = torch.tensor([[5.0, -5.0], [0.0, float("nan")]])
+    a, b = affine_coefficients(adv, 5.0)
+    torch.testing.assert_close(a, torch.tensor([[0.5, 0.25], [0.0, 0.0]], dtype=torch.float64))
+    torch.testing.assert_close(b, torch.tensor([[0.0, 0.25], [1.0, 0.0]], dtype=torch.float64))
+
+
+def test_exact_fresh_refusals():
+    bal = build_balancer(BalancerConfig(**EXACT), NAMES)
+    with pytest.raises(ConfigError, match="per_sample"):
+        bal.backward(LinearToy(0).step(_adv(0), per_sample=False))
+    conv = torch.nn.Conv2d(2, 2, 1)
+    with pytest.raises(ValueError, match="nn.Linear"):
+        PerSampleGrads(conv, list(conv.parameters()))
+    for bad in (["balancer.method=mgda"], ["balancer.gram_space=output"],
+                ["balancer.full_solve=recompute"]):
+        with pytest.raises(ConfigError, match="fresh: exact"):
+            load_config("tiny", overrides=["balancer.fresh=exact", *bad])
