@@ -66,7 +66,7 @@ def test_exact_fresh_micro_step_equals_full_mgda(preset, overrides, precision):
         want, a_want, _ = _applied(cfg, pipe, params, mgda, seed, prec)
         got, a_got, m = _applied(cfg, pipe, params, exact, seed, prec)
         assert float(m["full_solve"]) == 1.0 and len(a_got) == k
-        tol = 1e-6 if precision == "no" else 1e-4  # fp16: the per-sample and summed matmuls round apart
+        tol = 1e-6 if precision == "no" else 1e-3  # fp16: the two round their matmuls apart
         np.testing.assert_allclose(a_got, a_want, atol=tol)
         # the update: float32 sums in another order; fp16: MGDA's weight gradients are fp16
         # matmuls under autocast, the per-sample ones float32 products of the same fp16
