@@ -108,3 +108,53 @@ def test_exact_fresh_refusals():
                 ["balancer.full_solve=recompute"]):
         with pytest.raises(ConfigError, match="fresh: exact"):
             load_config("tiny", overrides=["balancer.fresh=exact", *bad])
+
+
+def _slice(toy, rows):
+    for name in ("x0", "v_old", "v_ref", "t", "x_t"):
+        setattr(toy, name, getattr(toy, name)[rows])
+    return toy
+
+
+def _union_adv():
+    adv = _adv(21)
+    adv[[1, 2, 4, 5], 2] = float("nan")  # reward 2: one sample on each rank's half
+    return adv
+
+
+def _rank_worker(rank: int, port: int, out_dir: str) -> None:
+    import os
+
+    from marble.runtime import distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
+                      RANK=str(rank), LOCAL_RANK=str(rank))
+    dist.init_distributed("cpu")
+    rows = slice(3 * rank, 3 * rank + 3)
+    toy = _slice(LinearToy(5), rows)
+    bal = build_balancer(BalancerConfig(**EXACT), NAMES)
+    got, m = toy.applied(bal, _union_adv()[rows])
+    # a full solve adds the all-reduced direction + KL into .grad: the same on every rank (the
+    # trainer's later all-reduce of .grad, precision.all_reduce_grads_, leaves it unchanged)
+    torch.save({"grad": got, "alpha": _alphas(m)}, os.path.join(out_dir, f"r{rank}.pt"))
+    dist.barrier()
+    dist.cleanup()
+
+
+def test_two_gloo_ranks_equal_one_rank_on_the_union_batch(tmp_path):
+    """Exact across ranks: the K reward gradients are all-reduced before the Gram (as full
+    MGDA's), so 2 ranks of 3 samples solve and step as 1 rank of the 6 (equal counts per
+    rank: the masked means average to the union's)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_rank_worker, args=(port, str(tmp_path)), nprocs=2, join=True)
+    one, m = LinearToy(5).applied(build_balancer(BalancerConfig(**EXACT), NAMES), _union_adv())
+    for rank in range(2):
+        r = torch.load(tmp_path / f"r{rank}.pt", weights_only=False)
+        np.testing.assert_allclose(r["alpha"], _alphas(m), atol=1e-6)
+        torch.testing.assert_close(r["grad"], one, rtol=1e-5, atol=1e-7)
