@@ -306,7 +306,7 @@ def validate(cfg: RunConfig, origin: str = "config") -> None:
         raise ConfigError(f"{origin}: `balancer.weighting` (and `weighting_options`) go with "
                           f"`balancer.method: gramian` and only with it (method "
                           f"{b.method!r}, weighting {b.weighting!r})")
-    problem = _fresh_balance_problem(b)
+    problem = fresh_balance_problem(b)
     if problem:
         raise ConfigError(f"{origin}: {problem}")
     if b.fixed_alphas is not None:
@@ -319,7 +319,7 @@ def validate(cfg: RunConfig, origin: str = "config") -> None:
         raise ConfigError(f"{origin}: every `rewards[].weight` is 0: at least one must be > 0")
 
 
-def _fresh_balance_problem(b: BalancerConfig) -> str | None:
+def fresh_balance_problem(b: BalancerConfig) -> str | None:
     """The issue-37 options' pairings: each changes one method's step and no other's."""
     if b.gram_space == "output" and (b.method != "marble" or not b.exact_masking
                                      or b.cached_weights != "reference"):
