@@ -57,6 +57,7 @@ from marble.balancers.solve import combine, reduce_reward_grads
 from marble.balancers.weightings import weighting_names
 from marble.config import BalancerConfig
 from marble.config_ranges import RANGES
+from marble.maths.fresh_balance import unit_form_weights
 
 __all__ = ["Balancer", "Balanced", "METHODS"]  # noqa: F822 - METHODS is served by __getattr__ below
 
@@ -295,12 +296,11 @@ class Balancer:
         strategy.solver_fallbacks += int(failed)
         strategy.solve_norms = norms  # cached_weights: norm_corrected caches them
         strategy.solved(at, alpha, valid, {})
-        applied = alpha if direction is solved[0] else strategy.alpha_cache
-        coef = np.zeros(len(alpha))
+        applied = np.where(valid, alpha if direction is solved[0] else strategy.alpha_cache, 0.0)
         raw = getattr(strategy.solver(at), "gradients", "unit") == "raw"
-        if valid.any():  # d = sum_k alpha_k |g|_mean / |g_k| g_k (solve.combine's direction)
-            coef[valid] = applied[valid] * (1.0 if raw or valid.sum() == 1
-                                            else norms[valid].mean() / norms[valid])
+        # d = sum_k alpha_k |g|_mean / |g_k| g_k (solve.combine's direction; raw: alpha_k)
+        coef = applied if raw or not valid.any() else \
+            unit_form_weights(applied, norms, norms[valid].mean())
         return direction, alpha, coef
 
     def _amortized_weights(self, present: list[bool]) -> np.ndarray:

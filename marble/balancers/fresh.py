@@ -41,11 +41,11 @@ from marble.config import BalancerConfig, ConfigError
 from marble.maths.ema import update_alpha_cache
 from marble.maths.fresh_balance import (
     affine_coefficients,
-    norm_corrected_weights,
+    gram_weights,
     output_cosines,
-    output_space_weights,
     record_solve_norms,
     split_total,
+    unit_form_weights,
 )
 from marble.runtime.distributed import all_reduce_mean_
 
@@ -85,7 +85,7 @@ class NormCorrected:
     def corrected_weights(self) -> np.ndarray:
         if self.cached_norms is None or self.cached_mean_norm is None:
             raise RuntimeError("cached_weights: norm_corrected has a cached alpha but no norms")
-        return norm_corrected_weights(self.alpha_cache, self.cached_norms, self.cached_mean_norm)
+        return unit_form_weights(self.alpha_cache, self.cached_norms, self.cached_mean_norm)
 
     def policy_loss(self, step: MicroStep) -> torch.Tensor:
         if self.applied_alpha() is None:
@@ -148,7 +148,7 @@ class OutputGram(Marble):
         gram = output_gram(step, self._reward_fns(step))
         # The one host read of every micro-step: the K x K Gram, for the QP.
         g = host_gram(gram)
-        self._weights, self._alpha, valid, norms = output_space_weights(
+        self._weights, self._alpha, valid, norms, _ = gram_weights(
             g, self.cfg.grad_eps, self.cfg.output_gradients)
         metrics = super().backward(step)
         cos = output_cosines(g, self._weights)

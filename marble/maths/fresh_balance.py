@@ -32,14 +32,16 @@ import torch
 from marble.maths.nft import amortized_coefficients
 from marble.maths.qp import min_norm_weights
 
-__all__ = ["norm_corrected_weights", "record_solve_norms", "split_total",
-           "output_space_weights", "output_cosines", "affine_coefficients"]
+__all__ = ["unit_form_weights", "record_solve_norms", "split_total",
+           "gram_weights", "output_cosines", "affine_coefficients"]
 
 
-def norm_corrected_weights(alpha, norms, mean_norm: float) -> np.ndarray:
-    """w_k = alpha_k mean_norm / norms_k: the solve's unit-gradient weights in raw-gradient
-    form (sum_k w_k g_k = mean_norm sum_k alpha_k g_k / |g_k|). A reward with alpha_k = 0 or
-    no known norm (never valid at a solve, or a zero gradient) gets w_k = 0."""
+def unit_form_weights(alpha, norms, mean_norm: float) -> np.ndarray:
+    """w_k = alpha_k mean_norm / norms_k: weights on unit gradients in raw-gradient form
+    (sum_k w_k g_k = mean_norm sum_k alpha_k g_k / |g_k|, the solve's rescaled direction,
+    docs/algorithm.md §7.2). The one home of this rescale: the solve (`gram_weights`), the
+    diagnostics' alpha directions, the norm-corrected cache. A reward with alpha_k = 0 or no
+    known norm (NaN or 0: never valid at a solve, or a zero gradient) gets w_k = 0."""
     a = np.asarray(alpha, np.float64)
     n = np.asarray(norms, np.float64)
     if a.shape != n.shape:
@@ -76,33 +78,37 @@ def split_total(w) -> tuple[np.ndarray, float]:
     return (w / total if total > 0 else np.zeros_like(w)), total
 
 
-def output_space_weights(gram, grad_eps: float, normalise: str,
-                         solver: Callable = min_norm_weights):
-    """MGDA-UB weights from the K x K Gram of the output gradients u_k = dL_k/dv.
+def gram_weights(gram, grad_eps: float, normalise: str = "unit", solver: Callable | None = None):
+    """The weights of a solve from the K x K Gram of K gradients (parameter space:
+    `marble.balancers.solve.combine`; output space: `balancer.gram_space: output`).
 
-    Returns (w, alpha, valid, norms): alpha on the simplex over the valid rewards (finite,
-    |u_k| > grad_eps), w the weights of the losses sum_k w_k L_k that the one backward
-    applies. `unit`: alpha = QP(<u_k/|u_k|, u_l/|u_l|>), w_k = alpha_k n_mean / |u_k| (the
-    parameter-space solve's rescale, in output space); `raw`: alpha = QP(<u_k, u_l>),
-    w = alpha. One valid reward: alpha = w = 1 on it (its raw gradient, as `combine`)."""
+    Returns (w, alpha, valid, norms, failed): alpha over the valid rewards (finite norm >
+    grad_eps; 0 elsewhere), w the weights of the raw gradients the direction sum_k w_k g_k
+    applies. `unit`: alpha = solver(<g_k/|g_k|, g_l/|g_l|>), w in unit form with the valid
+    rewards' mean norm (`unit_form_weights`); `raw`: alpha = solver(<g_k, g_l>), w = alpha.
+    One valid reward: alpha = w = 1 (its raw gradient). `solver(sub_gram, rewards)` (the
+    indices of the valid rewards): the min-norm QP if None. A solver that fails (ValueError,
+    RuntimeError, LinAlgError) gives the reference's uniform alpha and failed = True."""
     if normalise not in ("unit", "raw"):
         raise ValueError(f"normalise must be 'unit' or 'raw', got {normalise!r}")
     g = np.asarray(gram, np.float64)
     norms = np.sqrt(np.maximum(np.diag(g), 0.0))
     valid = np.isfinite(norms) & (norms > grad_eps)
-    alpha, w = np.zeros(len(g)), np.zeros(len(g))
+    alpha = np.zeros(len(g))
     idx = np.flatnonzero(valid)
-    if len(idx) == 0:
-        return w, alpha, valid, norms
-    if len(idx) == 1:
-        alpha[idx] = w[idx] = 1.0
-        return w, alpha, valid, norms
+    if len(idx) <= 1:
+        alpha[idx] = 1.0
+        return alpha.copy(), alpha, valid, norms, False
     sub = g[np.ix_(idx, idx)]
     if normalise == "unit":
         sub = sub / np.outer(norms[idx], norms[idx])
-    alpha[idx] = solver(sub)
-    w[idx] = alpha[idx] * (norms[idx].mean() / norms[idx] if normalise == "unit" else 1.0)
-    return w, alpha, valid, norms
+    failed = False
+    try:
+        alpha[idx] = min_norm_weights(sub) if solver is None else solver(sub, tuple(map(int, idx)))
+    except (ValueError, RuntimeError, np.linalg.LinAlgError):
+        failed, alpha[idx] = True, 1.0 / len(idx)
+    w = unit_form_weights(alpha, norms, norms[idx].mean()) if normalise == "unit" else alpha.copy()
+    return w, alpha, valid, norms, failed
 
 
 def output_cosines(gram, w) -> np.ndarray:
