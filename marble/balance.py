@@ -55,7 +55,7 @@ from marble.balancers import STRATEGIES, build_balancer
 from marble.balancers.common import add_into_grads, flat_grad, flat_zeros
 from marble.balancers.solve import combine, reduce_reward_grads
 from marble.balancers.weightings import weighting_names
-from marble.config import BalancerConfig
+from marble.config import BalancerConfig, fresh_balance_problem
 from marble.config_ranges import RANGES
 from marble.maths.fresh_balance import unit_form_weights
 
@@ -334,8 +334,6 @@ def _check_ranges(**values) -> None:
 
 def _options_problem(cfg: BalancerConfig) -> str | None:
     """The config's pairing rules for the options (marble.config), as one-line errors."""
-    from marble.config import fresh_balance_problem
-
     problem = fresh_balance_problem(cfg)
     return None if problem is None else problem.replace("`balancer.", "`")
 
