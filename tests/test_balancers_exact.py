@@ -158,3 +158,44 @@ def test_two_gloo_ranks_equal_one_rank_on_the_union_batch(tmp_path):
         r = torch.load(tmp_path / f"r{rank}.pt", weights_only=False)
         np.testing.assert_allclose(r["alpha"], _alphas(m), atol=1e-6)
         torch.testing.assert_close(r["grad"], one, rtol=1e-5, atol=1e-7)
+
+
+def test_flow_grpo_clipped_surrogate_is_covered_with_two_basis_functions():
+    """Flow-GRPO's per-sample loss -min(rho A, clip(rho, 1 - eps, 1 + eps) A) is piecewise
+    affine in A with the pieces fixed by A's sign: l_i(A) = max(A, 0) h+_i + min(A, 0) h-_i,
+    h+ = -min(rho, clip rho), h- = -max(rho, clip rho). Two per-sample backward passes give
+    every reward's gradient, and the min-norm weights equal those of K per-reward passes."""
+    from marble.balancers.solve import combine
+    from marble.balancers.common import gram64
+
+    torch.manual_seed(7)
+    b, k, eps = 8, 3, 0.2
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))
+    params = list(model.parameters())
+    x = torch.randn(b, 5, 4)
+    adv = torch.randn(b, k) * 1.5
+    rec = PerSampleGrads(model, params)
+    with rec.recording(b):
+        logp = model(x).squeeze(-1).mean(1)  # [B]: a per-sample log-likelihood
+    ratio = torch.exp(logp - (logp.detach() + 0.3 * torch.randn(b)))  # some clipped, some not
+    clipped = ratio.clamp(1 - eps, 1 + eps)
+    assert ((ratio - clipped).abs() > 0).any() and ((ratio - clipped).abs() == 0).any()
+    h_pos, h_neg = -torch.minimum(ratio, clipped), -torch.maximum(ratio, clipped)
+
+    def per_reward_loss(j):
+        a = adv[:, j]
+        return (-torch.minimum(ratio * a, clipped * a)).mean()
+
+    want = [torch.cat([g.reshape(-1) for g in torch.autograd.grad(per_reward_loss(j), params,
+                                                                  retain_graph=True)])
+            for j in range(k)]
+    got = None
+    for h, coef in ((h_pos, adv.clamp(min=0).T / b), (h_neg, adv.clamp(max=0).T / b)):
+        with rec.contracting(coef) as buf:
+            torch.autograd.grad(h.sum(), params, retain_graph=True)
+        got = buf if got is None else got + buf
+    for j in range(k):
+        torch.testing.assert_close(got[j], want[j], rtol=1e-5, atol=1e-7)
+    _, a_got, *_ = combine(list(got.unbind()), gram64(list(got.unbind())), 1e-12)
+    _, a_want, *_ = combine(want, gram64(want), 1e-12)
+    np.testing.assert_allclose(a_got, a_want, atol=1e-6)
