@@ -74,8 +74,8 @@ for _w in WEIGHTINGS:
 assert not set(ZOO_ROWS) & set(FLOP_ROWS), "a zoo row would replace a row above"
 ZOO_ROWS.update({m: (m, {}, 1, False) for m in ADVANTAGE_LEVEL})
 FLOP_ROWS.update(ZOO_ROWS)
-PAPER_RUNS = ("rho_07", "rho_07_exact", "full_mgda", "weighted_sum", "equal_alpha")
-TINY_RUNS = ("tiny", "tiny_mgda", "tiny_weighted_sum", "tiny_equal_alpha")
+PAPER_RUNS = ("rho_07", "rho_07_exact", "full_mgda", "fresh_exact", "weighted_sum", "equal_alpha")
+TINY_RUNS = ("tiny", "tiny_mgda", "tiny_fresh_exact", "tiny_weighted_sum", "tiny_equal_alpha")
 GIB = 2**30
 
 _F = torch.nn.functional
