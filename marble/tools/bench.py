@@ -42,6 +42,9 @@ ROWS = {
                   "the same full solve with the diagnostics it runs in training on each "
                   "micro-step of a diagnostic step: cosines and one more backward for the "
                   "weighted-sum direction"),
+    "marble_exact": ("marble", {"fresh": "exact", "alpha_ema": 0.0}, 1, False,
+                     "the exact fresh balance (balancer.fresh=exact): a full solve from "
+                     "per-sample gradients, two backward passes for the K rewards and one for KL"),
 }
 BALANCERS = tuple(ROWS)
 NOTES = ("Timed per row: one micro-step = no-grad forwards of v_old (adapter 'old') and "
