@@ -1,7 +1,8 @@
 """Atomic file writes: nothing is ever half written.
 
 Every artifact marble produces goes through these helpers: write to a temporary
-sibling, fsync, then `os.replace` (atomic on POSIX). A crash leaves either the old
+sibling, fsync, then `os.replace` (atomic on POSIX). Every JSON they write is strict
+(`json_text`: NaN and +-inf are null). A crash leaves either the old
 file or the new one, never a torn one, which is what makes every step resumable.
 """
 
@@ -10,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
+import numbers
 import os
 import re
 import shutil
@@ -101,8 +104,26 @@ def write_text(path: str | os.PathLike, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 
 
+def finite_or_null(obj: Any) -> Any:
+    """`obj` with every non-finite float (NaN, +inf, -inf; numpy's too) as
+    None, through dicts, lists and tuples: what a JSON file of ours holds where a value is
+    undefined. Python's json writes them as `NaN`/`Infinity`, which no strict reader takes."""
+    if isinstance(obj, dict):
+        return {k: finite_or_null(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_null(v) for v in obj]
+    if isinstance(obj, numbers.Real) and not isinstance(obj, numbers.Integral):
+        return float(obj) if math.isfinite(obj) else None
+    return obj
+
+
+def json_text(obj: Any, **kwargs) -> str:
+    """The one JSON writer of the project: strict (`allow_nan=False`, non-finite -> null)."""
+    return json.dumps(finite_or_null(obj), allow_nan=False, **kwargs)
+
+
 def write_json(path: str | os.PathLike, obj: Any) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=True, allow_nan=True) + "\n")
+    write_text(path, json_text(obj, indent=2, sort_keys=True) + "\n")
 
 
 def append_jsonl(path: str | os.PathLike, record: dict) -> None:
@@ -113,7 +134,7 @@ def append_jsonl(path: str | os.PathLike, record: dict) -> None:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = (json.dumps(record, allow_nan=True) + "\n").encode("utf-8")
+    line = (json_text(record) + "\n").encode("utf-8")
     with open(path, "ab+") as fh:
         repair_tail(fh, path)
         fh.write(line)

@@ -12,7 +12,7 @@ from marble.workflow import claim as wf_claim
 from marble.workflow import configs as wf_configs
 from marble.workflow import evaluation as wf_eval
 from marble.workflow import plan as wf_plan
-from marble.workflow import prompt_digest as wf_prompts
+from marble.workflow import digests as wf_digests
 from marble.workflow import runs as wf_runs
 from marble.workflow import slurm as wf_slurm
 from marble.workflow.interrupts import (
@@ -55,9 +55,33 @@ MODE = config["mode"]
 MODEL_DIR = config["model_dir"]
 RAW_DIR = config["raw_dir"]
 # Each benchmark's prompt file by content: the evaluations' input (an edit in place leaves the
-# folder's date alone), brought up to date whenever this file is read (marble.workflow.prompt_digest).
-PROMPT_DIGESTS = wf_prompts.DIGEST_DIR
-wf_prompts.sync_digests(RAW_DIR, PROMPT_DIGESTS)
+# folder's date alone), brought up to date whenever this file is read (marble.workflow.digests).
+# Only by the main process: a job re-reading this file on a node must not redate a digest
+# while another job is still writing what it covers.
+PROMPT_DIGESTS = wf_digests.PROMPT_DIGEST_DIR
+if workflow.is_main_process:
+    wf_digests.sync_prompt_digests(RAW_DIR, PROMPT_DIGESTS)
+
+# Every input folder a rule reads (base models, reward checkpoints, raw prompts, embeddings,
+# LoRA folders, the judge) by content, for the same reason: `digest_of(folder)` is the digest
+# file a rule takes beside the folder, brought up to date the first time this process names
+# it (rule declarations at parse time, input functions while the DAG is built: both before
+# Snakemake compares dates). DIGEST_FOLDERS maps it back for rule folder_digest.
+DIGEST_FOLDERS = {}
+
+
+def digest_of(folder):
+    path = wf_digests.folder_digest_path(folder)
+    if path not in DIGEST_FOLDERS and workflow.is_main_process:
+        wf_digests.sync_folder_digests([folder])
+    DIGEST_FOLDERS[path] = folder
+    return path
+
+
+def digests_of(folders):
+    return [digest_of(f) for f in folders]
+
+
 DATASET_DIR = f"data/datasets/{config['dataset']['name']}"
 # Inside the dataset folder, so DVC tracks tables and their embeddings as one output.
 EMBED_DIR = f"{DATASET_DIR}/embeddings"
@@ -219,8 +243,12 @@ def eval_inputs(wildcards):
     if folder == wf_ckpts.BASE:
         return {}
     if wf_ckpts.hub_source(folder):
-        return {"ready": f"{LORA_DIR}/{wildcards.run}"}
-    return {"ready": wf_ckpts.checkpoint_input(folder)}
+        folder = f"{LORA_DIR}/{wildcards.run}"
+        return {"ready": folder, "ready_digest": digest_of(folder)}
+    ready = wf_ckpts.checkpoint_input(folder)
+    if ready != folder:  # a marble checkpoint: its marker holds every file's sha256
+        return {"ready": ready}
+    return {"ready": folder, "ready_digest": digest_of(folder)}  # a bare LoRA folder
 
 
 def eval_source_args(wildcards):
@@ -235,7 +263,9 @@ def eval_source_args(wildcards):
 def judge_input(dataset):
     """The judge's weights, for the evaluations that start it (marble.rewards.service)."""
     folder = wf_eval.judge_folder(EVAL)
-    return [folder] if folder and wf_eval.needs_judge(EVAL, dataset) else []
+    if not (folder and wf_eval.needs_judge(EVAL, dataset)):
+        return []
+    return [folder, digest_of(folder)]
 
 
 def eval_launcher():
@@ -331,3 +361,23 @@ def reward_ckpts(wildcards, input):
     what the job was given; the configured placeholder otherwise (toy rewards read none).
     """
     return input.rewards[0] if input.rewards else config["reward_ckpt_dir"]
+
+
+# The digest file standing in for a folder's content, written here when it is missing (the
+# folder is made by another rule in this run, or did not exist when the Snakefile was read);
+# digest_of keeps it current afterwards (marble.workflow.digests).
+rule folder_digest:
+    input:
+        lambda wc: DIGEST_FOLDERS[f"{wf_digests.FOLDER_DIGEST_DIR}/{wc.digest}.tree"],
+    output:
+        f"{wf_digests.FOLDER_DIGEST_DIR}/{{digest}}.tree",
+    log:
+        "logs/digests/{digest}.log",
+    conda:
+        MARBLE_ENV
+    shell:
+        "python -m marble.workflow.digests folder {input:q} --out {output:q} > {log:q} 2>&1"
+
+
+localrules:
+    folder_digest,
