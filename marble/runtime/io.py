@@ -9,6 +9,7 @@ file or the new one, never a torn one, which is what makes every step resumable.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import math
@@ -212,6 +213,26 @@ def read_json_object(path: str | os.PathLike, what: str = "a JSON object") -> di
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected {what}")
     return data
+
+
+def file_problem(path: str | os.PathLike) -> str | None:
+    """Why `path` is not a file that can be read, in words; None when it is one. `is_file()`
+    is False for a symlink loop, a dangling link, a folder and a file the user may not
+    read alike, and each was reported as "not found": the cause decides the fix."""
+    path = Path(path)
+    try:
+        with open(path, "rb"):
+            return None
+    except FileNotFoundError:
+        if path.is_symlink():
+            return f"a symbolic link to {os.readlink(path)}, which does not exist"
+        return "not found"
+    except IsADirectoryError:
+        return "a folder, not a file"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symbolic link loop (it points back to itself)"
+        return exc.strerror or str(exc)
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

@@ -41,6 +41,13 @@ if not workflow.config_settings.configfiles:
 _BASE = config.get(wf_configs.OVERLAY_KEY)
 _FILES = [str(f) for f in workflow.config_settings.configfiles] or ["config.yaml"]
 _CONFIG_LAYERS = ([_BASE] if _BASE else []) + _FILES
+# Snakemake reads a --configfile with a YAML reader that keeps the last of a key given twice:
+# each file is read again with marble's (marble.config_parse.load_yaml), which refuses it.
+for _layer in _CONFIG_LAYERS:
+    try:
+        wf_configs.read_yaml(_layer)
+    except SystemExit as err:
+        raise WorkflowError(f"config {err}") from None
 wf_configs.compose_in_place(config)
 try:
     validate(config, "../schemas/config.schema.yaml")
@@ -289,6 +296,17 @@ def summary_keys():
     runs already trained plus the named and scanned checkpoints."""
     keys = set(final_checkpoints(eval_only_requested()))
     return keys | set(scanned_checkpoints()) | set(named_checkpoints())
+
+
+# `eval_only` with nothing to evaluate (a fresh project: no run trained, no checkpoint named or
+# found) failed inside the summary's job with "--eval-dir ... does not exist": said here instead.
+if EVAL_ONLY and not summary_keys():
+    raise WorkflowError(
+        "eval_only: nothing to evaluate yet: no configured run has finished training "
+        "(results/runs/<run>/train_summary.json and a usable final checkpoint), eval.checkpoints "
+        "names no checkpoint and eval.scan_dirs finds none; train first (`snakemake -c2 train`) "
+        "or name checkpoints in eval.checkpoints"
+    )
 
 
 def summary_inputs(wildcards):
