@@ -87,8 +87,9 @@ def check_model_path(cfg: RunConfig) -> None:
 def check_data_path(cfg: RunConfig) -> None:
     problem = file_problem(cfg.data.train)  # a link loop or a folder, said as such
     if problem:
+        said = problem if problem == "not found" else f"is {problem}"
         raise TrainError(
-            f"training table {problem if problem == 'not found' else 'is ' + problem}: `data.train` = {cfg.data.train!r} "
+            f"training table {said}: `data.train` = {cfg.data.train!r} "
             f"(assemble it with `marble data assemble`)"
         )
 

@@ -94,7 +94,8 @@ def test_a_lora_with_keys_the_base_lacks_is_refused(tiny_model_dir, tmp_path, ca
                           "--rewards", "toy_brightness", "--num_inference_steps", "2", "--resolution", "32",
                           "--limit", "1", "--allow_other_base"])
     lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("marble ")]
-    fault_trials.record(code == 2 and len(lines) == 1 and "2 of its 4 keys name modules the base model lacks" in lines[0]
+    fault_trials.record(code == 2 and len(lines) == 1
+                        and "2 of its 4 keys name modules the base model lacks" in lines[0]
                         and not (tmp_path / "out" / "average_scores.json").exists(), f"exit {code}: {lines}")
     assert not fault_trials.lost, fault_trials.lost
 
