@@ -66,7 +66,9 @@ RAW_DIR = config["raw_dir"]
 # Only by the main process: a job re-reading this file on a node must not redate a digest
 # while another job is still writing what it covers.
 PROMPT_DIGESTS = wf_digests.PROMPT_DIGEST_DIR
-if workflow.is_main_process:
+# (a Snakemake without the attribute runs jobs in the main process)
+MAIN_PROCESS = getattr(workflow, "is_main_process", True)
+if MAIN_PROCESS:
     wf_digests.sync_prompt_digests(RAW_DIR, PROMPT_DIGESTS)
 
 # Every input folder a rule reads (base models, reward checkpoints, raw prompts, embeddings,
@@ -79,7 +81,7 @@ DIGEST_FOLDERS = {}
 
 def digest_of(folder):
     path = wf_digests.folder_digest_path(folder)
-    if path not in DIGEST_FOLDERS and workflow.is_main_process:
+    if path not in DIGEST_FOLDERS and MAIN_PROCESS:
         wf_digests.sync_folder_digests([folder])
     DIGEST_FOLDERS[path] = folder
     return path
