@@ -74,7 +74,7 @@ if MAIN_PROCESS:
 # Every input folder a rule reads (base models, reward checkpoints, raw prompts, embeddings,
 # LoRA folders, the judge) by content, for the same reason: `digest_of(folder)` is the digest
 # file a rule takes beside the folder, brought up to date the first time this process names
-# it (rule declarations at parse time, input functions while the DAG is built: both before
+# it (the declarations of rules at parse time, input functions while the DAG is built; both before
 # Snakemake compares dates). DIGEST_FOLDERS maps it back for rule folder_digest.
 DIGEST_FOLDERS = {}
 
@@ -301,14 +301,18 @@ def summary_keys():
 
 
 # `eval_only` with nothing to evaluate (a fresh project: no run trained, no checkpoint named or
-# found) failed inside the summary's job with "--eval-dir ... does not exist": said here instead.
+# found) failed inside the summary's job with "--eval-dir ... does not exist": said here instead,
+# as the error of a real run and a warning of a dry run (which still shows the plan).
+NOTHING_TO_EVALUATE = (
+    "eval_only: nothing to evaluate yet: no configured run has finished training "
+    "(results/runs/<run>/train_summary.json and a usable final checkpoint), eval.checkpoints "
+    "names no checkpoint and eval.scan_dirs finds none; train first (`snakemake -c2 train`) "
+    "or name checkpoints in eval.checkpoints"
+)
 if EVAL_ONLY and not summary_keys():
-    raise WorkflowError(
-        "eval_only: nothing to evaluate yet: no configured run has finished training "
-        "(results/runs/<run>/train_summary.json and a usable final checkpoint), eval.checkpoints "
-        "names no checkpoint and eval.scan_dirs finds none; train first (`snakemake -c2 train`) "
-        "or name checkpoints in eval.checkpoints"
-    )
+    if not wf_plan.is_dry_run(sys.argv[1:]):
+        raise WorkflowError(NOTHING_TO_EVALUATE)
+    print(f"warning: {NOTHING_TO_EVALUATE}", file=sys.stderr)
 
 
 def summary_inputs(wildcards):
@@ -381,23 +385,3 @@ def reward_ckpts(wildcards, input):
     what the job was given; the configured placeholder otherwise (toy rewards read none).
     """
     return input.rewards[0] if input.rewards else config["reward_ckpt_dir"]
-
-
-# The digest file standing in for a folder's content, written here when it is missing (the
-# folder is made by another rule in this run, or did not exist when the Snakefile was read);
-# digest_of keeps it current afterwards (marble.workflow.digests).
-rule folder_digest:
-    input:
-        lambda wc: DIGEST_FOLDERS[f"{wf_digests.FOLDER_DIGEST_DIR}/{wc.digest}.tree"],
-    output:
-        f"{wf_digests.FOLDER_DIGEST_DIR}/{{digest}}.tree",
-    log:
-        "logs/digests/{digest}.log",
-    conda:
-        MARBLE_ENV
-    shell:
-        "python -m marble.workflow.digests folder {input:q} --out {output:q} > {log:q} 2>&1"
-
-
-localrules:
-    folder_digest,
