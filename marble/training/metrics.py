@@ -12,7 +12,9 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
+import yaml
 
+from marble.config_parse import load_yaml
 from marble.runtime.io import append_jsonl, json_text, read_jsonl, write_text
 from marble.runtime.schema import check_metrics_line
 from marble.training.run_dir import TrainError
@@ -263,6 +265,18 @@ class MetricsLog:
         if not self.path.is_file():
             return []
         return [record for _, record in self._records()]
+
+
+def logged_cadence(run_dir: str | Path, default: int) -> int:
+    """The logging cadence a run's record was written with (what check_record expects):
+    train.log_every may change on resume, and the run folder's config.yaml holds the last
+    attempt's until this attempt's first checkpoint rewrites it; `default` without one."""
+    try:
+        saved = load_yaml((Path(run_dir) / "config.yaml").read_text(encoding="utf-8"))
+        default = int(saved["train"]["log_every"])
+    except (OSError, ValueError, TypeError, KeyError, yaml.YAMLError):
+        pass
+    return max(1, int(default))
 
 
 def _same_values(a: dict, b: dict) -> bool:

@@ -50,7 +50,7 @@ from marble.training.checkpoint import (
 from marble.training.folder_guard import FolderGuard
 from marble.training.geometry import check_geometry
 from marble.training.heldout import HeldoutEvaluator, due
-from marble.training.metrics import MetricsFileError, MetricsLog, StepAverager
+from marble.training.metrics import MetricsFileError, MetricsLog, StepAverager, logged_cadence
 from marble.training.microstep import (
     MicroBatch,
     run_micro_step,
@@ -253,7 +253,8 @@ class Trainer(FolderGuard):
         gets rank 0's verdict, so all stop together (exit 2) instead of waiting on rank 0."""
         problem = None
         if self.info.is_main:
-            problem = self.metrics.check_record(self.step, max(1, self.cfg.train.log_every))
+            problem = self.metrics.check_record(
+                self.step, logged_cadence(self.out_dir, self.cfg.train.log_every))
             if problem is None and self.eval_log is not None:
                 problem = self.eval_log.check_record(self.step)
         problem = dist.broadcast_object(problem)
