@@ -1,9 +1,10 @@
 # The digest file standing in for a folder's content, written here when it is missing (the
 # folder is made by another rule in this run, or did not exist when the Snakefile was read);
-# digest_of keeps it current afterwards (marble.workflow.digests).
+# digest_of keeps it current afterwards (marble.workflow.digests). The input is named: the
+# preflight gate adds its own to every job.
 rule folder_digest:
     input:
-        lambda wc: DIGEST_FOLDERS[f"{wf_digests.FOLDER_DIGEST_DIR}/{wc.digest}.tree"],
+        folder=lambda wc: DIGEST_FOLDERS[f"{wf_digests.FOLDER_DIGEST_DIR}/{wc.digest}.tree"],
     output:
         f"{wf_digests.FOLDER_DIGEST_DIR}/{{digest}}.tree",
     log:
@@ -11,7 +12,7 @@ rule folder_digest:
     conda:
         MARBLE_ENV
     shell:
-        "python -m marble.workflow.digests folder {input:q} --out {output:q} > {log:q} 2>&1"
+        "python -m marble.workflow.digests folder {input.folder:q} --out {output:q} > {log:q} 2>&1"
 
 
 localrules:
