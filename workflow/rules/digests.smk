@@ -4,7 +4,9 @@
 # preflight gate adds its own to every job.
 rule folder_digest:
     input:
-        folder=lambda wc: DIGEST_FOLDERS[f"{wf_digests.FOLDER_DIGEST_DIR}/{wc.digest}.tree"],
+        folder=lambda wc: DIGEST_FOLDERS[
+            f"{wf_digests.FOLDER_DIGEST_DIR}/{wc.digest}.tree"
+        ],
     output:
         f"{wf_digests.FOLDER_DIGEST_DIR}/{{digest}}.tree",
     log:
