@@ -7,6 +7,7 @@
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/digests.smk"
 include: "workflow/rules/download.smk"
 include: "workflow/rules/datasets.smk"
 include: "workflow/rules/pretrain.smk"

@@ -48,6 +48,7 @@ from pathlib import Path
 
 import yaml
 
+from marble.config_parse import load_yaml
 from marble.evaluation.images import DEFAULT_IMAGE_FORMAT, IMAGE_FORMATS, ImageDecodeError, write_image_prompts
 from marble.evaluation.prompts import DATASETS, DEFAULT_BATCH_SIZE, DEFAULT_REWARDS, dataset_file, load_samples
 from marble.evaluation.results import (
@@ -181,7 +182,7 @@ def read_reward_options(path: str | None) -> dict[str, dict]:
     try:
         inline = path.lstrip().startswith("{") and not Path(path).exists()
         text = path if inline else Path(path).read_text(encoding="utf-8")
-        data = yaml.safe_load(text) or {}
+        data = load_yaml(text) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise SystemExit(f"marble evaluate: --reward_options {path}: {exc}") from exc
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):

@@ -35,6 +35,7 @@ import sys
 from pathlib import Path
 
 from marble.config import ConfigError, RunConfig, load_config
+from marble.runtime.io import file_problem
 from marble.runtime.oserrors import describe_write_failure, print_write_failure
 from marble.training import run_lock
 from marble.training.checkpoint_format import checkpoint_name
@@ -87,9 +88,11 @@ def check_model_path(cfg: RunConfig) -> None:
 
 
 def check_data_path(cfg: RunConfig) -> None:
-    if not Path(cfg.data.train).is_file():
+    problem = file_problem(cfg.data.train)  # a link loop or a folder, said as such
+    if problem:
+        said = problem if problem == "not found" else f"is {problem}"
         raise TrainError(
-            f"training table not found: `data.train` = {cfg.data.train!r} "
+            f"training table {said}: `data.train` = {cfg.data.train!r} "
             f"(assemble it with `marble data assemble`)"
         )
 

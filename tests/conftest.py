@@ -35,6 +35,8 @@ def pytest_terminal_summary(terminalreporter) -> None:
     so they do not vanish into a skip count."""
     if FAULT_TABLE:
         _print_fault_table(terminalreporter)
+        if os.environ.get(FAULT_TABLE_MD):
+            Path(os.environ[FAULT_TABLE_MD]).write_text(fault_table_markdown(), encoding="utf-8")
     skipped = [r for r in terminalreporter.stats.get("skipped", [])
                if NEEDS_SHARED in str(getattr(r, "longrepr", ""))]
     if skipped:
@@ -139,6 +141,20 @@ def pytest_runtest_logreport(report) -> None:
     row.tried += len(fault["results"])
     row.held += sum(bool(held) for held, _ in fault["results"])
     row.lost += sum(not held for held, _ in fault["results"])
+
+
+# `MARBLE_FAULT_TABLE_MD=rows.md python -m tests.faults ...`: the same table as markdown rows
+# (case | tried | held | lost | outcome), what docs/development.md's fault table is pasted from.
+FAULT_TABLE_MD = "MARBLE_FAULT_TABLE_MD"
+
+
+def fault_table_markdown() -> str:
+    lines = []
+    for case, row in sorted(FAULT_TABLE.items()):
+        outcome = "skipped: " + "; ".join(sorted(set(row.skipped))) if row.skipped else (
+            "held" if not row.lost else f"LOST {row.lost}")
+        lines.append(f"| {case} | {row.tried} | {row.held} | {row.lost} | {outcome} |")
+    return "\n".join(lines) + "\n"
 
 
 def _print_fault_table(terminalreporter) -> None:

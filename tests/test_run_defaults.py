@@ -13,7 +13,7 @@ import yaml
 
 from marble.evaluation.datasets import DEFAULT_REWARDS
 from marble.evaluation.run_record import RunRecordError, run_folder
-from marble.workflow.prompt_digest import sync_digests
+from marble.workflow.digests import sync_prompt_digests as sync_digests
 from marble.workflow.run_defaults import run_defaults
 
 

@@ -248,7 +248,7 @@ def test_ours_beside_published_numbers(tmp_path):
 def test_a_prompt_file_edited_in_place_reruns_its_evaluation(tmp_path):
     """The evaluation's input was the prompt folder, which an edit in place does not redate:
     `snakemake` said "Nothing to be done" over the old prompts' scores. A digest of each prompt
-    file stands in for it (marble.workflow.prompt_digest)."""
+    file stands in for it (marble.workflow.digests)."""
     work = copy_workflow(tmp_path / "repo")
     prompts = work / "data/raw-tiny/pickscore/test.txt"
     prompts.parent.mkdir(parents=True)

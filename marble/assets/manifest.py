@@ -15,9 +15,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from marble.assets.verify import HashCache, problem
+from marble.config_parse import load_yaml
 
 MANIFEST = Path(__file__).with_name("manifest.yaml")
 GROUPS = ("model", "rewards", "datasets")
@@ -91,7 +90,7 @@ def load_manifest(path: str | Path | None = None) -> list[Entry]:
     `marble download` uses, so the doctor's verification and disk estimate count the same files."""
     path = Path(path or os.environ.get("MARBLE_MANIFEST") or MANIFEST)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise DownloadError(f"manifest {path} does not exist") from None
     entries = []
@@ -110,7 +109,7 @@ def load_manifest(path: str | Path | None = None) -> list[Entry]:
 
 def group_dirs(path: str | Path = MANIFEST) -> dict[str, str]:
     """group -> its folder under `--root` (for `marble download all`)."""
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    data = load_yaml(Path(path).read_text(encoding="utf-8")) or {}
     return {g: spec.get("dir") or g for g, spec in data.get("groups", {}).items()}
 
 

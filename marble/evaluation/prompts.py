@@ -23,6 +23,7 @@ from marble.evaluation.datasets import (  # noqa: F401  (re-exported)
     GENEVAL,
     PROMPT_FILES,
 )
+from marble.runtime.io import file_problem
 from marble.runtime.seeds import stable_seed
 
 
@@ -43,9 +44,10 @@ def dataset_file(data_dir: str | Path, dataset: str) -> Path:
 
 
 def _require(path: Path) -> Path:
-    if not path.is_file():
+    problem = file_problem(path)  # a link loop or a folder is said as such, not "not found"
+    if problem:
         raise FileNotFoundError(
-            f"evaluation prompts {path} not found (expected the raw layout "
+            f"evaluation prompts {path}: {problem} (expected the raw layout "
             "DIR/geneval/test_metadata.jsonl, DIR/<ocr|pickscore|drawbench>/test.txt; set --data_dir)"
         )
     return path

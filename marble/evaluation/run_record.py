@@ -13,6 +13,8 @@ from pathlib import Path
 
 import yaml
 
+from marble.config_parse import load_yaml
+
 RUN_CONFIG = "config.yaml"
 RUN_INPUTS = "inputs.json"  # marble.training.inputs.INPUTS_FILE (that module loads the trainer's config tree)
 
@@ -57,7 +59,7 @@ def shown(path: Path) -> str:
 def run_config(run: Path) -> dict:
     path = run / RUN_CONFIG
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         first = str(exc).splitlines()[0]
         raise RunRecordError(f"{path}: unreadable ({first}); pass --model_path and --rewards") from None

@@ -271,6 +271,9 @@ def _load_peft_folder(pipe, folder: Path, adapter_name: str) -> None:
     pipe.transformer.set_adapter(adapter_name)
 
 
+TEXT_ENCODER_PREFIXES = ("text_encoder.", "text_encoder_2.", "text_encoder_3.")
+
+
 class LoraMismatchError(ValueError):
     """A LoRA file that does not fit the base model it is loaded into; names the file."""
 
@@ -319,9 +322,13 @@ def _checked_match(pipe, weights: Path, shapes: dict) -> int:
     if matched == 0:
         raise LoraMismatchError(f"LoRA {weights}: none of its {len(shapes)} keys matches a layer of the base "
                                 f"model (e.g. {sorted(shapes)[:1]}): it belongs to another model")
-    if unexpected:
-        warnings.warn(f"LoRA {weights}: {len(unexpected)} keys match no layer of the base model and are "
-                      f"ignored (e.g. {unexpected[:3]}); {matched} layers load")
+    # Text-encoder keys are diffusers' to load; any other key naming no layer of the base was
+    # dropped with a warning and the rest scored as the LoRA: part of a LoRA is refused.
+    unmatched = [k for k in unexpected if not k.startswith(TEXT_ENCODER_PREFIXES)]
+    if unmatched:
+        raise LoraMismatchError(f"LoRA {weights}: {len(unmatched)} of its {len(shapes)} keys name modules the "
+                                f"base model lacks (e.g. {unmatched[:3]}); {matched} layers would load, the rest "
+                                "not: a LoRA of another variant of this model, refused rather than scored in part")
     return matched
 
 

@@ -130,7 +130,10 @@ class Reward:
             self.failed_rows = None
             with torch.no_grad():
                 sub = self.score(images[idx], [prompts[i] for i in idx], [metadata[i] for i in idx])
-            out[idx] = sub.detach().to(torch.float32).cpu()
+            sub = sub.detach().to(torch.float32).cpu()
+            # +-inf is no more a score than NaN (a -inf on every sample trained to "done"
+            # where NaN failed the run): every non-finite value is unscorable, NaN, counted.
+            out[idx] = torch.where(torch.isfinite(sub), sub, torch.full_like(sub, float("nan")))
             if self.failed_rows is not None:
                 self.last_failed[idx] = self.failed_rows & torch.isnan(out[idx])
             self.scored += len(idx)

@@ -8,6 +8,8 @@ import sys
 
 import yaml
 
+from marble.runtime.io import json_text
+
 
 def parse_options(pairs: list[str]) -> dict:
     """`key=value` pairs; values parsed as YAML scalars (numbers, booleans, lists)."""
@@ -66,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_bench(reward, args, metadata)
     for path in args.image:  # one at a time: files may differ in size
         value = reward(load_image(path)[None], [args.prompt], [metadata])[0].item()
-        print(json.dumps({"image": path, "reward": args.reward, "score": None if value != value else value}))
+        print(json_text({"image": path, "reward": args.reward, "score": value}))  # NaN, inf: null
     print(json.dumps({"counters": reward.counters()}), file=sys.stderr)
     return 0
 
@@ -87,7 +89,7 @@ def run_bench(reward, args, metadata: dict) -> int:
     for _ in range(args.repeats):
         scores = reward(images, prompts, metas)
     rate = args.n * args.repeats / (time.perf_counter() - start)
-    print(json.dumps({"reward": args.reward, "images_per_s": round(rate, 2), "n": args.n,
+    print(json_text({"reward": args.reward, "images_per_s": round(rate, 2), "n": args.n,
                       "shape": list(images.shape[1:]), "mean_score": float(scores.nanmean())}))
     return 0
 

@@ -76,12 +76,16 @@ class HashCache:
 
     `path`: the JSON file holding the records (default: `default_cache_path()`);
     `root`: when given, records are keyed by the path relative to it (a download
-    folder's sidecar stays valid when the folder moves; the key still invalidates it).
+    folder's sidecar stays valid when the folder moves; the key still invalidates it);
+    `autosave=False`: records are written by `save()` only (a caller hashing a whole tree
+    saves once, not once per new file: the cache is rewritten whole at every save).
     """
 
-    def __init__(self, path: str | Path | None = None, root: str | Path | None = None):
+    def __init__(self, path: str | Path | None = None, root: str | Path | None = None,
+                 autosave: bool = True):
         self.path = Path(path) if path is not None else default_cache_path()
         self.root = Path(root) if root is not None else None
+        self.autosave = autosave
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -109,7 +113,8 @@ class HashCache:
         sha256, blob = full_digests(path)
         self.records[name] = {**{k: v for k, v in record.items() if k == "verified"},
                               **key, "sha256": sha256, "git_blob": blob}
-        self.save()
+        if self.autosave:
+            self.save()
         return sha256, blob
 
     def sha256(self, path: Path) -> str:

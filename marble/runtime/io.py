@@ -1,15 +1,19 @@
 """Atomic file writes: nothing is ever half written.
 
 Every artifact marble produces goes through these helpers: write to a temporary
-sibling, fsync, then `os.replace` (atomic on POSIX). A crash leaves either the old
+sibling, fsync, then `os.replace` (atomic on POSIX). Every JSON they write is strict
+(`json_text`: NaN and +-inf are null). A crash leaves either the old
 file or the new one, never a torn one, which is what makes every step resumable.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
+import math
+import numbers
 import os
 import re
 import shutil
@@ -101,8 +105,26 @@ def write_text(path: str | os.PathLike, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 
 
+def finite_or_null(obj: Any) -> Any:
+    """`obj` with every non-finite float (NaN, +inf, -inf; numpy's too) as
+    None, through dicts, lists and tuples: what a JSON file of ours holds where a value is
+    undefined. Python's json writes them as `NaN`/`Infinity`, which no strict reader takes."""
+    if isinstance(obj, dict):
+        return {k: finite_or_null(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_null(v) for v in obj]
+    if isinstance(obj, numbers.Real) and not isinstance(obj, numbers.Integral):
+        return float(obj) if math.isfinite(obj) else None
+    return obj
+
+
+def json_text(obj: Any, **kwargs) -> str:
+    """The one JSON writer of the project: strict (`allow_nan=False`, non-finite -> null)."""
+    return json.dumps(finite_or_null(obj), allow_nan=False, **kwargs)
+
+
 def write_json(path: str | os.PathLike, obj: Any) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=True, allow_nan=True) + "\n")
+    write_text(path, json_text(obj, indent=2, sort_keys=True) + "\n")
 
 
 def append_jsonl(path: str | os.PathLike, record: dict) -> None:
@@ -113,7 +135,7 @@ def append_jsonl(path: str | os.PathLike, record: dict) -> None:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    line = (json.dumps(record, allow_nan=True) + "\n").encode("utf-8")
+    line = (json_text(record) + "\n").encode("utf-8")
     with open(path, "ab+") as fh:
         repair_tail(fh, path)
         fh.write(line)
@@ -191,6 +213,26 @@ def read_json_object(path: str | os.PathLike, what: str = "a JSON object") -> di
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected {what}")
     return data
+
+
+def file_problem(path: str | os.PathLike) -> str | None:
+    """Why `path` is not a file that can be read, in words; None when it is one. `is_file()`
+    is False for a symlink loop, a dangling link, a folder and a file the user may not
+    read alike, and each was reported as "not found": the cause decides the fix."""
+    path = Path(path)
+    try:
+        with open(path, "rb"):
+            return None
+    except FileNotFoundError:
+        if path.is_symlink():
+            return f"a symbolic link to {os.readlink(path)}, which does not exist"
+        return "not found"
+    except IsADirectoryError:
+        return "a folder, not a file"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symbolic link loop (it points back to itself)"
+        return exc.strerror or str(exc)
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

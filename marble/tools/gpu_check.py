@@ -354,7 +354,9 @@ def main(argv: list[str] | None = None) -> int:
         result = score_phase(prompt_table(work), work, args.tiny, args.out)
     else:
         result = gpu_check(args.tiny, args.work, args.repeats)
-    text = json.dumps(result, indent=2, default=float)
+    from marble.runtime.io import json_text
+
+    text = json_text(json.loads(json.dumps(result, default=float)), indent=2)  # strict: NaN -> null
     if args.out is not None:
         from marble.runtime.io import write_text
 

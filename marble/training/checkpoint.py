@@ -18,7 +18,6 @@ truncated copy, a full disk on a sync, bit rot) or an empty marker is caught on 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
@@ -32,7 +31,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from marble.runtime import distributed as dist
-from marble.runtime.io import atomic_path, fsync_tree
+from marble.runtime.io import atomic_path, fsync_tree, json_text
 from marble.training.checkpoint_format import (
     ADAPTERS_FILE,
     COMPLETE,
@@ -164,7 +163,7 @@ def save_checkpoint(
             torch.save(optimizer_state, tmp / OPTIMIZER_FILE)
         torch.save(state, tmp / STATE_FILE)
         if identity is not None:
-            (tmp / IDENTITY_FILE).write_text(json.dumps(identity, indent=1, sort_keys=True) + "\n",
+            (tmp / IDENTITY_FILE).write_text(json_text(identity, indent=1, sort_keys=True) + "\n",
                                              encoding="utf-8")
         # Every file and folder on disk before the marker that vouches for them: after a
         # node crash a marker never names a zero-length file.

@@ -6,15 +6,16 @@ counted, never averaged in as zeros.
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from collections import defaultdict
 from pathlib import Path
 
 import torch
+import yaml
 
-from marble.runtime.io import append_jsonl, read_jsonl, write_text
+from marble.config_parse import load_yaml
+from marble.runtime.io import append_jsonl, json_text, read_jsonl, write_text
 from marble.runtime.schema import check_metrics_line
 from marble.training.run_dir import TrainError
 from marble.training.trackers import TrackerFanout, open_trackers
@@ -27,19 +28,20 @@ class MetricsFileError(TrainError, ValueError):
 
 
 def reward_stats(name: str, rewards: torch.Tensor, applicable: torch.Tensor) -> dict[str, float]:
-    """`reward/<name>` (mean over scored applicable samples), counts of applicable and NaN.
+    """`reward/<name>` (mean over scored applicable samples), counts of applicable and unscored.
 
     `applicable` is the mask of samples the reward applies to; an applicable sample
-    whose score is NaN could not be scored (`reward_nan/<name>`).
+    whose score is not a finite number (NaN, +inf, -inf) could not be scored
+    (`reward_nan/<name>` counts them all: an inf was averaged in beside `reward_nan 0`).
     """
     rewards = rewards.detach().double().cpu()
     applicable = applicable.bool().cpu()
-    valid = applicable & ~torch.isnan(rewards)
+    valid = applicable & torch.isfinite(rewards)
     mean = float(rewards[valid].mean()) if valid.any() else float("nan")
     return {
         f"reward/{name}": mean,
         f"reward_applicable/{name}": int(applicable.sum()),
-        f"reward_nan/{name}": int((applicable & torch.isnan(rewards)).sum()),
+        f"reward_nan/{name}": int((applicable & ~torch.isfinite(rewards)).sum()),
     }
 
 
@@ -121,7 +123,7 @@ class MetricsLog:
     def log(self, record: dict) -> None:
         if self.enabled:
             self._restore_if_rolled_back()
-            line = json.dumps(_jsonable(record), allow_nan=True)
+            line = json_text(_jsonable(record))  # as append_jsonl writes it (strict: NaN -> null)
             append_jsonl(self.path, _jsonable(record))
             self._lines.append(line)
             self._size = self.path.stat().st_size
@@ -192,6 +194,56 @@ class MetricsLog:
         if self._trackers is not None:
             self._trackers.close()
 
+    # A resume extends this record: it must be the run's own up to the checkpoint. A file
+    # deleted (or restored from an older copy) resumed "fine" with only the new steps; a line
+    # duplicated was kept ([1, 1, 2, 3]) and counted twice by every reader. Now a missing or
+    # out-of-order step refuses the resume naming file and line (the trainer cannot rewrite
+    # what it did not keep); a step logged twice with the same values (a copy, an append
+    # replayed) is repaired, saying so; twice with other values is refused.
+    def check_record(self, step: int, every: int | None = None) -> str | None:
+        """Check (and repair duplicates of) the record up to `step`; a problem as one line, or
+        None. `every`: the logging cadence (train.log_every), whose steps must all be there;
+        None for a log with no fixed cadence (eval.jsonl: only unique, ordered steps)."""
+        if not self.enabled or step <= 0:
+            return None
+        expected = set(range(every, step + 1, every)) if every else set()
+        if not self.path.is_file():
+            return (f"{self.path}: missing, but the run resumes from its checkpoint at step {step}: "
+                    f"{len(expected)} logged steps up to it would be lost" if expected else None)
+        try:
+            records = self._records()
+        except MetricsFileError as exc:
+            return str(exc)
+        first: dict[int, tuple[int, dict]] = {}
+        repeats, last = [], 0
+        for lineno, record in records:
+            at = record["step"]
+            if at > step:
+                continue  # logged after the checkpoint: truncate_after drops it
+            if at in first:
+                if _same_values(record, first[at][1]):
+                    repeats.append(lineno)
+                    continue
+                return (f"{self.path}:{lineno}: step {at} logged again with other values (first at "
+                        f"line {first[at][0]}): two runs wrote this record")
+            if at < last:
+                return f"{self.path}:{lineno}: step {at} after step {last}: the record is out of order"
+            first[at], last = (lineno, record), at
+        missing = sorted(expected - set(first))
+        if missing:
+            where = next((n for n, r in records if r["step"] > missing[0]), len(records) + 1)
+            return (f"{self.path}:{where}: step {missing[0]} missing ({len(missing)} of the {len(expected)} "
+                    f"steps up to the checkpoint at step {step}): the file was cut, replaced or deleted")
+        if repeats:
+            self._drop_lines(set(repeats))
+            warnings.warn(f"{self.path}: lines {', '.join(map(str, repeats))} repeated a logged step "
+                          "with the same values; removed (the record keeps each step once)")
+        return None
+
+    def _drop_lines(self, linenos: set[int]) -> None:
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        write_text(self.path, "".join(x + "\n" for n, x in enumerate(lines, 1) if n not in linenos))
+
     def truncate_after(self, step: int) -> int:
         """Remove records with `step` > the resumed step (logged after the last checkpoint).
 
@@ -213,6 +265,24 @@ class MetricsLog:
         if not self.path.is_file():
             return []
         return [record for _, record in self._records()]
+
+
+def logged_cadence(run_dir: str | Path, default: int) -> int:
+    """The logging cadence a run's record was written with (what check_record expects):
+    train.log_every may change on resume, and the run folder's config.yaml holds the last
+    attempt's until this attempt's first checkpoint rewrites it; `default` without one."""
+    try:
+        saved = load_yaml((Path(run_dir) / "config.yaml").read_text(encoding="utf-8"))
+        default = int(saved["train"]["log_every"])
+    except (OSError, ValueError, TypeError, KeyError, yaml.YAMLError):
+        pass
+    return max(1, int(default))
+
+
+def _same_values(a: dict, b: dict) -> bool:
+    """One step logged twice alike: equal but for wall-clock timings (NaN equal to NaN)."""
+    keys = {k for k in (*a, *b) if not k.startswith("time/")}
+    return all(a.get(k) == b.get(k) or (a.get(k) != a.get(k) and b.get(k) != b.get(k)) for k in keys)
 
 
 def _jsonable(record: dict) -> dict:

@@ -15,7 +15,8 @@ import math
 
 
 def _nan(value) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
+    """Not a score: null, NaN or +-inf alike (a -inf reward on every step was taken as trained)."""
+    return value is None or (isinstance(value, float) and not math.isfinite(value))
 
 
 def failed_run_reason(records: list[dict], reward_names: list[str]) -> str | None:
@@ -30,5 +31,5 @@ def failed_run_reason(records: list[dict], reward_names: list[str]) -> str | Non
         applied = sum(r.get(f"reward_applicable/{name}", 0) or 0 for r in steps)
         if applied and all(_nan(r.get(f"reward/{name}")) for r in steps):
             return (f"reward {name!r} was NaN on every logged step ({applied} applicable samples, "
-                    "none scored): its scorer or its inputs are broken")
+                    "none scored to a finite number; +-inf counts as NaN): its scorer or its inputs are broken")
     return None

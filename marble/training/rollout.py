@@ -75,6 +75,9 @@ class RewardScorer:
         if scores.shape != (len(prompts),):
             raise ValueError(f"reward {name!r} returned shape {tuple(scores.shape)} "
                              f"for {len(prompts)} images")
+        # A scorer that is no marble Reward (a registered callable) can hand back +-inf: as
+        # Reward.__call__ does, every non-finite score is unscorable (NaN, counted as reward_nan).
+        scores = torch.where(torch.isfinite(scores), scores, torch.full_like(scores, float("nan")))
         if name in self.masks:
             applies = self.masks[name][rows]
             scores = torch.where(applies, scores, torch.full_like(scores, float("nan")))

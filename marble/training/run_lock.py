@@ -34,6 +34,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -198,10 +199,18 @@ def acquire(run_dir: Path, log=print, name: str = LOCK_NAME) -> Path:
 
 
 def release(lock: Path) -> None:
-    """Drop the lock if it is still ours (a take-over may have replaced it)."""
+    """Drop the lock if it is still ours (a take-over may have replaced it).
+
+    Called on the way out, often after the error that ends the run: a lock that cannot be
+    read or removed (the file system went read-only, the folder's permissions changed) is one
+    line, never a traceback that replaced the run's own error and its exit 2. Left behind,
+    it is stale once this process is gone and the next trainer takes it over (stale_reason)."""
     try:
         owner = read_owner(lock)
+        if owner and owner["pid"] == os.getpid() and owner["host"] == socket.gethostname():
+            lock.unlink(missing_ok=True)
     except RunLockError:
         return
-    if owner and owner["pid"] == os.getpid() and owner["host"] == socket.gethostname():
-        lock.unlink(missing_ok=True)
+    except OSError as exc:
+        print(f"marble: note: the lock {lock} stays ({exc.strerror or exc}); the next run takes it "
+              "over once this process is gone", file=sys.stderr)

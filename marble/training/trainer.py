@@ -50,7 +50,7 @@ from marble.training.checkpoint import (
 from marble.training.folder_guard import FolderGuard
 from marble.training.geometry import check_geometry
 from marble.training.heldout import HeldoutEvaluator, due
-from marble.training.metrics import MetricsLog, StepAverager
+from marble.training.metrics import MetricsFileError, MetricsLog, StepAverager, logged_cadence
 from marble.training.microstep import (
     MicroBatch,
     run_micro_step,
@@ -62,7 +62,7 @@ from marble.training.rollout import (
     Rollouts,
 )
 from marble.training.inputs import current_inputs
-from marble.training.run_dir import FolderWatch, TrainError, run_identity
+from marble.training.run_dir import FRESH_HINT, FolderWatch, TrainError, run_identity
 from marble.training.stages import CurrentState, StageSchedule, StageState
 
 log = logging.getLogger(__name__)
@@ -235,6 +235,8 @@ class Trainer(FolderGuard):
     def resume(self) -> Path | None:
         """Restore every registered state from the newest intact checkpoint, if any."""
         path = self.checkpoints.resume()
+        if path is not None:
+            self._check_records()
         # No checkpoint yet: lines an earlier attempt logged are steps no one will resume
         # from (they would be logged twice).
         self.metrics.truncate_after(0 if path is None else self.step)
@@ -245,6 +247,19 @@ class Trainer(FolderGuard):
             self.evaluated = dist.broadcast_object({r["step"] for r in self.eval_log.read()}
                                                    if self.info.is_main else None)
         return path
+
+    def _check_records(self) -> None:
+        """The logs this resume extends are the run's own (MetricsLog.check_record); every rank
+        gets rank 0's verdict, so all stop together (exit 2) instead of waiting on rank 0."""
+        problem = None
+        if self.info.is_main:
+            problem = self.metrics.check_record(
+                self.step, logged_cadence(self.out_dir, self.cfg.train.log_every))
+            if problem is None and self.eval_log is not None:
+                problem = self.eval_log.check_record(self.step)
+        problem = dist.broadcast_object(problem)
+        if problem:
+            raise MetricsFileError(f"{problem}; restore the file, or use {FRESH_HINT}")
 
     # ------------------------------------------------------------ one epoch
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import yaml
 
+from marble.config_parse import load_yaml
 from marble.workflow import hub_lock
 from marble.workflow.doctor_checks import merge
 
@@ -29,7 +30,7 @@ OVERLAY_KEY = "overlay_on"
 def read_yaml(path: Path) -> dict:
     """A config file's mapping; a missing or non-mapping file is one clear line."""
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        data = load_yaml(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise SystemExit(f"error: config file {path} does not exist") from None
     except yaml.YAMLError as exc:  # where the YAML breaks, on one line (not a traceback)

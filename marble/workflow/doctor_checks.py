@@ -11,8 +11,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 
+from marble.config_parse import load_yaml
 from marble.assets.download import load_manifest
 from marble.assets.hub_ref import COMMIT, is_hub_ref, parse_hub_ref
 from marble.config import load_config
@@ -332,7 +332,7 @@ def schema_error_line(text: str, files: list, layers: list[dict] | None = None) 
     """`FILE: key.path: message` for a schema error of the config merged from `files` (in
     order): the file is the last one that sets the key (else the schema's default)."""
     if layers is None:
-        layers = [yaml.safe_load(Path(f).read_text(encoding="utf-8")) or {} for f in files]
+        layers = [load_yaml(Path(f).read_text(encoding="utf-8")) or {} for f in files]
     key, message = schema_error(text)
     owner = key_owner(layers, key)
     where = files[owner] if owner is not None else "workflow/schemas/config.schema.yaml (a default)"

@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 
+from marble.config_parse import load_yaml
 from marble.assets.hub_ref import is_hub_ref, parse_hub_ref, pinned_revision  # noqa: F401
 from marble.evaluation.datasets import DEFAULT_REWARDS
 from marble.rewards import descriptors
@@ -193,9 +194,8 @@ def published_runs(published: str | None) -> set[str]:
     full validation is marble.report.published.load_published's, run by the table1 job."""
     if not published:
         return set()
-    import yaml
 
-    rows = (yaml.safe_load(open(published, encoding="utf-8")) or {}).get("rows") or {}
+    rows = (load_yaml(open(published, encoding="utf-8")) or {}).get("rows") or {}
     return {str(row["run"]) for row in rows.values() if isinstance(row, dict) and "run" in row}
 
 

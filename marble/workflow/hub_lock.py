@@ -21,6 +21,7 @@ from pathlib import Path
 
 import yaml
 
+from marble.config_parse import load_yaml
 from marble.assets.hub_ref import is_hub_ref, parse_hub_ref
 from marble.runtime.io import write_text
 from marble.workflow.evaluation import JUDGE
@@ -56,7 +57,7 @@ def read_lock(path: Path) -> dict[str, dict]:
     if not path.is_file():
         return {}
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = load_yaml(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError:  # one line naming the file, as for a well-formed but wrong lock
         data = None
     repos = data.get("repos") if isinstance(data, dict) else None

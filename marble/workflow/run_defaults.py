@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from marble.config_parse import load_yaml
 from marble.evaluation.datasets import DEFAULT_REWARDS, PROMPT_FILES
 import yaml
 
@@ -51,7 +52,7 @@ def project_configs(root: Path) -> list[tuple[str, dict]]:
         # (overlays composed, schema defaults filled); config.yaml is taken as written.
         try:
             text = path.read_text(encoding="utf-8")
-            config = json.loads(text).get("config") if name.endswith(".json") else yaml.safe_load(text)
+            config = json.loads(text).get("config") if name.endswith(".json") else load_yaml(text)
         except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError, AttributeError):
             continue
         if isinstance(config, dict) and isinstance(config.get("eval") or {}, dict):

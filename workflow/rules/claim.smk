@@ -52,6 +52,7 @@ if MODE == "tiny":
 rule claim_run:
     input:
         model=lambda wc: CLAIM_MODELS[wc.claimrun],
+        model_digest=lambda wc: digest_of(CLAIM_MODELS[wc.claimrun]),
         train=f"{DATASET_DIR}/train.parquet",
         test=f"{DATASET_DIR}/test.parquet",
     output:
@@ -81,6 +82,7 @@ rule claim_run:
 rule claim_cost:
     input:
         model=MODEL_DIR,
+        model_digest=digest_of(MODEL_DIR),
     output:
         flops=f"{CLAIM_DIR}/flops.json",
         cost=f"{CLAIM_DIR}/cost.json",

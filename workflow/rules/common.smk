@@ -13,7 +13,7 @@ from marble.workflow import claim as wf_claim
 from marble.workflow import configs as wf_configs
 from marble.workflow import evaluation as wf_eval
 from marble.workflow import plan as wf_plan
-from marble.workflow import prompt_digest as wf_prompts
+from marble.workflow import digests as wf_digests
 from marble.workflow import runs as wf_runs
 from marble.workflow import slurm as wf_slurm
 from marble.workflow.interrupts import (
@@ -42,6 +42,13 @@ if not workflow.config_settings.configfiles:
 _BASE = config.get(wf_configs.OVERLAY_KEY)
 _FILES = [str(f) for f in workflow.config_settings.configfiles] or ["config.yaml"]
 _CONFIG_LAYERS = ([_BASE] if _BASE else []) + _FILES
+# Snakemake reads a --configfile with a YAML reader that keeps the last of a key given twice:
+# each file is read again with marble's (marble.config_parse.load_yaml), which refuses it.
+for _layer in _CONFIG_LAYERS:
+    try:
+        wf_configs.read_yaml(_layer)
+    except SystemExit as err:
+        raise WorkflowError(f"config {err}") from None
 wf_configs.compose_in_place(config)
 try:
     validate(config, "../schemas/config.schema.yaml")
@@ -63,9 +70,35 @@ MODE = config["mode"]
 MODEL_DIR = config["model_dir"]
 RAW_DIR = config["raw_dir"]
 # Each benchmark's prompt file by content: the evaluations' input (an edit in place leaves the
-# folder's date alone), brought up to date whenever this file is read (marble.workflow.prompt_digest).
-PROMPT_DIGESTS = wf_prompts.DIGEST_DIR
-wf_prompts.sync_digests(RAW_DIR, PROMPT_DIGESTS)
+# folder's date alone), brought up to date whenever this file is read (marble.workflow.digests).
+# Only by the main process: a job re-reading this file on a node must not redate a digest
+# while another job is still writing what it covers.
+PROMPT_DIGESTS = wf_digests.PROMPT_DIGEST_DIR
+# (a Snakemake without the attribute runs jobs in the main process)
+MAIN_PROCESS = getattr(workflow, "is_main_process", True)
+if MAIN_PROCESS:
+    wf_digests.sync_prompt_digests(RAW_DIR, PROMPT_DIGESTS)
+
+# Every input folder a rule reads (base models, reward checkpoints, raw prompts, embeddings,
+# LoRA folders, the judge) by content, for the same reason: `digest_of(folder)` is the digest
+# file a rule takes beside the folder, brought up to date the first time this process names
+# it (the declarations of rules at parse time, input functions while the DAG is built; both before
+# Snakemake compares dates). DIGEST_FOLDERS maps it back for rule folder_digest.
+DIGEST_FOLDERS = {}
+
+
+def digest_of(folder):
+    path = wf_digests.folder_digest_path(folder)
+    if path not in DIGEST_FOLDERS and MAIN_PROCESS:
+        wf_digests.sync_folder_digests([folder])
+    DIGEST_FOLDERS[path] = folder
+    return path
+
+
+def digests_of(folders):
+    return [digest_of(f) for f in folders]
+
+
 DATASET_DIR = f"data/datasets/{config['dataset']['name']}"
 # Inside the dataset folder, so DVC tracks tables and their embeddings as one output.
 EMBED_DIR = f"{DATASET_DIR}/embeddings"
@@ -227,8 +260,12 @@ def eval_inputs(wildcards):
     if folder == wf_ckpts.BASE:
         return {}
     if wf_ckpts.hub_source(folder):
-        return {"ready": f"{LORA_DIR}/{wildcards.run}"}
-    return {"ready": wf_ckpts.checkpoint_input(folder)}
+        folder = f"{LORA_DIR}/{wildcards.run}"
+        return {"ready": folder, "ready_digest": digest_of(folder)}
+    ready = wf_ckpts.checkpoint_input(folder)
+    if ready != folder:  # a marble checkpoint: its marker holds every file's sha256
+        return {"ready": ready}
+    return {"ready": folder, "ready_digest": digest_of(folder)}  # a bare LoRA folder
 
 
 def eval_source_args(wildcards):
@@ -243,7 +280,9 @@ def eval_source_args(wildcards):
 def judge_input(dataset):
     """The judge's weights, for the evaluations that start it (marble.rewards.service)."""
     folder = wf_eval.judge_folder(EVAL)
-    return [folder] if folder and wf_eval.needs_judge(EVAL, dataset) else []
+    if not (folder and wf_eval.needs_judge(EVAL, dataset)):
+        return []
+    return [folder, digest_of(folder)]
 
 
 def eval_launcher():
@@ -267,6 +306,21 @@ def summary_keys():
     runs already trained plus the named and scanned checkpoints."""
     keys = set(final_checkpoints(eval_only_requested()))
     return keys | set(scanned_checkpoints()) | set(named_checkpoints())
+
+
+# `eval_only` with nothing to evaluate (a fresh project: no run trained, no checkpoint named or
+# found) failed inside the summary's job with "--eval-dir ... does not exist": said here instead,
+# as the error of a real run and a warning of a dry run (which still shows the plan).
+NOTHING_TO_EVALUATE = (
+    "eval_only: nothing to evaluate yet: no configured run has finished training "
+    "(results/runs/<run>/train_summary.json and a usable final checkpoint), eval.checkpoints "
+    "names no checkpoint and eval.scan_dirs finds none; train first (`snakemake -c2 train`) "
+    "or name checkpoints in eval.checkpoints"
+)
+if EVAL_ONLY and not summary_keys():
+    if not wf_plan.is_dry_run(sys.argv[1:]):
+        raise WorkflowError(NOTHING_TO_EVALUATE)
+    print(f"warning: {NOTHING_TO_EVALUATE}", file=sys.stderr)
 
 
 def summary_inputs(wildcards):

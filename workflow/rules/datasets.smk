@@ -5,6 +5,7 @@
 rule assemble_split:
     input:
         raw=RAW_DIR,
+        raw_digest=digest_of(RAW_DIR),
     output:
         table=f"{DATASET_DIR}/{{split}}.parquet",
         summary=f"{DATASET_DIR}/{{split}}_summary.csv",
@@ -33,6 +34,7 @@ rule embed_prompts:
         train=f"{DATASET_DIR}/train.parquet",
         test=f"{DATASET_DIR}/test.parquet",
         model=MODEL_DIR,
+        model_digest=digest_of(MODEL_DIR),
     output:
         directory(EMBED_DIR),
     log:

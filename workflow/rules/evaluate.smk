@@ -14,9 +14,11 @@ rule evaluate_ckpt:
     input:
         unpack(eval_inputs),
         model=lambda wc: row_model_dir(wc.run),
+        model_digest=lambda wc: digest_of(row_model_dir(wc.run)),
         raw=RAW_DIR,
         prompts=lambda wc: f"{PROMPT_DIGESTS}/{wc.dataset}.sha256",
         rewards=REWARD_INPUT,
+        rewards_digest=digests_of(REWARD_INPUT),
         judge=lambda wc: judge_input(wc.dataset),
     output:
         scores="results/eval/{settings}/{run}/{ckpt}/{dataset}/average_scores.json",
@@ -54,7 +56,7 @@ localrules:
 
 
 # The digest standing in for a prompt file (written here when missing; the Snakefile rewrites it
-# when the file changes, so an edited prompt reruns its evaluations: marble.workflow.prompt_digest).
+# when the file changes, so an edited prompt reruns its evaluations: marble.workflow.digests).
 rule prompt_digest:
     input:
         raw=RAW_DIR,
@@ -65,7 +67,7 @@ rule prompt_digest:
     conda:
         MARBLE_ENV
     shell:
-        "python -m marble.workflow.prompt_digest {input.raw:q} {wildcards.dataset} --out {output:q}"
+        "python -m marble.workflow.digests prompt {input.raw:q} {wildcards.dataset} --out {output:q}"
         " > {log:q} 2>&1"
 
 

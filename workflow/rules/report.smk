@@ -14,6 +14,7 @@ BENCH_AFTER = ["results/eval/summary.csv"] if MODE == "tiny" else []
 rule bench_step:
     input:
         model=BENCH_MODEL,
+        model_digest=digests_of(BENCH_MODEL),
         after=BENCH_AFTER,
     output:
         "results/bench/step.json",

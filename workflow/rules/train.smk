@@ -12,10 +12,13 @@ if not EVAL_ONLY:
     rule train_run:
         input:
             model=MODEL_DIR,
+            model_digest=digest_of(MODEL_DIR),
             train=f"{DATASET_DIR}/train.parquet",
             test=f"{DATASET_DIR}/test.parquet",
             embed=[EMBED_DIR] if config["dataset"]["embed"] else [],
+            embed_digest=digests_of([EMBED_DIR] if config["dataset"]["embed"] else []),
             rewards=REWARD_INPUT,
+            rewards_digest=digests_of(REWARD_INPUT),
         output:
             "results/runs/{run}/train_summary.json",
         log:

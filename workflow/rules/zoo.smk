@@ -19,6 +19,7 @@ wildcard_constraints:
 use rule claim_run as zoo_run with:
     input:
         model=MODEL_DIR,
+        model_digest=digest_of(MODEL_DIR),
         train=f"{DATASET_DIR}/train.parquet",
         test=f"{DATASET_DIR}/test.parquet",
     output:
@@ -39,6 +40,7 @@ use rule claim_run as zoo_run with:
 rule zoo_cost:
     input:
         model=MODEL_DIR,
+        model_digest=digest_of(MODEL_DIR),
     output:
         flops=f"{ZOO_DIR}/flops.json",
         cost=f"{ZOO_DIR}/cost.json",

@@ -23,7 +23,7 @@ import re
 import shutil
 from pathlib import Path
 
-from marble.runtime.io import read_jsonl, write_text
+from marble.runtime.io import json_text, read_jsonl, write_text
 
 
 def _finite_or_none(value):
@@ -100,13 +100,13 @@ def write_views(runs_dir: Path, summary: Path, bench: Path, out: Path, table1: P
             for p in sorted(runs_dir.glob("*/metrics.jsonl"))}
     if out.exists():
         shutil.rmtree(out)  # a reward or run that is gone must not leave a stale file
-    write_text(out / "eval_metrics.json", json.dumps(metrics, indent=1, sort_keys=True) + "\n")
+    write_text(out / "eval_metrics.json", json_text(metrics, indent=1, sort_keys=True) + "\n")
     write_text(out / "bench_metrics.json",
-               json.dumps(bench_metrics(json.loads(bench.read_text(encoding="utf-8"))),
+               json_text(bench_metrics(json.loads(bench.read_text(encoding="utf-8"))),
                           indent=1, sort_keys=True) + "\n")
     # Always written, so `dvc metrics show` never misses a declared file (tiny mode has no Table 1).
     rows = json.loads(table1.read_text(encoding="utf-8")) if table1 and table1.is_file() else {}
-    write_text(out / "table1_metrics.json", json.dumps(rows, indent=1, sort_keys=True) + "\n")
+    write_text(out / "table1_metrics.json", json_text(rows, indent=1, sort_keys=True) + "\n")
     for reward, rows in training_curves(runs).items():
         write_text(out / "curves" / f"{safe_name(reward)}.csv", _csv(rows, ["step", "value", "run"]))
     for metric, rows in eval_bars(metrics).items():
