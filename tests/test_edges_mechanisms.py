@@ -164,9 +164,9 @@ def test_the_output_space_rescale_uses_the_valid_rewards_norms_only():
     """w_k = alpha_k n_mean / |u_k|, n_mean over the VALID rewards: a reward with no gradient
     (norm 0) must not pull the mean down. Orthogonal u of norms 2, 1, 0: alpha = (1/2, 1/2, 0),
     n_mean = 1.5, w = (0.375, 0.75, 0)."""
-    from marble.maths.fresh_balance import output_space_weights
+    from marble.maths.fresh_balance import gram_weights
 
-    w, alpha, valid, _ = output_space_weights(np.diag([4.0, 1.0, 0.0]), 1e-12, "unit")
+    w, alpha, valid, _, _ = gram_weights(np.diag([4.0, 1.0, 0.0]), 1e-12, "unit")
     assert valid.tolist() == [True, True, False]
     np.testing.assert_allclose(alpha, [0.5, 0.5, 0.0], atol=1e-12)
     np.testing.assert_allclose(w, [0.375, 0.75, 0.0], atol=1e-12)

@@ -325,7 +325,7 @@ MUTANTS: list[Mutant] = [
            (f"{_EDGES_AT}::test_the_legacy_row_rule_needs_both_lines_without_a_revision",),
            "a line with a revision beside one without passes as a legacy file: an edit is averaged in"),
     Mutant("output_rescale_over_all_norms", "marble/maths/fresh_balance.py",
-           'w[idx] = alpha[idx] * (norms[idx].mean() / norms[idx]', 'w[idx] = alpha[idx] * (norms.mean() / norms[idx]',
+           'w = unit_form_weights(alpha, norms, norms[idx].mean())', 'w = unit_form_weights(alpha, norms, norms.mean())',
            (f"{_EDGES_AT}::test_the_output_space_rescale_uses_the_valid_rewards_norms_only",),
            "the output-space rescale's mean norm counts rewards without a gradient: the step shrinks"),
     Mutant("table1_columns_in_registry_order", "marble/evaluation/summary.py",

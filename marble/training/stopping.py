@@ -31,6 +31,8 @@ import signal
 import threading
 from pathlib import Path
 
+from marble.training.run_lock import lock_path
+
 from marble.runtime.io import write_text
 
 # No torch here: `marble train` installs the handlers before its heavy imports, so a stop
@@ -153,7 +155,5 @@ def stall_check(out_dir: Path, start_step: int, final_step: int) -> str | None:
     job_id = os.environ.get("SLURM_JOB_ID")
     if not job_id:
         return None
-    from marble.training.run_lock import lock_path
-
     count = stalled_attempts(lock_path(Path(out_dir), STALL_FILE), job_id, final_step > start_step)
     return stall_reason(count, final_step)

@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from marble.workflow.slurm_capacity import TARGET_JOBS, named_targets
+
 GATE_INPUT = "preflight"  # the name of the gate input in every gated rule
 PLACEHOLDER = "preflight not run yet (marble.workflow.preflight.ensure_gate)\n"
 
@@ -65,8 +67,6 @@ def wanted_text(path: str | Path, config: dict, configfiles: Iterable = (), targ
     the doctor already checked (`eval_only` after `all`): the stored text, kept as it is (a
     rewrite would rerun the doctor for nothing). A target with jobs not checked yet: the
     targets of both, so the doctor runs again and checks them all."""
-    from marble.workflow.slurm_capacity import TARGET_JOBS, named_targets
-
     text = snapshot_text(config, configfiles, targets)
     try:
         stored = json.loads(Path(path).read_text(encoding="utf-8"))

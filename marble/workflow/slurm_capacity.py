@@ -17,6 +17,8 @@ import getpass
 import os
 
 from marble.workflow import slurm
+from marble.workflow import flops as wf_flops
+from marble.workflow import plan_price
 from marble.workflow.runs import configured
 
 # The SLURM jobs each named target of the Snakefile can submit (the rules of its DAG that are
@@ -143,9 +145,6 @@ def plan_step_s(config: dict, root) -> tuple[float, str] | None:
     a run's own median time/step_s once it has one); None without a run to time."""
     import json
     from pathlib import Path
-
-    from marble.workflow import flops as wf_flops
-    from marble.workflow import plan_price
 
     bench_file = Path(root) / "results/bench/step.json"  # the plan's default bench
     try:

@@ -17,6 +17,8 @@ import math
 from pathlib import Path
 
 from marble.workflow import evaluation as wf_eval
+from marble.workflow import flops as wf_flops
+from marble.workflow import plan_price
 from marble.workflow.runs import configured
 
 # The plan counts FLOPs at an assumed (or benched) throughput: half again as long covers a
@@ -27,8 +29,6 @@ EVAL_LOAD_MIN = 15
 
 @functools.lru_cache(maxsize=4)
 def _context(config_json: str, root: str):
-    from marble.workflow import plan_price
-
     bench_file = Path(root) / "results/bench/step.json"  # the plan's default bench
     try:
         bench = json.loads(bench_file.read_text()) if bench_file.is_file() else None
@@ -39,9 +39,6 @@ def _context(config_json: str, root: str):
 
 def planned_hours(config: dict, root, run: str, ckpt: str, dataset: str, settings: str | None = None) -> float | None:
     """The plan's wall hours of one evaluation job (None when the FLOP table lacks its shape)."""
-    from marble.workflow import flops as wf_flops
-    from marble.workflow import plan_price
-
     ctx = _context(json.dumps(config, sort_keys=True, default=str), str(root))
     settings = settings or wf_eval.row_settings(config["eval"], run, config["model_dir"])
     wildcards = {"run": run, "ckpt": ckpt, "dataset": dataset, "settings": settings}
