@@ -102,6 +102,10 @@ def test_a_prompt_table_says_where_each_reward_applies(tmp_path):
     assert table["applies__toy_text_contrast"].tolist() == [False, True, True]
     assert table["applies__toy_brightness"].tolist() == [True, True, True]
     (tmp_path / "ocr/train.csv").unlink()
+    # blank lines (an editor's trailing newlines) hold no prompt; the lines keep their numbers
+    (tmp_path / "ocr/train.jsonl").write_text('{"prompt": "a"}\n\n{"prompt": "b", "toy_text_contrast": false}\n\n')
+    table = assemble_split(tmp_path, "train", masks).table
+    assert table["prompt"].tolist() == ["a", "b"]
     (tmp_path / "ocr/train.jsonl").write_text('{"prompt": "a", "toy_brightnes": true}\n')
     with pytest.raises(ValueError, match=r"ocr/train.jsonl:1: column 'toy_brightnes' is not a reward"):
         assemble_split(tmp_path, "train", masks)

@@ -49,6 +49,8 @@ def _rows(path: Path, name: str) -> list[tuple[str, dict]]:
         return [(f"{name}:{reader.line_num}", dict(row)) for row in reader]
     out = []
     for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():  # a blank line (an editor's last newline) holds no prompt
+            continue
         where = f"{name}:{lineno}"
         try:
             row = json.loads(line)
