@@ -23,6 +23,16 @@ balancer objects (marble/balancers/) deciding it:
   `reward_sum` differ from the weighted sum only in the advantage they are trained on
   (`marble.maths.advantage_balancers` computes it), so on losses they are its step.
 
+Gradient accumulation: with `accumulation=M`, one call is one micro-step and M calls one
+optimizer step, on the trainer's schedule: a solve runs on micro-step 0 of a solving step
+(every micro-step before `warmup_steps`), the cached alpha on the others::
+
+    bal = marble.balance.Balancer("marble", rewards=["pick", "ocr"], accumulation=4)
+    for micro_batch in batches:  # 4 per optimizer step
+        out = bal.step(losses_of(micro_batch), model.parameters())  # out.micro_index: 0..3
+        if out.micro_index == 3:
+            optimizer.step(); optimizer.zero_grad()
+
 Absent rewards: a loss or gradient that is missing, None or not finite has weight 0. A solve
 then runs on the rewards present (their alpha on the simplex); an amortized step applies the
 cached alpha to the present losses and leaves the absent one out, without renormalising: the
@@ -45,8 +55,9 @@ from marble.balancers import STRATEGIES, build_balancer
 from marble.balancers.common import add_into_grads, flat_grad, flat_zeros
 from marble.balancers.solve import combine, reduce_reward_grads
 from marble.balancers.weightings import weighting_names
-from marble.config import BalancerConfig
+from marble.config import BalancerConfig, fresh_balance_problem
 from marble.config_ranges import RANGES
+from marble.maths.fresh_balance import unit_form_weights
 
 __all__ = ["Balancer", "Balanced", "METHODS"]  # noqa: F822 - METHODS is served by __getattr__ below
 
@@ -73,7 +84,8 @@ class Balanced:
     coefficients: what multiplies each reward's raw loss / gradient in the applied direction:
         alpha_k |g|_mean / |g_k| on a solve (the unit-gradient form), alpha_k otherwise.
     solved: whether this step ran a full solve.
-    step: the index of this step in the schedule (0 for the first call).
+    step: the optimizer step of the schedule (0 for the first call); micro_index: the call's
+        micro-step within it (always 0 without `accumulation`).
     loss: sum_k coefficients_k L_k (`step`; None from `combine`): detached once backpropagated,
         with its graph when `step(..., backward=False)` leaves the backward to you.
     direction: sum_k coefficients_k g_k in the gradients' shape (`combine`; None from `step`).
@@ -85,6 +97,7 @@ class Balanced:
     step: int
     loss: Optional[torch.Tensor] = None
     direction: Optional[torch.Tensor] = None
+    micro_index: int = 0
 
 
 class Balancer:
@@ -99,6 +112,13 @@ class Balancer:
     fixed_alphas: equal_alpha's weights (default 1/K); reward_weights: the weighted sum's
         (weighted_sum, gdpo, reward_sum; default 1 each); weighting_options: the torchjd
         constructor's options; grad_eps: a gradient of norm <= this counts as absent.
+    accumulation: micro-steps (calls) per optimizer step (the trainer's gradient accumulation).
+    The config's options beyond the reference (docs/balancers.md), by their config names:
+    cached_weights ("reference" | "norm_corrected": the cached alpha in the last solve's unit
+    form), zoo_gradients ("unit" | "raw", gramian), fresh ("cached" | "exact": a solve on every
+    call; here from one gradient pass per reward, the per-sample construction needs the
+    trainer's micro-step), gram_space ("parameters" only: "output" needs the model's prediction
+    and loss head, which a loss does not carry).
     Defaults are the paper's (N = 10, warm-up 1, rho = 0.7).
     """
 
@@ -106,11 +126,20 @@ class Balancer:
                  rho: float = 0.7, warmup_steps: int = 1, weighting: str | None = None,
                  weighting_options: Mapping[str, Any] | None = None,
                  fixed_alphas: Sequence[float] | None = None,
-                 reward_weights: Sequence[float] | None = None, grad_eps: float = 1e-12):
+                 reward_weights: Sequence[float] | None = None, grad_eps: float = 1e-12,
+                 accumulation: int = 1, cached_weights: str = "reference",
+                 gram_space: str = "parameters", zoo_gradients: str = "unit",
+                 fresh: str = "cached"):
         if method not in STRATEGIES:  # live: a balancer added with marble.balancers.register counts
             raise ValueError(f"unknown balancer {method!r}: expected one of {', '.join(STRATEGIES)} "
                              f"(gramian takes weighting= one of {', '.join(weighting_names())})")
         _check_ranges(solve_every=solve_every, warmup_steps=warmup_steps, rho=rho, grad_eps=grad_eps)
+        if isinstance(accumulation, bool) or not isinstance(accumulation, (int, np.integer)) \
+                or accumulation < 1:
+            raise ValueError(f"accumulation = {accumulation!r} must be an integer >= 1")
+        if gram_space != "parameters":
+            raise ValueError(f"gram_space = {gram_space!r}: the library offers 'parameters' only "
+                             "('output' needs the model's prediction and loss head: the trainer's)")
         if method == "gramian" and weighting not in weighting_names():
             raise ValueError(f"method 'gramian' needs weighting= one of {', '.join(weighting_names())}, "
                              f"got {weighting!r}")
@@ -127,14 +156,20 @@ class Balancer:
                              fixed_alphas=None if fixed_alphas is None else list(fixed_alphas),
                              # Losses handed in are already per-reward means: the exact form
                              # sum_k alpha_k L_k (the combined advantage needs the advantages).
-                             exact_masking=True, diagnostics_every=0)
+                             exact_masking=True, diagnostics_every=0,
+                             cached_weights=cached_weights, zoo_gradients=zoo_gradients,
+                             fresh=fresh)
+        problem = _options_problem(cfg)
+        if problem:
+            raise ValueError(problem)
         # The trainer's own strategy object decides the schedule and keeps its state.
         self._strategy = build_balancer(cfg, list(rewards))
         self.rewards = list(rewards)
         self.method = method
         self.grad_eps = float(grad_eps)
         self.reward_weights = self._reward_weights(reward_weights)
-        self.steps = 0  # calls so far: the schedule's global step
+        self.accumulation = int(accumulation)
+        self.steps = 0  # calls so far (micro-steps): step // accumulation is the optimizer step
 
     def _reward_weights(self, weights: Sequence[float] | None) -> np.ndarray:
         k = len(self.rewards)
@@ -153,16 +188,17 @@ class Balancer:
         gradient is the same direction). A solve costs one gradient pass per present reward
         (the graph is retained for them); telling a NaN loss from a finite one reads each loss
         back to the host once."""
-        params = [p for p in params if p.requires_grad]
-        if not params:
-            raise ValueError("Balancer.step: no parameter requires grad")
+        params = _distinct([p for p in params if p.requires_grad])
         present = self._aligned(losses, "losses", _is_present_loss)
+        if all(loss is None for loss in present):
+            raise ValueError(f"Balancer.step: no reward's loss is present (missing, None or not "
+                             f"finite: {sorted(losses)}); nothing to balance, no step counted")
         solved = self._solves_now()
         direction = None
         if solved:
             local = [flat_grad(loss, params) if loss is not None else flat_zeros(params)
                      for loss in present]
-            direction, alpha, coef = self._solve(local)
+            direction, alpha, coef = self._solve(local, refuse_nonfinite=True)
         else:
             alpha = coef = self._amortized_weights([loss is not None for loss in present])
         terms = [float(c) * loss for c, loss in zip(coef, present) if loss is not None and c != 0]
@@ -171,7 +207,7 @@ class Balancer:
             if direction is not None:  # the solve's direction as computed: no extra backward pass
                 add_into_grads(params, direction)
             elif total.requires_grad:
-                torch.autograd.backward(total, inputs=params)
+                _add_finite_grad(total, params)
             total = total.detach()
         return self._finish(alpha, coef, solved, loss=total)
 
@@ -179,7 +215,7 @@ class Balancer:
         """Balance per-reward gradients (reward -> tensor, all of one shape, e.g. flattened
         parameters; missing, None or any non-finite entry: absent) and return the combined
         direction in that shape, `direction`. Nothing is backpropagated."""
-        given = self._aligned(grads, "grads", lambda g: g is not None)
+        given = self._aligned(grads, "grads", _is_gradient)
         shapes = {tuple(g.shape) for g in given if g is not None}
         if len(shapes) > 1:
             raise ValueError(f"Balancer.combine: gradients of different shapes {sorted(shapes)}")
@@ -229,44 +265,60 @@ class Balancer:
     # ------------------------------------------------------------------ internals
 
     def _aligned(self, given: Mapping[str, Any], what: str, present) -> list:
+        if not isinstance(given, Mapping):
+            raise TypeError(f"{what} must be a dict reward name -> {what[:-1]}, got "
+                            f"{type(given).__name__} (rewards: {self.rewards})")
         unknown = sorted(set(given) - set(self.rewards))
         if unknown:
             raise ValueError(f"{what} for unknown rewards {unknown}: this balancer has {self.rewards}")
         return [given.get(name) if present(given.get(name)) else None for name in self.rewards]
 
     def _schedule_step(self) -> SimpleNamespace:
-        # What the strategies read of a micro-step for the schedule (as marble.balancers.cadence).
-        return SimpleNamespace(global_step=self.steps, micro_index=0)
+        # What the strategies read of a micro-step for the schedule (as marble.balancers.cadence):
+        # the trainer's optimizer step and micro-step, from the calls so far.
+        return SimpleNamespace(global_step=self.steps // self.accumulation,
+                               micro_index=self.steps % self.accumulation)
 
     def _solves_now(self) -> bool:
         return bool(self._strategy.wants_full_solve(self._schedule_step()))
 
-    def _solve(self, local: list[torch.Tensor]):
+    def _solve(self, local: list[torch.Tensor], refuse_nonfinite: bool = False):
         """The trainer's full solve on flat per-reward gradients: (direction, alpha, coefficients)."""
-        grads, gram, _, _, _ = reduce_reward_grads(local, self.grad_eps)
+        grads, gram, _, _, nonfinite = reduce_reward_grads(local, self.grad_eps)
+        if refuse_nonfinite and int(nonfinite):  # the trainer zeroes, counts and skips the step
+            raise FloatingPointError(f"Balancer.step: {int(nonfinite)} non-finite gradient entries "
+                                     "from finite losses; .grad not modified")
         at = self._schedule_step()
-        direction, alpha, failed, norms, valid = combine(grads, gram, self.grad_eps,
-                                                         self._strategy.solver(at))
-        self._strategy.solver_fallbacks += int(failed)
-        self._strategy.solved(at, alpha, valid, {})
-        coef = np.zeros(len(alpha))
-        if valid.any():  # d = sum_k alpha_k |g|_mean / |g_k| g_k (solve.combine's direction)
-            coef[valid] = alpha[valid] * norms[valid].mean() / norms[valid]
+        strategy = self._strategy
+        solved = combine(grads, gram, self.grad_eps, strategy.solver(at))
+        _, alpha, failed, norms, valid = solved
+        direction = strategy._applied_direction(grads, solved)  # fresh: exact with its EMA
+        strategy.solver_fallbacks += int(failed)
+        strategy.solve_norms = norms  # cached_weights: norm_corrected caches them
+        strategy.solved(at, alpha, valid, {})
+        applied = np.where(valid, alpha if direction is solved[0] else strategy.alpha_cache, 0.0)
+        raw = getattr(strategy.solver(at), "gradients", "unit") == "raw"
+        # d = sum_k alpha_k |g|_mean / |g_k| g_k (solve.combine's direction; raw: alpha_k)
+        coef = applied if raw or not valid.any() else \
+            unit_form_weights(applied, norms, norms[valid].mean())
         return direction, alpha, coef
 
     def _amortized_weights(self, present: list[bool]) -> np.ndarray:
         mask = np.asarray(present, dtype=np.float64)
         alpha = self._strategy.applied_alpha()
+        if alpha is not None and hasattr(self._strategy, "corrected_weights"):
+            alpha = self._strategy.corrected_weights()  # norm_corrected: the solve's unit form
         if alpha is None:  # the weighted sum: a weighted mean over the rewards present
             w = self.reward_weights * mask
             return w / w.sum() if w.sum() > 0 else w
         return np.asarray(alpha, dtype=np.float64) * mask
 
     def _finish(self, alpha, coef, solved: bool, **out) -> Balanced:
+        at = self._schedule_step()
         self.steps += 1
         return Balanced(weights=dict(zip(self.rewards, map(float, alpha))),
                         coefficients=dict(zip(self.rewards, map(float, coef))),
-                        solved=solved, step=self.steps - 1, **out)
+                        solved=solved, step=at.global_step, micro_index=at.micro_index, **out)
 
 
 def _check_ranges(**values) -> None:
@@ -280,10 +332,54 @@ def _check_ranges(**values) -> None:
             raise ValueError(f"{arg} = {value!r} must be {rule.text}")
 
 
+def _options_problem(cfg: BalancerConfig) -> str | None:
+    """The config's pairing rules for the options (marble.config), as one-line errors."""
+    problem = fresh_balance_problem(cfg)
+    return None if problem is None else problem.replace("`balancer.", "`")
+
+
+def _distinct(params: list) -> list:
+    if not params:
+        raise ValueError("Balancer.step: no parameter requires grad")
+    if len({id(p) for p in params}) != len(params):  # its gradient would be added twice
+        raise ValueError("Balancer.step: a parameter is passed twice (e.g. a tied weight listed "
+                         "under two names); pass each once")
+    return params
+
+
+def _add_finite_grad(total: torch.Tensor, params: list) -> None:
+    """.grad += d total / d params, refused (nothing added) if any entry is not finite: a
+    finite loss with a NaN or inf gradient would otherwise reach the optimizer silently."""
+    grads = torch.autograd.grad(total, params, allow_unused=True)
+    bad = sum(int((~torch.isfinite(g)).sum()) for g in grads if g is not None)
+    if bad:
+        raise FloatingPointError(f"Balancer.step: {bad} non-finite gradient entries from a finite "
+                                 "loss; .grad not modified")
+    for p, g in zip(params, grads):
+        if g is not None:
+            p.grad = g.to(p.dtype).clone() if p.grad is None else p.grad.add_(g)
+
+
 def _is_present_loss(loss) -> bool:
     if loss is None:
         return False
     if not torch.is_tensor(loss) or loss.dim() != 0:
         raise ValueError(f"a loss must be a scalar tensor, got {type(loss).__name__} "
                          f"{tuple(getattr(loss, 'shape', ()))}")
-    return bool(torch.isfinite(loss.detach()))
+    if not bool(torch.isfinite(loss.detach())):
+        return False
+    if loss.grad_fn is None and not loss.requires_grad:
+        raise ValueError("a finite loss has no grad_fn: it does not depend on the parameters "
+                         "(computed under torch.no_grad() or detached?); pass None for an absent reward")
+    return True
+
+
+def _is_gradient(grad) -> bool:
+    if grad is None:
+        return False
+    if isinstance(grad, (list, tuple)):
+        raise TypeError("a gradient must be one tensor; per-parameter lists go flattened: "
+                        "torch.cat([g.flatten() for g in grads])")
+    if not torch.is_tensor(grad):
+        raise TypeError(f"a gradient must be a tensor, got {type(grad).__name__}")
+    return True

@@ -141,6 +141,9 @@ class BalancerConfig:
     # method gramian: the weighting reads the Gram of unit gradients (`unit`, ours so far) or
     # of the raw ones, as the weightings' authors published them (`raw`, no rescale).
     zoo_gradients: Literal["unit", "raw"] = "unit"
+    # Issue 46 (docs/balancers.md, "The exact fresh balance"): `exact` = a full solve on every
+    # micro-step from per-sample gradients (method marble); `cached` = the reference's schedule.
+    fresh: Literal["cached", "exact"] = "cached"
 
 
 @dataclass
@@ -303,7 +306,7 @@ def validate(cfg: RunConfig, origin: str = "config") -> None:
         raise ConfigError(f"{origin}: `balancer.weighting` (and `weighting_options`) go with "
                           f"`balancer.method: gramian` and only with it (method "
                           f"{b.method!r}, weighting {b.weighting!r})")
-    problem = _fresh_balance_problem(b)
+    problem = fresh_balance_problem(b)
     if problem:
         raise ConfigError(f"{origin}: {problem}")
     if b.fixed_alphas is not None:
@@ -316,7 +319,7 @@ def validate(cfg: RunConfig, origin: str = "config") -> None:
         raise ConfigError(f"{origin}: every `rewards[].weight` is 0: at least one must be > 0")
 
 
-def _fresh_balance_problem(b: BalancerConfig) -> str | None:
+def fresh_balance_problem(b: BalancerConfig) -> str | None:
     """The issue-37 options' pairings: each changes one method's step and no other's."""
     if b.gram_space == "output" and (b.method != "marble" or not b.exact_masking
                                      or b.cached_weights != "reference"):
@@ -328,6 +331,12 @@ def _fresh_balance_problem(b: BalancerConfig) -> str | None:
     if b.cached_weights == "norm_corrected" and b.method not in ("marble", "gramian"):
         return (f"`balancer.cached_weights: norm_corrected` needs a cached solve (method marble "
                 f"or gramian), not method {b.method!r}")
+    if b.fresh == "exact" and (b.method != "marble" or b.gram_space != "parameters"
+                               or b.cached_weights != "reference" or b.full_solve != "retain"):
+        return ("`balancer.fresh: exact` goes with `method: marble`, `gram_space: parameters`, "
+                "`cached_weights: reference` and `full_solve: retain` (got method "
+                f"{b.method!r}, gram_space {b.gram_space!r}, cached_weights "
+                f"{b.cached_weights!r}, full_solve {b.full_solve!r})")
     if b.zoo_gradients != "unit" and b.method != "gramian":
         return "`balancer.zoo_gradients` goes with `balancer.method: gramian`"
     if b.zoo_gradients == "raw" and b.cached_weights == "norm_corrected":

@@ -9,7 +9,7 @@ from balancer_toy import NAMES, Toy, _adv, _kl_grad, _masked_reward_grads
 
 from marble.balancers import build_balancer
 from marble.config import BalancerConfig, ConfigError, load_config
-from marble.maths.fresh_balance import output_space_weights
+from marble.maths.fresh_balance import gram_weights
 
 NORMCORR = dict(method="marble", warmup_steps=1, amortize_every=10, diagnostics_every=0,
                 cached_weights="norm_corrected")
@@ -157,7 +157,7 @@ def test_output_gram_applies_the_fresh_output_space_solve_with_one_forward(norma
     assert toy.forwards - before == 1 and m["full_solve"] == 0.0  # no per-reward transformer pass
     u = _output_grads(toy, adv)
     gram = torch.stack(u) @ torch.stack(u).T
-    w, alpha, _, _ = output_space_weights(gram.numpy(), 1e-12, normalise)
+    w, alpha, _, _, _ = gram_weights(gram.numpy(), 1e-12, normalise)
     np.testing.assert_allclose([m[f"alpha/{n}"] for n in NAMES], alpha, atol=1e-6)
     g = _masked_reward_grads(toy, adv)
     expected = sum(float(wk) * gk for wk, gk in zip(w, g)) + _kl_grad(toy, adv)

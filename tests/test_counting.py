@@ -31,3 +31,20 @@ def test_pass_counter_splits_grad_modes_and_counts_backward():
     passes.close()
     lin(x)  # after close: not counted
     assert passes.counts() == {"forward_grad": 1, "forward_no_grad": 1, "backward": 2}
+
+
+def test_flop_counter_counts_in_place_matmuls():
+    """torch's FlopCounterMode counts `addmm` but leaves `addmm_` (the balancers' Gram) at 0."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from marble.tools.counting import flop_counter
+
+    a, b = torch.empty(3, 5, device="meta"), torch.empty(5, 4, device="meta")
+    for counter, want in ((FlopCounterMode(display=False), 0), (flop_counter(), 2 * 3 * 5 * 4)):
+        with counter:
+            torch.zeros(3, 4, device="meta").addmm_(a, b)
+        assert counter.get_total_flops() == want
+    x, y = torch.empty(2, 3, 5, device="meta"), torch.empty(2, 5, 4, device="meta")
+    with flop_counter() as c:
+        torch.zeros(2, 3, 4, device="meta").baddbmm_(x, y)
+    assert c.get_total_flops() == 2 * 2 * 3 * 5 * 4

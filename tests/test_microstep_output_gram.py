@@ -10,7 +10,7 @@ from test_microstep import TCFG, K, _batch, _per_sample_nft, _v, model  # noqa: 
 
 from marble.balancers import build_balancer
 from marble.config import BalancerConfig
-from marble.maths.fresh_balance import output_space_weights
+from marble.maths.fresh_balance import gram_weights
 from marble.runtime.precision import make_precision
 from marble.training.microstep import build_micro_step
 
@@ -44,7 +44,7 @@ def test_output_gram_micro_step_equals_the_hand_built_output_space_solve(model):
         loss = _per_sample_nft(v, v_old, batch, torch.nan_to_num(adv))[valid].sum() / valid.sum()
         u.append(torch.autograd.grad(loss, v)[0].reshape(-1))
     gram = torch.stack(u) @ torch.stack(u).T
-    w, alpha, _, _ = output_space_weights(gram.numpy(), 1e-12, "unit")
+    w, alpha, _, _, _ = gram_weights(gram.numpy(), 1e-12, "unit")
     assert [metrics[f"alpha/r{k}"] for k in range(K)] == pytest.approx(list(alpha), abs=1e-6)
 
     policy = 0.0

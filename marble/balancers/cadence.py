@@ -55,6 +55,8 @@ def _walk(cfg, per_step: int, from_step: int) -> Counter:
 def fresh_variant_row(balancer) -> str | None:
     """Issue 37's options that price their plain micro-steps with a row of their own: the
     output-space Gram (every micro-step) and MARBLE's norm-corrected amortized step."""
+    if balancer.fresh == "exact":  # every micro-step, diagnostic or not: rows of its own
+        return "marble_exact"
     if balancer.gram_space == "output":
         return "marble_output_gram"
     if balancer.cached_weights == "norm_corrected" and balancer.method == "marble":
@@ -72,6 +74,8 @@ def kind_row(method: str, full_solve_mode: str, full: bool, diagnostics: bool,
     their diagnostic ones are MARBLE's passes (`marble_diag`; the output Gram's loss-head
     passes and K x K Gram add < 0.01% there, see docs/balancers.md)."""
     cadence = balancer_descriptor(method).cadence
+    if variant == "marble_exact":  # a solve on every micro-step, its own passes
+        return variant + ("_diag" if diagnostics else "")
     if variant is not None and not full and not diagnostics:
         return variant
     if cadence == "zoo" and not diagnostics and not (full and full_solve_mode != "retain"):

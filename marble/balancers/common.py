@@ -48,6 +48,9 @@ class MicroStep:
     # dL_k/dv costs a backward through the head alone. None: the balancer cannot use them.
     prediction: Optional[torch.Tensor] = None
     loss_head: Optional[Callable[[torch.Tensor], tuple]] = None
+    # `balancer.fresh: exact` (marble/balancers/fresh.py): the recorder of the v_theta forward's
+    # LoRA-layer inputs (marble.balancers.per_sample.PerSampleGrads); None elsewhere.
+    per_sample: Any = None
 
 
 # ------------------------------------------------------------------ losses

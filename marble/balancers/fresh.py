@@ -14,6 +14,9 @@
   backward of sum_k w_k L_k + KL through the transformer. No cache, no schedule.
 
 Both apply sum_k w_k L_k with one evaluation of the loss head (`weights_loss`).
+
+- `balancer.fresh: exact` (`ExactFresh`, issue 46): a full solve on every micro-step, its K
+  reward gradients formed from per-sample gradients (two backward passes for any K).
 """
 
 from __future__ import annotations
@@ -24,20 +27,29 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from marble.balancers.common import MicroStep, amortized_loss, gram64, reward_loss
-from marble.balancers.solve import host_gram
+from marble.balancers.common import (
+    MicroStep,
+    amortized_loss,
+    gram64,
+    loss_scale,
+    reward_loss,
+    scaled,
+)
+from marble.balancers.solve import alpha_combination, gradient_passes, host_gram
 from marble.balancers.strategies import Marble
 from marble.config import BalancerConfig, ConfigError
+from marble.maths.ema import update_alpha_cache
 from marble.maths.fresh_balance import (
-    norm_corrected_weights,
+    affine_coefficients,
+    gram_weights,
     output_cosines,
-    output_space_weights,
     record_solve_norms,
     split_total,
+    unit_form_weights,
 )
 from marble.runtime.distributed import all_reduce_mean_
 
-__all__ = ["NormCorrected", "OutputGram", "weights_loss", "fresh_variant"]
+__all__ = ["NormCorrected", "OutputGram", "ExactFresh", "weights_loss", "fresh_variant"]
 
 
 def weights_loss(step: MicroStep, w: np.ndarray, exact_masking: bool) -> torch.Tensor:
@@ -73,7 +85,7 @@ class NormCorrected:
     def corrected_weights(self) -> np.ndarray:
         if self.cached_norms is None or self.cached_mean_norm is None:
             raise RuntimeError("cached_weights: norm_corrected has a cached alpha but no norms")
-        return norm_corrected_weights(self.alpha_cache, self.cached_norms, self.cached_mean_norm)
+        return unit_form_weights(self.alpha_cache, self.cached_norms, self.cached_mean_norm)
 
     def policy_loss(self, step: MicroStep) -> torch.Tensor:
         if self.applied_alpha() is None:
@@ -136,7 +148,7 @@ class OutputGram(Marble):
         gram = output_gram(step, self._reward_fns(step))
         # The one host read of every micro-step: the K x K Gram, for the QP.
         g = host_gram(gram)
-        self._weights, self._alpha, valid, norms = output_space_weights(
+        self._weights, self._alpha, valid, norms, _ = gram_weights(
             g, self.cfg.grad_eps, self.cfg.output_gradients)
         metrics = super().backward(step)
         cos = output_cosines(g, self._weights)
@@ -173,6 +185,62 @@ def output_gram(step: MicroStep, present: list) -> torch.Tensor:
     return all_reduce_mean_(gram64(rows))
 
 
+class ExactFresh(Marble):
+    """`balancer.fresh: exact` (issue 46): MARBLE's full solve on every micro-step, from that
+    micro-batch's own reward gradients, which come from per-sample gradients of l+ and l-
+    (two backward passes for any K, `marble.balancers.per_sample`) instead of K passes. The
+    KL gradient (outside the QP) is its own pass. The K gradients are all-reduced and solved
+    exactly as full MGDA's (`Balancer._full_solve`): the same weights, on every rank.
+
+    alpha EMA: `alpha_ema = 0` applies each solve's own direction (no reward opposed: the
+    min-norm theorem); `alpha_ema > 0` applies MARBLE's EMA cache in the solve's unit form on
+    this micro-batch's gradients, n_mean sum_k cache_k g_k / |g_k| (smoothed, so no longer a
+    solve of this micro-batch: the diagnostics measure what that costs)."""
+
+    needs_per_sample = True  # run_micro_step records the v_theta forward's layer inputs
+
+    def wants_full_solve(self, step: MicroStep) -> bool:
+        return True
+
+    def _solve_passes(self, step: MicroStep, reward_fns: list, extra: list):
+        if step.per_sample is None:
+            raise ConfigError("balancer.fresh = exact needs MicroStep.per_sample (the recorder "
+                              "marble.training.microstep.build_micro_step(per_sample=True) adds)")
+        a, b = affine_coefficients(step.advantages, step.adv_clip)
+        present = torch.tensor([fn is not None for fn in reward_fns], device=a.device)
+        a, b = a * present[:, None], b * present[:, None]
+        n = step.advantages.shape[0]
+        # l_i(1) and l_i(0): the loss is affine in r, so these two per-sample functions span
+        # every reward's loss; rows no reward applies to are left out (they may be non-finite).
+        rows = torch.isfinite(step.advantages).any(1)
+        ends = [step.loss_per_sample(torch.full((n,), v, device=a.device)) for v in (1.0, 0.0)]
+        local = None
+        for end, coef in zip(ends, (a, b)):
+            loss = torch.where(rows, end, torch.zeros_like(end)).sum()
+            with step.per_sample.contracting(coef) as buf:
+                if loss.requires_grad:  # the hooks fill buf during this backward
+                    torch.autograd.grad(scaled(step, step.scale * loss), step.params,
+                                        retain_graph=True, allow_unused=True)
+            local = buf if local is None else local.add_(buf)
+        if step.grad_scaler is not None:
+            local.div_(loss_scale(step))
+        with torch.no_grad():
+            both = torch.stack([torch.where(rows, e, torch.zeros_like(e)).double() for e in ends])
+            values = (a * both[0] + b * both[1]).sum(1)
+        grads = list(local.unbind())
+        vals = [values[k] if fn is not None else float("nan") for k, fn in enumerate(reward_fns)]
+        more, more_values = gradient_passes(step, extra, recompute=False)
+        return grads + more, vals + more_values
+
+    def _applied_direction(self, grads, solved: tuple) -> torch.Tensor:
+        direction, alpha, _, norms, valid = solved
+        if self.cfg.alpha_ema == 0 or not np.asarray(valid).any():
+            return direction
+        # the cache `solved` will hold after this solve (Marble.solved runs the same update)
+        cache = update_alpha_cache(self.alpha_cache, alpha, self.cfg.alpha_ema)
+        return alpha_combination(grads, cache, norms, valid, unit=True)
+
+
 _MIXED: dict[type, type] = {}
 
 
@@ -182,6 +250,8 @@ def fresh_variant(cls: type, cfg: BalancerConfig) -> type:
     norm_corrected` (config.validate has checked the pairings)."""
     if cfg.gram_space == "output":
         return OutputGram
+    if cfg.fresh == "exact":
+        return ExactFresh
     if cfg.cached_weights == "norm_corrected":
         if cls not in _MIXED:
             _MIXED[cls] = type(f"NormCorrected{cls.__name__}", (NormCorrected, cls),

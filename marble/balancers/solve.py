@@ -26,11 +26,12 @@ from marble.balancers.common import (
     with_graph_of,
     zero_nonfinite,
 )
+from marble.maths.fresh_balance import gram_weights, unit_form_weights
 from marble.maths.qp import min_norm_weights
 from marble.runtime.distributed import all_reduce_mean_
 
 __all__ = ["gradient_passes", "reduce_reward_grads", "host_gram", "combine", "cosine_metrics",
-           "solve_gap_metrics"]
+           "solve_gap_metrics", "alpha_combination"]
 
 LossFn = Callable[[MicroStep], torch.Tensor]
 
@@ -89,36 +90,20 @@ def combine(grads, gram: torch.Tensor, grad_eps: float, solver=None):
 
     `solver(unit_gram, rewards) -> weights` (the indices of the valid rewards the Gramian's
     rows are) replaces the min-norm QP (None): the `gramian` balancer passes a torchjd
-    weighting (marble/balancers/gramian.py), on the same unit Gramian.
+    weighting (marble/balancers/gramian.py), on the same unit Gramian. A solver with
+    `gradients = "raw"` (the zoo's `balancer.zoo_gradients: raw`, the weightings as
+    published) reads the raw Gram and its direction is sum_k w_k g_k, no rescale. The
+    weights are `marble.maths.fresh_balance.gram_weights`'s (shared with the output Gram).
 
     Returns (direction, alpha over all K rewards, whether the solver failed and the
     reference's uniform-alpha fallback was used, the norms and validity on the host)."""
-    g = host_gram(gram)
-    norms = np.sqrt(np.maximum(np.diag(g), 0.0))
-    valid = np.isfinite(norms) & (norms > grad_eps)
-    alpha = np.zeros(len(grads))
-    idx = [k for k in range(len(grads)) if valid[k]]
-    if not idx:
-        return torch.zeros_like(grads[0]), alpha, False, norms, valid
-    if len(idx) == 1:
-        alpha[idx[0]] = 1.0
-        return grads[idx[0]].clone(), alpha, False, norms, valid
-    # Gram of the unit gradients from the raw ones (<g_k, g_l> / (|g_k| |g_l|)) and the
-    # direction accumulated in place: no K unit-vector copies of gradient size in memory.
-    # A solver with `gradients = "raw"` (the zoo's `balancer.zoo_gradients: raw`, the weightings
-    # as published) reads the raw Gram and its direction is sum_k w_k g_k, no rescale.
-    raw = getattr(solver, "gradients", "unit") == "raw"
-    unit_gram = g[np.ix_(idx, idx)] / (1.0 if raw else np.outer(norms[idx], norms[idx]))
-    failed = False
-    try:
-        a = min_norm_weights(unit_gram) if solver is None else solver(unit_gram, tuple(idx))
-    except (ValueError, RuntimeError, np.linalg.LinAlgError):
-        failed, a = True, np.full(len(idx), 1.0 / len(idx))
-    direction = torch.zeros_like(grads[idx[0]])
-    mean_norm = float(norms[idx].mean())
-    for w, k in zip(a, idx):
-        direction.add_(grads[k], alpha=float(w) * (1.0 if raw else mean_norm / float(norms[k])))
-    alpha[idx] = a
+    normalise = "raw" if getattr(solver, "gradients", "unit") == "raw" else "unit"
+    qp = solver if solver is not None else (lambda sub, rewards: min_norm_weights(sub))
+    w, alpha, valid, norms, failed = gram_weights(host_gram(gram), grad_eps, normalise, qp)
+    # accumulated in place: no K unit-vector copies of gradient size in memory
+    direction = torch.zeros_like(grads[0])
+    for k in np.flatnonzero(valid):
+        direction.add_(grads[k], alpha=float(w[k]))
     return direction, alpha, failed, norms, valid
 
 
@@ -162,16 +147,15 @@ def _angle_deg(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.rad2deg(torch.arccos(cos))
 
 
-def _alpha_combination(grads, alpha: np.ndarray, norms: np.ndarray, valid: np.ndarray,
-                       unit: bool) -> torch.Tensor:
+def alpha_combination(grads, alpha: np.ndarray, norms: np.ndarray, valid: np.ndarray,
+                      unit: bool) -> torch.Tensor:
     """sum_k alpha_k g_k (raw gradients: what an amortized step with exact masking applies) or
     |g|_mean sum_k alpha_k g_k / |g_k| (`unit`: the solve's form, docs/algorithm.md §7.2)."""
+    a = np.where(valid, np.asarray(alpha, np.float64), 0.0)
+    w = unit_form_weights(a, norms, norms[valid].mean()) if unit and valid.any() else a
     out = torch.zeros_like(grads[0])
-    idx = [k for k in range(len(grads)) if valid[k]]
-    mean_norm = float(norms[idx].mean()) if idx else 0.0
-    for k in idx:
-        w = float(alpha[k]) * (mean_norm / float(norms[k]) if unit else 1.0)
-        out.add_(grads[k], alpha=w)
+    for k in np.flatnonzero(w):
+        out.add_(grads[k], alpha=float(w[k]))
     return out
 
 
@@ -198,8 +182,8 @@ def solve_gap_metrics(names, applied: torch.Tensor, grads, gram: torch.Tensor, g
     dirs = [("cos_solve", fresh)]
     out: dict = {}
     if alpha is not None:
-        raw = _alpha_combination(grads, alpha, norms, valid, unit=False)
-        dirs += [("cos_alpha_unit", _alpha_combination(grads, alpha, norms, valid, unit=True)),
+        raw = alpha_combination(grads, alpha, norms, valid, unit=False)
+        dirs += [("cos_alpha_unit", alpha_combination(grads, alpha, norms, valid, unit=True)),
                  ("cos_alpha_raw", raw)]
         out["angle_applied_alpha_raw"] = _angle_deg(applied, raw)
     out.update(cosine_metrics(names, dirs, grads, valid_dev))

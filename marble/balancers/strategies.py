@@ -255,13 +255,14 @@ class Balancer:
         # cos(d, g_k) is free here; the weighted-sum direction costs one more pass, so it is
         # measured on the diagnostics cadence only (every micro-step of every n-th step).
         with_ws = self.wants_diagnostics(step)
-        fns = [*self._reward_fns(step), _kl] + ([weighted_sum_loss] if with_ws else [])
-        local, values = gradient_passes(step, fns, self.recompute)
+        local, values = self._solve_passes(step, self._reward_fns(step),
+                                           [_kl] + ([weighted_sum_loss] if with_ws else []))
         grads, gram, _, valid_dev, nonfinite = reduce_reward_grads(local[:k], self.cfg.grad_eps)
         kl_grad, bad = zero_nonfinite(all_reduce_mean_(local[k]))
         # The solve's one host read: the K x K Gram matrix for the QP (solve.host_gram).
-        combined, alpha, failed, norms, valid = combine(grads, gram, self.cfg.grad_eps,
-                                                        self.solver(step))
+        solved = combine(grads, gram, self.cfg.grad_eps, self.solver(step))
+        combined, alpha, failed, norms, valid = solved
+        combined = self._applied_direction(grads, solved)
         self.solver_fallbacks += int(failed)  # reference: uniform alpha on solver failure
         metrics = self._reward_metrics([float(x) for x in norms], values[:k])
         # float64 as before; a reward with no sample on this rank has a NaN float value (no pass)
@@ -280,14 +281,23 @@ class Balancer:
                 dirs.append(("cos_ws", all_reduce_mean_(local[k + 1])))
             metrics.update(cosine_metrics(self.reward_names, dirs, grads, valid_dev))
             metrics.update(solve_gap_metrics(self.reward_names, combined, grads, gram,
-                                             self.cfg.grad_eps, kl_grad=kl_grad,
-                                             solved=(combined, alpha, failed, norms, valid)))
+                                             self.cfg.grad_eps, kl_grad=kl_grad, solved=solved))
             self._record_levels(step, True, combined, grads, valid_dev, metrics["cos_min"])
         del local, grads
         add_into_grads(step.params, combined.add_(kl_grad).mul_(loss_scale(step)))
         self.solve_norms = norms  # host norms of this solve (cached_weights: norm_corrected)
         self.solved(step, alpha, valid, metrics)
         return metrics
+
+    def _solve_passes(self, step: MicroStep, reward_fns: list, extra: list):
+        """A full solve's local gradients and loss values: the K rewards' (None = absent),
+        then those of `extra` (KL, the weighted sum on diagnostic micro-steps). One backward
+        per loss (`gradient_passes`); `balancer.fresh: exact` forms the K from two."""
+        return gradient_passes(step, [*reward_fns, *extra], self.recompute)
+
+    def _applied_direction(self, grads, solved: tuple) -> torch.Tensor:
+        """The policy direction a full solve applies: the solve's own (`combine`'s)."""
+        return solved[0]
 
     # -------------------------------------------------------------- state
 

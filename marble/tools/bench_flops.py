@@ -6,7 +6,9 @@
 The transformer (the preset's architecture, base weights in `model.base_dtype`, the
 preset's LoRA) lives on the meta device: shapes, no values, no memory. One micro-step per
 row runs the trainer's own code (`run_micro_step`) under three counters: FLOPs
-(`torch.utils.flop_counter.FlopCounterMode`: matmuls, convolutions, attention), transformer
+(`torch.utils.flop_counter.FlopCounterMode`: matmuls, convolutions, attention, and the
+in-place matmuls it leaves at 0, `marble.tools.counting.flop_counter`; elementwise ops, the
+loss head's included, are not FLOPs to it and are not counted), transformer
 passes (forward with / without grad, backward) and live tensor bytes at the step's peak
 (weights, adapters, .grad, activations; `marble.tools.counting.LiveTensorMemory`). Mixed
 precision is emulated on meta by casting the inputs of the ops CUDA autocast runs in fp16
@@ -53,6 +55,9 @@ FLOP_ROWS = {
                                       "cached_weights": "reference"}, 1, False),
     "marble_norm_corrected": ("marble", {**_AMORTIZED, "cached_weights": "norm_corrected"}, 1,
                               True),
+    # issue 46: the exact fresh balance (a solve on every micro-step from per-sample gradients)
+    "marble_exact": ("marble", {"fresh": "exact", "alpha_ema": 0.0}, 1, False),
+    "marble_exact_diag": ("marble", {"fresh": "exact", "alpha_ema": 0.0, **_DIAG}, 0, False),
 }
 # The balancer zoo (marble/balancers/gramian.py): per torchjd weighting a full-solve row
 # (a solve on every micro-step) above its amortized row (the cached weights, one backward),
@@ -69,8 +74,8 @@ for _w in WEIGHTINGS:
 assert not set(ZOO_ROWS) & set(FLOP_ROWS), "a zoo row would replace a row above"
 ZOO_ROWS.update({m: (m, {}, 1, False) for m in ADVANTAGE_LEVEL})
 FLOP_ROWS.update(ZOO_ROWS)
-PAPER_RUNS = ("rho_07", "rho_07_exact", "full_mgda", "weighted_sum", "equal_alpha")
-TINY_RUNS = ("tiny", "tiny_mgda", "tiny_weighted_sum", "tiny_equal_alpha")
+PAPER_RUNS = ("rho_07", "rho_07_exact", "full_mgda", "fresh_exact", "weighted_sum", "equal_alpha")
+TINY_RUNS = ("tiny", "tiny_mgda", "tiny_fresh_exact", "tiny_weighted_sum", "tiny_equal_alpha")
 GIB = 2**30
 
 _F = torch.nn.functional
@@ -216,10 +221,9 @@ class _Precision:
 
 def count_row(cfg, transformer, params, batch, row: str) -> dict:
     """FLOPs, passes and live-tensor peak of one micro-step of `row`."""
-    from torch.utils.flop_counter import FlopCounterMode
 
     from marble.tools.micro_step_call import one_micro_step
-    from marble.tools.counting import LiveTensorMemory, PassCounter
+    from marble.tools.counting import LiveTensorMemory, PassCounter, flop_counter
 
     for p in params:
         p.grad = None
@@ -230,7 +234,7 @@ def count_row(cfg, transformer, params, batch, row: str) -> dict:
     start = memory.current
     pipe = type("Pipe", (), {"transformer": transformer})
     try:
-        with FlopCounterMode(display=False) as flops, memory, warnings.catch_warnings():
+        with flop_counter() as flops, memory, warnings.catch_warnings():
             # PassCounter's hook on a frozen base: torch notes that no input needs a grad
             warnings.filterwarnings("ignore", message="Full backward hook is firing")
             one_micro_step(pipe, cfg, batch, bal, params, _Precision(cfg.model.mixed_precision),

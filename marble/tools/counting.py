@@ -8,6 +8,8 @@
   allocator). Tensors alive before it starts are added with `track`.
 - `PassCounter`: forward calls of a module (with / without grad) and backward passes
   through it.
+- `flop_counter`: torch's FlopCounterMode that also counts the in-place matmuls (`addmm_`,
+  `baddbmm_`), which torch's registry leaves at 0 (the balancers' float64 Gram is `addmm_`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,25 @@ from collections import Counter
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["HostSyncCounter", "LiveTensorMemory", "PassCounter"]
+__all__ = ["HostSyncCounter", "LiveTensorMemory", "PassCounter", "flop_counter"]
+
+def _addmm_inplace_flop(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """self += a @ b: 2 m k n, as torch counts the out-of-place `addmm` (the add is not
+    counted, as for every elementwise op)."""
+    *batch, m, k = a_shape
+    n = b_shape[-1]
+    return 2 * m * k * n * (batch[0] if batch else 1)
+
+
+def flop_counter():
+    """FlopCounterMode(display=False) with the in-place matmuls counted: torch's registry maps
+    aten.addmm and aten.baddbmm but not their in-place forms, which would count 0 FLOPs."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    ops = torch.ops.aten
+    return FlopCounterMode(display=False, custom_mapping={ops.addmm_: _addmm_inplace_flop,
+                                                           ops.baddbmm_: _addmm_inplace_flop})
+
 
 # Tensor methods that copy a value to the host (each one blocks on the device).
 SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__",

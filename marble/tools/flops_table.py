@@ -68,9 +68,10 @@ META = {"device": "meta"}
 
 def count(fn, dtype=torch.float16) -> int:
     """FLOPs of `fn()` on meta tensors under the autocast emulation (no grad unless fn asks)."""
-    from torch.utils.flop_counter import FlopCounterMode
+    from marble.tools.counting import flop_counter
 
-    with FlopCounterMode(display=False) as flops, MetaAutocast(dtype):
+
+    with flop_counter() as flops, MetaAutocast(dtype):
         fn()
     return int(flops.get_total_flops())
 

@@ -16,11 +16,13 @@ the weights' dtype; the reference passes its fp32 scheduler timesteps under auto
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 
 from marble.balancers import MicroStep
+from marble.balancers.per_sample import PerSampleGrads
 from marble.maths.nft import kl_loss, nft_loss_from_terms, nft_terms, optimality_prob
 from marble.models.encode import velocity
 from marble.models.lora import adapters_disabled, use_adapter
@@ -63,15 +65,18 @@ def theta_velocity(transformer, batch: MicroBatch, autocast) -> torch.Tensor:
 
 
 def build_micro_step(transformer, batch: MicroBatch, train_cfg, params: list, autocast, *,
-                     scale: float, global_step: int, micro_index: int, grad_scaler=None):
+                     scale: float, global_step: int, micro_index: int, grad_scaler=None,
+                     per_sample: bool = False):
     """The `MicroStep` of one micro-batch: forwards, NFT terms and the KL term.
 
     `train_cfg` is a `TrainConfig` (nft_beta, kl_beta, adv_clip); `autocast` a zero-arg
-    context factory (a `marble.runtime.precision.Precision`); `grad_scaler` the fp16 scaler.
+    context factory (a `marble.runtime.precision.Precision`); `grad_scaler` the fp16 scaler;
+    `per_sample`: the v_theta forward records the LoRA layers' inputs (`balancer.fresh: exact`).
     """
     t = train_cfg
     beta, clip = t.nft_beta, t.adv_clip
     v_old, v_ref = reference_velocities(transformer, batch, autocast)
+    recorder = PerSampleGrads(transformer, params) if per_sample else None
 
     # Why a closure: `balancer.full_solve: recompute` reruns only the v_theta forward on
     # the same micro-batch (v_old and v_ref carry no graph and are reused).
@@ -86,14 +91,15 @@ def build_micro_step(transformer, batch: MicroBatch, train_cfg, params: list, au
         return loss_per_sample, t.kl_beta * kl_loss(v, v_ref).mean()
 
     def forward() -> MicroStep:
-        v_theta = theta_velocity(transformer, batch, autocast)
+        with recorder.recording(batch.x0.shape[0]) if recorder else contextlib.nullcontext():
+            v_theta = theta_velocity(transformer, batch, autocast)
         loss_per_sample, kl_term = head(v_theta)
         return MicroStep(
             loss_per_sample=loss_per_sample, kl=kl_term, advantages=batch.advantages,
             avg_advantage=batch.avg_advantage, scale=scale, params=params,
             global_step=global_step, micro_index=micro_index, adv_clip=clip,
             grad_scaler=grad_scaler, recompute=forward, reward_present=batch.reward_present,
-            prediction=v_theta, loss_head=head)
+            prediction=v_theta, loss_head=head, per_sample=recorder)
 
     return forward()
 
@@ -116,7 +122,8 @@ def run_micro_step(transformer, batch: MicroBatch, train_cfg, params: list, auto
     scalars: no host read here (StepAverager reads them once per optimizer step)."""
     step = build_micro_step(transformer, batch, train_cfg, params, autocast, scale=scale,
                             global_step=global_step, micro_index=micro_index,
-                            grad_scaler=grad_scaler)
+                            grad_scaler=grad_scaler,
+                            per_sample=getattr(balancer, "needs_per_sample", False))
     metrics = dict(balancer.backward(step))
     # The weighted-sum objective is logged for every balancer, so runs compare.
     for key, value in logged_losses(step).items():

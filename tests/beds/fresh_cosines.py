@@ -77,7 +77,7 @@ def _mix(weights, grads) -> torch.Tensor:
 def measure(batches: int) -> dict:
     from marble.balancers.fresh import output_gram
     from marble.balancers.solve import combine
-    from marble.maths.fresh_balance import norm_corrected_weights, output_space_weights
+    from marble.maths.fresh_balance import gram_weights, unit_form_weights
 
     cfg, pipe, params = _setup()
     k = len(cfg.rewards)
@@ -96,12 +96,12 @@ def measure(batches: int) -> dict:
         grads, ws = _grads(step, params, k)
         fresh = np.array([float(g.norm()) for g in grads])
         dirs = {"weighted_sum": ws, "marble_ref": _mix(alpha, grads),
-                "marble_normcorr": _mix(norm_corrected_weights(alpha, norms0, mean0), grads),
-                "normcorr_fresh_norms": _mix(norm_corrected_weights(
+                "marble_normcorr": _mix(unit_form_weights(alpha, norms0, mean0), grads),
+                "normcorr_fresh_norms": _mix(unit_form_weights(
                     alpha, fresh, fresh[fresh > 0].mean()), grads),
                 "fresh_param_solve": solve(grads)[0].double()}
         for mode in ("unit", "raw"):
-            dirs[f"output_{mode}"] = _mix(output_space_weights(out_gram, cfg.balancer.grad_eps,
+            dirs[f"output_{mode}"] = _mix(gram_weights(out_gram, cfg.balancer.grad_eps,
                                                                mode)[0], grads)
         for name, d in dirs.items():
             out[name].append(_worst(d, grads))
