@@ -150,7 +150,11 @@ def test_replication_with_alone_arms_on_fewer_seeds_than_the_claim_arms():
     learn = r["questions"]["every_reward_learnable_alone"]
     assert learn["status"].startswith("not split") and learn["answers"][0] == learn["answers"][1]
     assert r["questions"]["b_specialists_rise_more_under_marble"]["answers"] == [True, True]
-    assert r["status"] == "replicated"
+    # issue 47: (b) decided the same way in both halves is replicated; (c), undecided in both,
+    # is no agreement, so the verdict's word is "undecided in the halves", not "replicated"
+    assert r["questions"]["b_specialists_rise_more_under_marble"]["status"] == "replicated"
+    assert r["questions"]["c_marble_less_anti_aligned"]["status"] == "undecided in the halves"
+    assert r["status"] == "undecided in the halves"
 
 
 def test_levels_side_by_side_with_the_paper():

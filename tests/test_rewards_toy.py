@@ -125,3 +125,11 @@ def test_brightness_copy_is_brightness_under_a_second_name():
     assert copy[0] == bright[0] == 1.0 and copy[2] == bright[2] == 0.0
     assert torch.isnan(copy[1]) and bright[1] == pytest.approx(0.299 * 0.5 + 0.587 * 0.25 + 0.114 * 0.5)
     assert "toy_brightness_copy" in set(available())
+
+
+def test_the_control_has_four_copies_of_brightness():
+    """The K-copies control (issue 47 item 6): copies 2 and 3 score as toy_brightness."""
+    images = torch.stack([solid([0.5, 0.25, 0.5]), solid([1, 1, 1])])
+    bright = build("toy_brightness")(images, ["p"] * 2, [{}] * 2)
+    for name in ("toy_brightness_copy2", "toy_brightness_copy3"):
+        assert torch.equal(build(name)(images, ["p"] * 2, [{}] * 2), bright)

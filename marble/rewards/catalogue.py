@@ -112,4 +112,8 @@ TOY: tuple[RewardDescriptor, ...] = (
     # the claim's no-conflict control: toy_brightness under a second name (docs/claim.md)
     RewardDescriptor("toy_brightness_copy", "marble.rewards.toy:ToyBrightnessCopy", flops=0.0,
                      doctor_rows=("build",)),
+    RewardDescriptor("toy_brightness_copy2", "marble.rewards.toy:ToyBrightnessCopy2", flops=0.0,
+                     doctor_rows=("build",)),
+    RewardDescriptor("toy_brightness_copy3", "marble.rewards.toy:ToyBrightnessCopy3", flops=0.0,
+                     doctor_rows=("build",)),
 )

@@ -117,3 +117,18 @@ class ToyBrightnessCopy(ToyBrightness):
     is gradient noise, not conflict."""
 
     name = "toy_brightness_copy"
+
+
+# Issue 47 item 6: the control needs as many rewards as the real set (K = 4): the minimum of K
+# noisy cosines is negative more often for larger K, so a control with fewer copies would
+# count the real set's extra rewards as conflict. Each copy is brightness under its own name.
+class ToyBrightnessCopy2(ToyBrightness):
+    """toy_brightness under a third name (the K-copies control; config.yaml `claim.control`)."""
+
+    name = "toy_brightness_copy2"
+
+
+class ToyBrightnessCopy3(ToyBrightness):
+    """toy_brightness under a fourth name (the K-copies control; config.yaml `claim.control`)."""
+
+    name = "toy_brightness_copy3"
