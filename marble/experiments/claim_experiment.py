@@ -19,6 +19,7 @@ from marble.experiments.claim_rule import apply_rule
 from marble.report import seed_stats as cs
 from marble.report.published import PUBLISHED_ANTI_ALIGNED
 from marble.report.run_measures import (CHANGE_MEASURE, FRACTION, QUESTIONS, RunMeasure, applied_se, arm_table,
+                                        has_heldout,
                                         measure_run, question_a, question_b, question_c)
 from marble.report.seed_stats import json_number
 from marble.workflow.claim import ALONE_PREFIX
@@ -31,7 +32,10 @@ def measure_claim_run(arm: str, seed: int, metrics: pd.DataFrame, rewards: list[
     """measure_run plus the experiment's own per-run measures: the three levels and the
     dilution (the demo's verdict asks neither, so the shared measure leaves them empty)."""
     m = measure_run(arm, seed, metrics, rewards, evals, final_step)
-    return replace(m, levels=run_levels(metrics), dilution=run_dilution(metrics, rewards))
+    final = {r: float(evals[f"eval_reward/{r}"].iloc[-1]) if has_heldout(evals, final_step)
+             and f"eval_reward/{r}" in evals else math.nan for r in rewards}
+    return replace(m, levels=run_levels(metrics), dilution=run_dilution(metrics, rewards),
+                   attenuation=run_dilution(metrics, rewards, "attenuation"), final=final)
 
 
 def question_conflict(measures, baseline_arm) -> dict:

@@ -27,6 +27,7 @@ from pathlib import Path
 from marble.experiments.claim_cli import collect
 from marble.experiments.claim_experiment import effects_of_interest
 from marble.experiments.claim_rule import DECISION_RULES
+from marble.experiments.claim_toy_check import b_conditions
 from marble.report.run_measures import RunMeasure
 from marble.report.loading import ReportInputError
 from marble.report.published import PUBLISHED_ANTI_ALIGNED
@@ -72,7 +73,8 @@ def pilot_from_measures(measures: list[RunMeasure], rewards: list[str], speciali
             "effect_of_interest": effect_c}}
     return {"commit": commit, "seeds": sorted({m.seed for m in main}), "baseline_arm": baseline,
             "effect_fraction": effect_fraction, "questions": questions,
-            # issue 47: the rules, fixed before the main run
+            # issue 47: whether the toy can decide (b), and the rules, fixed before the main run
+            "b_decidable": b_conditions(measures, specialists, baseline),
             "decision_rules": DECISION_RULES}
 
 

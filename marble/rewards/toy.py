@@ -109,6 +109,33 @@ class ToyTextContrast(Reward):
         return rms_contrast(images)
 
 
+def left_right_luma(images: torch.Tensor) -> torch.Tensor:
+    """(mean luma of the left half - mean luma of the right half + 1) / 2, in [0,1]; an odd
+    width leaves the middle column out, so a left-right mirror maps s to 1 - s exactly."""
+    luma = luminance(images)
+    half = luma.shape[-1] // 2
+    left, right = luma[..., :half], luma[..., luma.shape[-1] - half:]
+    return ((left.mean(dim=(1, 2)) - right.mean(dim=(1, 2)) + 1.0) / 2.0).float()
+
+
+class ToyLeftBright(Reward):
+    """Specialist like OCR's prompts (a quoted span), built for the claim's question (b)
+    (issue 47 item 1): the left half brighter than the right. Why this objective: it asks for
+    a layout, not a level, so moving light from right to left leaves the mean luma (brightness)
+    and the saturation where they were: its gradient neither helps nor opposes the
+    generalists', and the weighted sum can only attenuate its signal (the 1/3 share it has of
+    the combined advantage on its prompts), not oppose it, which is the dilution the paper's
+    (b) is about. Starts near 0.5 (no side favoured), so there is room above it."""
+
+    name = "toy_left_bright"
+
+    def applies_by_content(self, prompt, metadata):
+        return quoted_target(prompt) is not None
+
+    def score(self, images, prompts, metadata):
+        return left_right_luma(images)
+
+
 class ToyBrightnessCopy(ToyBrightness):
     """toy_brightness under a second name: the claim's no-conflict control (issue 36 item 3,
     docs/claim.md). A run's rewards need distinct names, so a second copy of one objective
