@@ -254,8 +254,8 @@ def test_config_yaml_claim_control_has_as_many_rewards_as_the_claim_and_every_ar
     assert len(control) == len(real) == 4
     assert {r.name for r in control} == {"toy_brightness", "toy_brightness_copy", "toy_brightness_copy2",
                                          "toy_brightness_copy3"}
-    # the claim's own set: toy_left_bright replaces text contrast (the demo's preset keeps it)
-    assert [r.name for r in real] == ["toy_brightness", "toy_saturation", "toy_left_bright", "toy_color_match"]
+    # the claim's own set: toy_warmth replaces text contrast (the demo's preset keeps it)
+    assert [r.name for r in real] == ["toy_brightness", "toy_saturation", "toy_warmth", "toy_color_match"]
     priced = priced_arms(section)
     assert set(priced) == set(arms(section)) | set(sweep_arms(section)) | set(control_arms(section))
     assert "priced_arms(CLAIM)" in open("workflow/rules/claim.smk", encoding="utf-8").read()

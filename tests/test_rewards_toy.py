@@ -146,3 +146,13 @@ def test_the_control_has_four_copies_of_brightness():
     bright = build("toy_brightness")(images, ["p"] * 2, [{}] * 2)
     for name in ("toy_brightness_copy2", "toy_brightness_copy3"):
         assert torch.equal(build(name)(images, ["p"] * 2, [{}] * 2), bright)
+
+
+def test_warmth_scores_red_over_blue_on_quoted_prompts():
+    """toy_warmth (issue 47, the claim's (b) specialist): (mean R - mean B + 1) / 2 on prompts
+    with a quoted span. By hand: red 1, blue 0, grey 0.5, orange (1, 0.65, 0) 1."""
+    images = torch.stack([solid([1, 0, 0]), solid([0, 0, 1]), solid([0.3, 0.3, 0.3]), solid([1, 0.65, 0]),
+                          solid([1, 0, 0])])
+    prompts = ['a sign "Hi"'] * 4 + ["no quotes"]
+    out = build("toy_warmth")(images, prompts, [{}] * 5)
+    assert out[:4].tolist() == pytest.approx([1.0, 0.0, 0.5, 1.0]) and torch.isnan(out[4])

@@ -111,6 +111,8 @@ TOY: tuple[RewardDescriptor, ...] = (
     RewardDescriptor("toy_text_contrast", "marble.rewards.toy:ToyTextContrast", flops=0.0, doctor_rows=("build",)),
     # the claim's specialist for (b): a layout the generalists neither help nor oppose
     RewardDescriptor("toy_left_bright", "marble.rewards.toy:ToyLeftBright", flops=0.0, doctor_rows=("build",)),
+    # its successor after the pilot: a colour shift the model learns, not opposed by the generalists
+    RewardDescriptor("toy_warmth", "marble.rewards.toy:ToyWarmth", flops=0.0, doctor_rows=("build",)),
     # the claim's no-conflict control: toy_brightness under a second name (docs/claim.md)
     RewardDescriptor("toy_brightness_copy", "marble.rewards.toy:ToyBrightnessCopy", flops=0.0,
                      doctor_rows=("build",)),

@@ -136,6 +136,30 @@ class ToyLeftBright(Reward):
         return left_right_luma(images)
 
 
+def warmth(images: torch.Tensor) -> torch.Tensor:
+    """(mean R - mean B + 1) / 2 over the image, in [0,1] (float64 sums, as luminance)."""
+    rgb = images.double().mean(dim=(2, 3))
+    return ((rgb[:, 0] - rgb[:, 2] + 1.0) / 2.0).float()
+
+
+class ToyWarmth(Reward):
+    """Specialist on the quoted-span prompts (as text contrast), the claim's (b) specialist
+    after toy_left_bright's pilot (issue 47 item 1, docs/claim.md): red over blue. Why this
+    objective: a global colour shift the tiny model learns in a few steps (as it learns
+    brightness and saturation), and one the generalists do not oppose (more red and less blue
+    raises the luma, 0.299 - 0.114 per unit, and the spread max - min of a grey pixel), so the
+    weighted sum's combined advantage can attenuate its signal but not turn it round. Starts
+    near 0.5: room above."""
+
+    name = "toy_warmth"
+
+    def applies_by_content(self, prompt, metadata):
+        return quoted_target(prompt) is not None
+
+    def score(self, images, prompts, metadata):
+        return warmth(images)
+
+
 class ToyBrightnessCopy(ToyBrightness):
     """toy_brightness under a second name: the claim's no-conflict control (issue 36 item 3,
     docs/claim.md). A run's rewards need distinct names, so a second copy of one objective
