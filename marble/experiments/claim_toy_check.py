@@ -46,7 +46,8 @@ def attenuation_answer(slopes: list[float]) -> dict:
     else:
         kind = "undecided"
     mean = sum(xs) / len(xs) if xs else math.nan
-    return {"per_seed": xs, "mean": json_number(mean), "tests": tests, "answer": kind}
+    return {"per_seed": [json_number(x) for x in slopes], "mean": json_number(mean), "tests": tests,
+            "answer": kind}
 
 
 def learnable_in_halves(by_seed: dict[int, float]) -> dict:
@@ -55,7 +56,8 @@ def learnable_in_halves(by_seed: dict[int, float]) -> dict:
     first, second = fam.halves(sorted(by_seed))
     answers = [holm_family({"change": [by_seed[s] for s in half]})["change"]["answer"]
                for half in (first, second)]
-    return {"seed_sets": [first, second], "answers": answers,
+    return {"seeds": sorted(by_seed), "per_seed": [json_number(by_seed[s]) for s in sorted(by_seed)],
+            "seed_sets": [first, second], "answers": answers,
             "rises_in_both": all(a is True for a in answers)}
 
 
@@ -76,7 +78,8 @@ def b_conditions(measures, specialists, baseline: str) -> dict:
     out = {}
     for s in specialists:
         alone = [m for m in measures if m.arm == f"{ALONE_PREFIX}{s}"]
-        slopes = [m.attenuation.get(s, math.nan) for m in measures if m.arm == baseline]
+        slopes = [m.attenuation.get(s, math.nan) for m in sorted(measures, key=lambda m: m.seed)
+                  if m.arm == baseline]
         att = attenuation_answer(slopes)
         if not alone:
             out[s] = {"attenuation": att, "decidable": False, "why": "no alone arm in the pilot"}
