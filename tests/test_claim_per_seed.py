@@ -66,3 +66,22 @@ def test_cpu_model_reads_the_first_model_name_line():
     text = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\nmodel name\t: other\n"
     assert cpu_model(text) == "AMD EPYC 7B13" and cpu_model("processor : 0\n") is None
     assert set(machine()) == {"cpu_model", "cpu_capability"}
+
+
+def test_a_null_effect_of_interest_in_the_file_reads_back_as_nan():
+    """The pilot fixes no effect for a specialist without an alone arm (NaN, null in the file):
+    the recomputation reads it back as NaN instead of failing on None."""
+    import math
+
+    from marble.experiments.claim_per_seed import headline, per_seed_record
+    from marble.report.run_measures import ANGLES, FLAGS, RunMeasure
+
+    anti = {k: 0.0 for k in [*FLAGS, "full_solve", "amortized"]}
+    ms = [RunMeasure(a, s, {"g": 0.1 * s, "s": 0.01 * s}, anti, {x: math.nan for x in ANGLES}, math.nan, 0, 4)
+          for a in ("weighted_sum", "marble") for s in (1, 2, 3, 4)]
+    record = json.loads(json.dumps(per_seed_record(ms, ["g", "s"], {"s": 0.3}, marble_arm="marble",
+                                                   baseline_arm="weighted_sum", effect_fraction=0.5,
+                                                   fixed_effects={"s": math.nan})))
+    assert record["fixed_effects"] == {"s": None}
+    b = headline(record)["questions"]["b_specialists_rise_more_under_marble"]["per_specialist"]["s"]
+    assert b["effect_of_interest"] is None and b["powered"] is False

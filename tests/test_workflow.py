@@ -185,7 +185,8 @@ def test_claim_shrunk_in_the_pipeline(tiny_pipeline, tmp_path):
                             "published_anti_aligned", "arm_settings", "rewards"}
     for name, q in verdict["questions"].items():
         a = q["answer"]
-        assert a is True or a is False or a.startswith("no difference larger than "), (name, a)
+        # issue 47: an undecided answer is the Holm-adjusted test's (claim_rule)
+        assert a is True or a is False or a.startswith("no difference shown after Holm"), (name, a)
     theorem = verdict["questions"]["theorem_full_solves_never_anti_aligned"]
     assert theorem["answer"] is True and theorem["full_solve_steps"] >= 2, theorem
     assert verdict["cost"]["marble_n5"]["flops_ratio"] > verdict["cost"]["weighted_sum"]["flops_ratio"]

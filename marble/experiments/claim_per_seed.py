@@ -76,12 +76,14 @@ def headline(record: dict) -> dict:
     answer and its figures, the Holm families and the halves' word."""
     measures, r = load_per_seed(record)
     main = [m for m in measures if not m.arm.startswith(CONTROL_PREFIX)]
+    # the file's nulls are the verdict's NaN (an effect of interest the pilot could not fix)
+    fixed = _nan(r["fixed_effects"]) if r.get("fixed_effects") is not None else None
     kw = {"effect_fraction": r["effect_fraction"], "min_norm_arms": r.get("min_norm_arms"),
-          "arm_methods": r.get("arm_methods"), "fixed_effects": r.get("fixed_effects")}
+          "arm_methods": r.get("arm_methods"), "fixed_effects": fixed}
     v = claim_verdict(main, r["rewards"], r["specialists"], r["marble_arm"], r["baseline_arm"], **kw)
     halves = replication(main, r["rewards"], r["specialists"], r["marble_arm"], r["baseline_arm"], **kw)
     mult = multiplicity(main, r["rewards"], r["specialists"], r["marble_arm"], r["baseline_arm"],
-                        r["effect_fraction"], r.get("fixed_effects"))
+                        r["effect_fraction"], fixed)
     return _strict({"seeds": v["seeds"], "arms": v["arms"], "questions": v["questions"],
                     "b_equivalence": mult["b_equivalence"], "replication": halves["status"],
                     "replication_questions": {q: s["status"] for q, s in halves.get("questions", {}).items()}})

@@ -94,6 +94,8 @@ def holm_family(values: dict[str, list], floors: dict[str, float] | None = None)
 def every(answers: list):
     """A question over its family: False when any member is False, True when all are True,
     else undecided (which members: the question's `holm.members`)."""
+    if len(answers) == 1:  # a family of one: its member's own answer, p included
+        return answers[0]
     if any(a is False for a in answers):
         return False
     if answers and all(a is True for a in answers):
