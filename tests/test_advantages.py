@@ -125,3 +125,34 @@ def test_epoch_reward_metrics_logs_dilution_per_reward():
     assert out["dilution/gen"] == pytest.approx(1.0)
     assert out["dilution/spec"] == pytest.approx(math.sqrt(3) / 2)
     assert out["reward_applicable/spec"] == 3
+
+
+def test_advantage_slope_by_hand_tells_attenuation_from_opposition():
+    """Issue 47: the least-squares slope of the combined advantage on the reward's own over the
+    samples where both are finite. By hand: pairs (1, 2), (1, 0), (-1, -2); own mean 0, combined
+    mean 1/3; sum (c - 1/3) o = (2/3)(2) + (2/3)(0) + (-4/3)(-2) = 4; sum o^2 = 8; slope 1/2."""
+    from marble.maths.advantages import advantage_slope
+
+    combined = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    own = torch.tensor([2.0, float("nan"), 0.0, -2.0])
+    assert advantage_slope(combined, own) == pytest.approx(0.5, rel=1e-12)
+    # not scale-free (unlike the correlation): a 1/4 share of the signal is a 1/4 slope
+    assert advantage_slope(0.25 * combined, own) == pytest.approx(0.125, rel=1e-12)
+    assert advantage_slope(-combined, own) == pytest.approx(-0.5, rel=1e-12)  # opposed
+    assert advantage_slope(own, own) == pytest.approx(1.0)  # carried whole
+    assert math.isnan(advantage_slope([1.0, 2.0, 3.0], [0.0, 0.0, 0.0]))  # constant own
+    with pytest.raises(ValueError, match="differ in length"):
+        advantage_slope([1.0, 2.0], [1.0, 2.0, 3.0])
+
+
+def test_epoch_reward_metrics_logs_attenuation_per_reward():
+    """`attenuation/<reward>` beside `dilution/<reward>`: the hand case above gives 1/2 where
+    the correlation gives sqrt(3)/2; a generalist equal to twice the combined advantage: 1/2."""
+    from marble.training.rollout import epoch_reward_metrics
+
+    avg = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    adv = torch.stack([2 * avg, torch.tensor([2.0, float("nan"), 0.0, -2.0])], dim=1)
+    rewards = torch.tensor([[0.5, 0.2], [0.1, float("nan")], [0.4, 0.1], [0.2, 0.0]])
+    out = epoch_reward_metrics(["gen", "spec"], rewards, ~torch.isnan(rewards), adv, avg)
+    assert out["attenuation/spec"] == pytest.approx(0.5)
+    assert out["attenuation/gen"] == pytest.approx(0.5)

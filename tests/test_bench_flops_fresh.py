@@ -75,6 +75,16 @@ def test_every_claim_and_zoo_arm_is_priced_with_the_rows_its_cadence_names(tmp_p
             assert cost["plain"]["diagnostic_micro_steps"] == 0, arm
             assert cost["plain"]["micro_steps"] == cost["micro_steps"], arm
     assert {"marble_output_gram", "marble_norm_corrected"} <= set(claim_cost.arm_rows(wf_claim.arms(full), "x"))
+    # issue 47: every reported arm is priced (the sweep's, the control's), and a sweep arm's
+    # 24-sample micro-step counts as 4 bench micro-steps of 6: 30 steps x 1 x 2 timesteps = 60
+    # micro-steps x 4 = 240 FLOPs at 1.0 a row, the 6-sample arm's 30 x 4 x 2 = 240 (same samples)
+    priced = wf_claim.priced_arms(cfg["claim"])
+    assert set(priced) >= {"weighted_sum_mb24", "control_weighted_sum"}
+    pair = {a: priced[a] for a in ("weighted_sum", "weighted_sum_mb24")}
+    cost = claim_cost.arm_costs(pair, {"weighted_sum": 1.0, "weighted_sum_diag": 1.0}, "unused")
+    assert cost["weighted_sum_mb24"]["micro_steps"] == 60 and cost["weighted_sum"]["micro_steps"] == 240
+    assert cost["weighted_sum_mb24"]["plain"]["flops"] == pytest.approx(cost["weighted_sum"]["plain"]["flops"])
+    assert cost["weighted_sum_mb24"]["micro_batch"] == 24 and cost["weighted_sum_mb24"]["ratio"] == 1.0
     # a pricing row missing from the bench is named, never priced as another row
     with pytest.raises(KeyError, match="marble_output_gram"):
         claim_cost.arm_costs({"o": {"preset": "tiny_output_gram", "set": [], "max_steps": 2}},

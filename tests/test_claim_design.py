@@ -150,7 +150,11 @@ def test_replication_with_alone_arms_on_fewer_seeds_than_the_claim_arms():
     learn = r["questions"]["every_reward_learnable_alone"]
     assert learn["status"].startswith("not split") and learn["answers"][0] == learn["answers"][1]
     assert r["questions"]["b_specialists_rise_more_under_marble"]["answers"] == [True, True]
-    assert r["status"] == "replicated"
+    # issue 47: (b) decided the same way in both halves is replicated; (c), undecided in both,
+    # is no agreement, so the verdict's word is "undecided in the halves", not "replicated"
+    assert r["questions"]["b_specialists_rise_more_under_marble"]["status"] == "replicated"
+    assert r["questions"]["c_marble_less_anti_aligned"]["status"] == "undecided in the halves"
+    assert r["status"] == "undecided in the halves"
 
 
 def test_levels_side_by_side_with_the_paper():
@@ -283,3 +287,21 @@ def test_the_n_curve_holds_only_arms_that_differ_in_n():
                 "weighted_sum": {**base, "method": "weighted_sum", "amortize_every": 5}}
     v = {"arms": list(settings), "arm_settings": settings, "marble_arm": "marble_n5"}
     assert n_curve_arms(v) == ["marble_n1", "marble_n5"]
+
+
+def test_the_committed_pilot_fixes_the_main_runs_fresh_seeds_and_the_rules():
+    """Issue 47 item 3: docs/claim_pilot.json names the main run's seeds (config.yaml's
+    `claim.seeds`, none of the pilot's) and states the decision rules the verdict applies."""
+    import yaml
+
+    from marble.experiments.claim_rule import DECISION_RULES
+
+    pilot = json.loads(open("docs/claim_pilot.json", encoding="utf-8").read())
+    claim = yaml.safe_load(open("config.yaml", encoding="utf-8"))["claim"]
+    assert pilot["main_run_seeds"] == claim["seeds"]
+    used = set(pilot["seeds"]) | set(pilot["b_decidable"]["toy_warmth"]["learnable_alone"]["seeds"])
+    assert not used & (set(claim["seeds"]) | set(claim["alone"]["seeds"]))
+    assert pilot["decision_rules"] == DECISION_RULES
+    assert "marble_exact" in claim["arms"]
+    assert f"b_specialists_rise_more_under_{claim['marble_arm']}" in pilot["questions"]
+    assert pilot["b_decidable"]["toy_warmth"]["decidable"] is True  # the toy where (b) can be decided

@@ -235,3 +235,36 @@ def test_noise_sentences_say_true_false_or_a_bound():
         "w, anti-aligned fraction by micro-batch size: step (6: 0.500, 24: n/a) falls: true.",
         "No-conflict control control_w, anti-aligned fraction: step 0.100 (beyond the control in w: "
         "no difference larger than 0.2)."]
+
+
+def test_config_yaml_claim_control_has_as_many_rewards_as_the_claim_and_every_arm_is_priced():
+    """Issue 47 item 6: config.yaml's control has K copies of brightness, K = the claim's own
+    reward count (the minimum of more noisy cosines is negative more often), and the cost rule
+    prices every reported arm, the sweep's and the control's too (the sweep printed "xn/a")."""
+    import yaml
+
+    from marble.config import load_config
+    from marble.workflow.claim import arms, priced_arms
+
+    claim = yaml.safe_load(open("config.yaml", encoding="utf-8"))["claim"]
+    section = {**claim, "arms": {**claim["arms"]}}
+    real = load_config("tiny", overrides=list(claim["set"])).rewards
+    spec = control_arms(section)[f"control_{claim['control']['arms'][0]}"]
+    control = load_config(spec["preset"], overrides=spec["set"]).rewards
+    assert len(control) == len(real) == 4
+    assert {r.name for r in control} == {"toy_brightness", "toy_brightness_copy", "toy_brightness_copy2",
+                                         "toy_brightness_copy3"}
+    # the claim's own set: toy_warmth replaces text contrast (the demo's preset keeps it)
+    assert [r.name for r in real] == ["toy_brightness", "toy_saturation", "toy_warmth", "toy_color_match"]
+    priced = priced_arms(section)
+    assert set(priced) == set(arms(section)) | set(sweep_arms(section)) | set(control_arms(section))
+    assert "priced_arms(CLAIM)" in open("workflow/rules/claim.smk", encoding="utf-8").read()
+
+
+def test_an_overlay_drops_an_alone_source_with_null():
+    from marble.workflow.claim import alone_arms
+
+    section = {**SECTION, "alone": {"rewards": ["s"], "sources": {"s": ["ocr"], "other": None}}}
+    assert list(alone_arms(section)) == ["alone_s"]
+    with pytest.raises(ValueError, match="not among claim.alone.rewards"):
+        alone_arms({**SECTION, "alone": {"rewards": ["s"], "sources": {"other": ["ocr"]}}})

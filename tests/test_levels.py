@@ -86,3 +86,16 @@ def test_an_invalid_reward_adds_nothing_and_a_skipped_update_is_nan():
     assert out["anti_aligned_micro"] == 0.0 and out["diag_micro_steps_fixed"] == 1
     with pytest.raises(ValueError, match="weight source"):
         lv.add_micro(1, "stale", torch.zeros(2), [torch.zeros(2)] * 2, torch.tensor([True] * 2), 0.0)
+
+
+def test_output_space_micro_steps_are_labelled_fresh():
+    """Issue 47 item 6: every micro-step of `gram_space: output` is its own output-space solve,
+    so its weight source is `fresh`, never `fixed`; the parameter-space cached MARBLE's
+    amortized micro-step before any solve stays `fixed`."""
+    from marble.balancers import build_balancer
+    from marble.config import BalancerConfig
+
+    out = build_balancer(BalancerConfig(method="marble", gram_space="output"), ["a", "b"])
+    cached = build_balancer(BalancerConfig(method="marble"), ["a", "b"])
+    assert out.micro_source(False, 3) == "fresh"
+    assert cached.micro_source(False, 3) == "fixed" and cached.micro_source(True, 3) == "fresh"

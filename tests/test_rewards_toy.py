@@ -125,3 +125,34 @@ def test_brightness_copy_is_brightness_under_a_second_name():
     assert copy[0] == bright[0] == 1.0 and copy[2] == bright[2] == 0.0
     assert torch.isnan(copy[1]) and bright[1] == pytest.approx(0.299 * 0.5 + 0.587 * 0.25 + 0.114 * 0.5)
     assert "toy_brightness_copy" in set(available())
+
+
+def test_left_bright_scores_the_left_right_luma_difference_on_quoted_prompts():
+    """toy_left_bright (issue 47, the claim's (b) specialist): (left luma - right luma + 1) / 2
+    on prompts with a quoted span, NaN elsewhere. By hand: left white, right black: 1; mirrored:
+    0; uniform grey: 0.5, whatever its level, so brightness alone cannot move it."""
+    white, black = torch.ones(3, 8, 4), torch.zeros(3, 8, 4)
+    left_lit, right_lit = torch.cat([white, black], dim=2), torch.cat([black, white], dim=2)
+    grey = torch.full((3, 8, 8), 0.3)
+    images = torch.stack([left_lit, right_lit, grey, left_lit])
+    prompts = ['a sign "Hi"', 'a sign "Hi"', 'a sign "Hi"', "no quotes"]
+    out = build("toy_left_bright")(images, prompts, [{}] * 4)
+    assert out[:3].tolist() == pytest.approx([1.0, 0.0, 0.5]) and torch.isnan(out[3])
+
+
+def test_the_control_has_four_copies_of_brightness():
+    """The K-copies control (issue 47 item 6): copies 2 and 3 score as toy_brightness."""
+    images = torch.stack([solid([0.5, 0.25, 0.5]), solid([1, 1, 1])])
+    bright = build("toy_brightness")(images, ["p"] * 2, [{}] * 2)
+    for name in ("toy_brightness_copy2", "toy_brightness_copy3"):
+        assert torch.equal(build(name)(images, ["p"] * 2, [{}] * 2), bright)
+
+
+def test_warmth_scores_red_over_blue_on_quoted_prompts():
+    """toy_warmth (issue 47, the claim's (b) specialist): (mean R - mean B + 1) / 2 on prompts
+    with a quoted span. By hand: red 1, blue 0, grey 0.5, orange (1, 0.65, 0) 1."""
+    images = torch.stack([solid([1, 0, 0]), solid([0, 0, 1]), solid([0.3, 0.3, 0.3]), solid([1, 0.65, 0]),
+                          solid([1, 0, 0])])
+    prompts = ['a sign "Hi"'] * 4 + ["no quotes"]
+    out = build("toy_warmth")(images, prompts, [{}] * 5)
+    assert out[:4].tolist() == pytest.approx([1.0, 0.0, 0.5, 1.0]) and torch.isnan(out[4])

@@ -125,6 +125,9 @@ class NormCorrected:
 class OutputGram(Marble):
     """MGDA-UB on the prediction: a fresh output-space solve and one backward every micro-step."""
 
+    # every micro-step's weights are its own output-space solve: `fresh`, not `fixed` (issue 47)
+    solves_every_micro_step = True
+
     def __init__(self, cfg: BalancerConfig, reward_names: Sequence[str], weights=None,
                  seed: int = 0):
         super().__init__(cfg, reward_names, weights, seed)

@@ -168,9 +168,17 @@ class Balancer:
         """This micro-step's direction, reward gradients and min cosine into the step's levels."""
         if self.levels is None or not self.wants_diagnostics(step):
             return
-        source = weight_source(full, self.last_full, step.global_step,
-                               self.applied_alpha() is not None)
-        self.levels.add_micro(step.micro_index, source, direction, grads, valid, min_cos)
+        self.levels.add_micro(step.micro_index, self.micro_source(full, step.global_step), direction,
+                              grads, valid, min_cos)
+
+    # Issue 47 item 6: a balancer that solves on every micro-step outside the parameter-space
+    # full solve (OutputGram's output-space QP) sets this, so its micro-steps read `fresh`.
+    solves_every_micro_step = False
+
+    def micro_source(self, full: bool, global_step: int) -> str:
+        """Where this micro-step's weights came from (levels.WEIGHT_SOURCES)."""
+        return weight_source(full or self.solves_every_micro_step, self.last_full, global_step,
+                             self.applied_alpha() is not None)
 
     @property
     def recompute(self) -> bool:

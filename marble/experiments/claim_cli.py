@@ -4,7 +4,8 @@
         --benchmarks benchmarks/claim --marble-arm marble_n5 --baseline-arm weighted_sum
         --out results/claim
 
-Writes OUT/verdict.json (keys: docs/claim.md), OUT/claim.md (the section "The claim at CPU
+Writes OUT/verdict.json (keys: docs/claim.md), OUT/per_seed.json (every run's measures:
+marble.experiments.claim_per_seed recomputes the headline from it), OUT/claim.md (the section "The claim at CPU
 scale") and OUT/figures/{change,anti_aligned_vs_n,cost}.png. Bad input: one line naming
 the file, exit 2.
 """
@@ -28,6 +29,7 @@ from marble.experiments.claim_experiment import claim_verdict, effects_of_intere
 from marble.report.published import PUBLISHED_ANTI_ALIGNED
 from marble.experiments.claim_figures import write_figures
 from marble.experiments.claim_markdown import claim_markdown
+from marble.experiments.claim_per_seed import per_seed_record
 from marble.report.loading import (ReportInputError, incomplete_reason, left_out_sentence, load_run,
                                    read_json_file, run_folders)
 from marble.report.verdict import specialist_rewards
@@ -83,7 +85,7 @@ def collect(runs_dir: Path, benchmarks: Path | None):
                                    "evaluation (train.eval_every; marble.workflow.claim sets it)")
     measures = [measure_claim_run(a, s, r.metrics, r.reward_names if a.startswith(own) else rewards,
                                   r.evals, r.max_steps) for a, s, r in loaded]
-    settings, cpu, models = {}, {}, {}
+    settings, cpu, models, machines = {}, {}, {}, {}
     for arm, seed, run in loaded:
         bal = run.config.get("balancer") or {}
         settings[arm] = {"method": bal.get("method"), "amortize_every": bal.get("amortize_every"),
@@ -92,7 +94,24 @@ def collect(runs_dir: Path, benchmarks: Path | None):
                          "micro_batch": (run.config.get("train") or {}).get("batch_size")}
         cpu.setdefault(arm, []).append(cpu_seconds(run.summary, benchmarks, run.name))
         models[run.name] = (run.config.get("model") or {}).get("path")
-    return measures, rewards, specialists, settings, cpu, models, left_out
+        machines[run.name] = run.summary.get("machine")
+    return measures, rewards, specialists, settings, cpu, models, left_out, machines
+
+
+def machines_section(machines: dict[str, dict | None]) -> dict:
+    """The machines the runs trained on (issue 47 item 5: the answers moved between CPU
+    families): each distinct {cpu_model, cpu_capability} with its run count, `one_machine`, and
+    the runs whose train_summary.json records none (trained before it was recorded)."""
+    counts: dict[tuple, int] = {}
+    unknown = []
+    for run, m in sorted(machines.items()):
+        if not isinstance(m, dict):
+            unknown.append(run)
+            continue
+        key = (m.get("cpu_model"), m.get("cpu_capability"))
+        counts[key] = counts.get(key, 0) + 1
+    return {"machines": [{"cpu_model": k[0], "cpu_capability": k[1], "runs": n} for k, n in counts.items()],
+            "one_machine": len(counts) == 1 and not unknown, "runs_without_machine": unknown}
 
 
 def pretrained_models(models: dict[str, str | None]) -> dict:
@@ -120,7 +139,7 @@ def min_norm_arms(settings: dict) -> dict[str, float]:
 
 
 def build(args) -> dict:
-    measures, rewards, specialists, settings, cpu, models, left_out = collect(args.runs, args.benchmarks)
+    measures, rewards, specialists, settings, cpu, models, left_out, machines = collect(args.runs, args.benchmarks)
     control = [m for m in measures if m.arm.startswith(CONTROL_PREFIX)]
     measures = [m for m in measures if not m.arm.startswith(CONTROL_PREFIX)]
     min_norm = min_norm_arms(settings)
@@ -130,6 +149,11 @@ def build(args) -> dict:
     fixed = pilot_effects(pilot, args.marble_arm)
     verdict = claim_verdict(measures, rewards, specialists, args.marble_arm, args.baseline_arm,
                             args.effect_fraction, min_norm, methods, fixed)
+    # issue 47 item 3: every run's measures beside the verdict, so its headline recomputes
+    # from a committed file (python -m marble.experiments.claim_per_seed FILE)
+    args.per_seed = per_seed_record(measures + control, rewards, specialists, marble_arm=args.marble_arm,
+                                    baseline_arm=args.baseline_arm, effect_fraction=args.effect_fraction,
+                                    min_norm_arms=min_norm, arm_methods=methods, fixed_effects=fixed)
     # Holm families and (b)'s equivalence test; the verdict on two disjoint seed halves; the
     # power the pilot fixes (or "no pilot").
     verdict["multiplicity"] = multiplicity(measures, rewards, specialists, args.marble_arm,
@@ -146,6 +170,7 @@ def build(args) -> dict:
     verdict["dilution"] = dilution_section(measures, rewards, specialists,
                                            [a for a in (args.baseline_arm, args.marble_arm) if a in verdict["arms"]])
     verdict["sentences"] += noise_sentences(verdict["noise"], verdict["dilution"])
+    verdict["machine"] = machines_section(machines)
     verdict["runs_left_out"] = left_out
     if left_out:
         verdict["sentences"].append(left_out_sentence(left_out))
@@ -211,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         figures = write_figures(verdict, args.out / "figures")
         write_json(args.out / "verdict.json", verdict)
+        write_json(args.out / "per_seed.json", args.per_seed)
         write_text(args.out / "claim.md", claim_markdown(verdict, figures))
     except OSError as exc:  # a full disk, an --out that is a file: one line, never a traceback
         return print_write_failure("marble report claim", exc, args.out)

@@ -42,13 +42,28 @@ def arm_rows(arms: dict, model_dir: str) -> list[str]:
                                                   for spec in arms.values() for plain in (False, True))))
 
 
+BENCH_PRESET = "tiny"  # the preset claim.smk's `marble bench flops --preset` measures rows at
+
+
+def _priced(cfg, row_flops: dict, bench_batch: int) -> dict:
+    """run_overhead with `flops` scaled to the arm's micro-batch: a bench row is one micro-step
+    at the bench preset's `train.batch_size`, and a micro-step's passes grow with its samples
+    (issue 47: the sweep arms, 24 samples a micro-step, would count a quarter of their FLOPs).
+    The ratio, against a weighted sum at the same micro-batch, needs no scaling."""
+    cost = run_overhead(cfg, row_flops)
+    cost["flops"] *= cfg.train.batch_size / bench_batch
+    cost["micro_batch"] = cfg.train.batch_size
+    return cost
+
+
 def arm_costs(arms: dict, row_flops: dict, model_dir: str) -> dict:
     """arm -> run_overhead (flops, ratio to a weighted-sum run without diagnostics, solves),
     with `plain`: the same figures for the arm without diagnostics."""
+    bench_batch = load_config(BENCH_PRESET, overrides=[f"model.path={model_dir}"]).train.batch_size
     out = {}
     for name, spec in arms.items():
-        out[name] = run_overhead(_arm_config(spec, model_dir), row_flops)
-        out[name]["plain"] = run_overhead(_arm_config(spec, model_dir, plain=True), row_flops)
+        out[name] = _priced(_arm_config(spec, model_dir), row_flops, bench_batch)
+        out[name]["plain"] = _priced(_arm_config(spec, model_dir, plain=True), row_flops, bench_batch)
     return out
 
 

@@ -6,9 +6,10 @@
   against the baseline), and (b)'s equivalence is the TOST against its effect of interest,
   Holm-adjusted too: "equivalent" only when that test says so, never from an interval that
   overlaps 0.
-- replication: the verdict on two disjoint halves of the seeds; a question whose answer
-  differs between them is "not replicated" (too few seeds for an interval in each half:
-  "not computable").
+- replication: the verdict on two disjoint halves of the seeds; a question is "replicated"
+  only when both halves decide it the same way, "undecided in the halves" when neither
+  decides, else "not replicated" (claim_rule; too few seeds for a test in each half: "not
+  computable").
 - pilot: a committed file (docs/claim_pilot.json, format in docs/claim.md) fixes each
   question's seed spread before the main run; without one the verdict says "no pilot" and
   `powered` stays the observed-sd figure it is labelled as.
@@ -25,6 +26,8 @@ from pathlib import Path
 from marble.experiments import claim_family as fam
 from marble.report import seed_stats as cs
 from marble.experiments.claim_experiment import claim_verdict, effects_of_interest
+from marble.experiments.claim_rule import (NOT_REPLICATED, REPLICATED, UNDECIDED, overall_replication,
+                                           replication_status)
 from marble.workflow.claim import ALONE_PREFIX
 
 __all__ = ["multiplicity", "replication", "load_pilot", "pilot_section", "NO_PILOT"]
@@ -109,11 +112,13 @@ def replication(measures, rewards, specialists, marble_arm, baseline_arm, seeds:
         if q == "every_reward_learnable_alone":
             questions[q] = {"answers": answers, "status": "not split (the alone arms are shared)"}
             continue
-        same = fam.answer_kind(answers[0]) == fam.answer_kind(answers[1])
-        questions[q] = {"answers": answers, "status": "replicated" if same else "not replicated"}
-    status = "replicated" if all(q["status"] != "not replicated" for q in questions.values()) \
-        else "not replicated"
-    return {"status": status, "seed_sets": [first, second], "questions": questions}
+        # issue 47: two undecided halves are no agreement: "undecided in the halves"
+        questions[q] = {"answers": answers, "status": replication_status(*answers)}
+    status = overall_replication([q["status"] for q in questions.values()
+                                  if q["status"] in (REPLICATED, UNDECIDED, NOT_REPLICATED)])
+    return {"status": status, "seed_sets": [first, second], "questions": questions,
+            "rule": "replicated only when both halves decide a question the same way (both true "
+                    "or both false); both undecided: undecided in the halves; else not replicated"}
 
 
 def load_pilot(path: Path | None) -> dict | None:

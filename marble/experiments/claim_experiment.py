@@ -15,9 +15,11 @@ import pandas as pd
 
 from marble.experiments.claim_levels import levels_verdict, run_levels
 from marble.experiments.claim_noise import run_dilution
+from marble.experiments.claim_rule import apply_rule
 from marble.report import seed_stats as cs
 from marble.report.published import PUBLISHED_ANTI_ALIGNED
 from marble.report.run_measures import (CHANGE_MEASURE, FRACTION, QUESTIONS, RunMeasure, applied_se, arm_table,
+                                        has_heldout,
                                         measure_run, question_a, question_b, question_c)
 from marble.report.seed_stats import json_number
 from marble.workflow.claim import ALONE_PREFIX
@@ -30,7 +32,10 @@ def measure_claim_run(arm: str, seed: int, metrics: pd.DataFrame, rewards: list[
     """measure_run plus the experiment's own per-run measures: the three levels and the
     dilution (the demo's verdict asks neither, so the shared measure leaves them empty)."""
     m = measure_run(arm, seed, metrics, rewards, evals, final_step)
-    return replace(m, levels=run_levels(metrics), dilution=run_dilution(metrics, rewards))
+    final = {r: float(evals[f"eval_reward/{r}"].iloc[-1]) if has_heldout(evals, final_step)
+             and f"eval_reward/{r}" in evals else math.nan for r in rewards}
+    return replace(m, levels=run_levels(metrics), dilution=run_dilution(metrics, rewards),
+                   attenuation=run_dilution(metrics, rewards, "attenuation"), final=final)
 
 
 def question_conflict(measures, baseline_arm) -> dict:
@@ -84,6 +89,42 @@ def effects_of_interest(alone: list[RunMeasure], fraction: float) -> dict[str, f
     return out
 
 
+def _pooled_floor(measures, arms: tuple[str, ...]) -> float:
+    """The runs' fraction sampling errors as one sd floor (question_c's and question_conflict's:
+    one arm's se, or the hypot of the two arms' per seed)."""
+    se = {a: {m.seed: applied_se(m) for m in measures if m.arm == a} for a in arms}
+    seeds = sorted(set.intersection(*(set(v) for v in se.values())))
+    return cs.pooled_se([math.hypot(*(se[a][s] for a in arms)) for s in seeds])
+
+
+def rule_values(measures, alone, rewards, specialists, marble_arm, baseline_arm) -> tuple[dict, dict]:
+    """(question -> member -> per-seed values, question -> member -> sd floor): what each
+    question's Holm family tests (claim_rule.FAMILIES)."""
+    def by_seed(arm, get):
+        return {m.seed: get(m) for m in measures if m.arm == arm}
+
+    def paired(get):
+        a, b = by_seed(marble_arm, get), by_seed(baseline_arm, get)
+        return [a[s] - b[s] for s in sorted(set(a) & set(b))]
+
+    values = {
+        "a_every_reward_rises_under_marble": {
+            r: list(by_seed(marble_arm, lambda m, r=r: m.changes.get(r, math.nan)).values()) for r in rewards},
+        "b_specialists_rise_more_under_marble": {
+            s: paired(lambda m, s=s: m.changes.get(s, math.nan)) for s in specialists},
+        "c_marble_less_anti_aligned": {"anti_aligned": [-d for d in paired(lambda m: m.anti["applied"])]},
+        "conflict_weighted_sum_anti_aligned": {
+            "anti_aligned": list(by_seed(baseline_arm, lambda m: m.anti["applied"]).values())},
+    }
+    floors = {"c_marble_less_anti_aligned": {"anti_aligned": _pooled_floor(measures, (baseline_arm, marble_arm))},
+              "conflict_weighted_sum_anti_aligned": {"anti_aligned": _pooled_floor(measures, (baseline_arm,))}}
+    if alone:
+        values["every_reward_learnable_alone"] = {
+            a[len(ALONE_PREFIX):]: [m.changes.get(a[len(ALONE_PREFIX):], math.nan) for m in alone if m.arm == a]
+            for a in dict.fromkeys(m.arm for m in alone)}
+    return values, floors
+
+
 def claim_verdict(measures: list[RunMeasure], rewards: list[str], specialists: dict[str, float],
                   marble_arm: str, baseline_arm: str, effect_fraction: float = 0.5,
                   min_norm_arms: set[str] | dict | None = None,
@@ -117,6 +158,8 @@ def claim_verdict(measures: list[RunMeasure], rewards: list[str], specialists: d
         "conflict_weighted_sum_anti_aligned": question_conflict(measures, baseline_arm),
         "theorem_full_solves_never_anti_aligned": question_theorem(measures, min_norm_arms),
     }
+    # Issue 47 item 4: one rule, every answer from its Holm family (claim_rule)
+    apply_rule(questions, *rule_values(measures, alone, rewards, specialists, marble_arm, baseline_arm))
     methods = arm_methods or {marble_arm: "marble", baseline_arm: "weighted_sum"}
     levels = levels_verdict({a: [m.levels for m in measures if m.arm == a and m.levels] for a in arms},
                             methods)

@@ -37,11 +37,12 @@ FRACTION, FRACTION_DIFFERENCE = (0.0, 1.0), (-1.0, 1.0)
 FIG = "anti_aligned_frac"  # claim_levels.FIGURES' anti-aligned figure
 
 
-def run_dilution(metrics: pd.DataFrame, rewards: list[str]) -> dict[str, float]:
-    """reward -> the mean over a run's lines of `dilution/<reward>` (NaN when never logged)."""
+def run_dilution(metrics: pd.DataFrame, rewards: list[str], prefix: str = "dilution") -> dict[str, float]:
+    """reward -> the mean over a run's lines of `<prefix>/<reward>` (NaN when never logged);
+    prefix `attenuation`: the slope (issue 47) beside the correlation."""
     out = {}
     for r in rewards:
-        col = f"dilution/{r}"
+        col = f"{prefix}/{r}"
         v = metrics[col].to_numpy(float) if col in metrics else np.array([])
         v = v[np.isfinite(v)]
         out[r] = float(v.mean()) if len(v) else math.nan

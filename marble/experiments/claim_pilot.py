@@ -26,6 +26,8 @@ from pathlib import Path
 
 from marble.experiments.claim_cli import collect
 from marble.experiments.claim_experiment import effects_of_interest
+from marble.experiments.claim_rule import DECISION_RULES
+from marble.experiments.claim_toy_check import b_conditions
 from marble.report.run_measures import RunMeasure
 from marble.report.loading import ReportInputError
 from marble.report.published import PUBLISHED_ANTI_ALIGNED
@@ -70,7 +72,10 @@ def pilot_from_measures(measures: list[RunMeasure], rewards: list[str], speciali
                                        _per_seed(main, arm, lambda m: m.anti["applied"]))),
             "effect_of_interest": effect_c}}
     return {"commit": commit, "seeds": sorted({m.seed for m in main}), "baseline_arm": baseline,
-            "effect_fraction": effect_fraction, "questions": questions}
+            "effect_fraction": effect_fraction, "questions": questions,
+            # issue 47: whether the toy can decide (b), and the rules, fixed before the main run
+            "b_decidable": b_conditions(measures, specialists, baseline),
+            "decision_rules": DECISION_RULES}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline-arm", default="weighted_sum")
     p.add_argument("--effect-fraction", type=float, default=0.5)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--main-seeds", default="", help="the main run's seeds, comma-separated (fresh: "
+                   "none of the pilot's); recorded in the file before the main run")
+    p.add_argument("--run-tree", default=None, help="the tree the runs trained from when it was "
+                   "not a commit (git stash create), recorded beside --commit")
     args = p.parse_args(argv)
     try:
         measures, rewards, specialists, *_ = collect(args.runs, None)
@@ -90,6 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     measures = [m for m in measures if not m.arm.startswith(CONTROL_PREFIX)]  # other rewards
     pilot = pilot_from_measures(measures, rewards, specialists, args.baseline_arm, args.effect_fraction,
                                 args.commit)
+    main_seeds = [int(x) for x in args.main_seeds.split(",") if x.strip()]
+    if set(main_seeds) & set(pilot["seeds"]):
+        print(f"claim_pilot: error: --main-seeds reuse pilot seeds {sorted(set(main_seeds) & set(pilot['seeds']))}",
+              file=sys.stderr)
+        return 2
+    pilot["main_run_seeds"] = main_seeds
+    if args.run_tree:
+        pilot["run_tree"] = args.run_tree
     write_json(args.out, pilot)
     print(f"{args.out}: {len(pilot['questions'])} questions from seeds {pilot['seeds']} (commit {args.commit})")
     return 0

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 __all__ = ["group_advantages", "nan_weighted_mean", "nan_mean_reward", "combine_advantages",
-           "advantage_correlation"]
+           "advantage_correlation", "advantage_slope"]
 
 
 def _as_tensor(x) -> torch.Tensor:
@@ -117,3 +117,24 @@ def advantage_correlation(combined, own) -> float:
     denom = float(torch.sqrt((c * c).sum() * (o * o).sum()))
     # exactly constant (a group of identical rewards has advantage 0 everywhere): no correlation
     return float((c * o).sum()) / denom if denom > 0 else float("nan")
+
+
+def advantage_slope(combined, own) -> float:
+    """Least-squares slope of the one-per-sample advantage (the weighted sum's) on one reward's
+    own group advantage, over the samples where both are finite (issue 47 item 1): how much of a
+    unit of the reward's own signal reaches the combined advantage. 1: carried whole; between 0
+    and 1: attenuated (diluted by the other rewards' terms, not turned against); below 0:
+    opposed. The correlation (advantage_correlation) cannot tell the two apart: it falls when
+    the other terms add independent noise as much as when they pull the other way. NaN when
+    fewer than 2 samples count or the reward's own advantage is constant there."""
+    c = _as_tensor(combined).double().flatten()
+    o = _as_tensor(own).double().flatten()
+    if c.numel() != o.numel():
+        raise ValueError(f"combined [{c.numel()}] and own [{o.numel()}] advantages differ in length")
+    keep = torch.isfinite(c) & torch.isfinite(o)
+    c, o = c[keep], o[keep]
+    if c.numel() < 2:
+        return float("nan")
+    c, o = c - c.mean(), o - o.mean()
+    var = float((o * o).sum())
+    return float((c * o).sum()) / var if var > 0 else float("nan")

@@ -54,6 +54,10 @@ class RunMeasure:
     # applied direction opposes some reward, and the worst cosine of all (NaN: not logged)
     micro_anti_aligned: float = math.nan
     micro_min_cos: float = math.nan
+    # filled by the experiment only (issue 47): the slope of the weighted sum's advantage on the
+    # reward's own (`attenuation/<reward>`) and the reward's held-out mean at the last evaluation
+    attenuation: dict = field(default_factory=dict)
+    final: dict = field(default_factory=dict)
 
 
 def eval_change(evals: pd.DataFrame | None, reward: str, final_step: int | None = None) -> float:

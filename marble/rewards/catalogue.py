@@ -109,7 +109,15 @@ TOY: tuple[RewardDescriptor, ...] = (
     RewardDescriptor("toy_saturation", "marble.rewards.toy:ToySaturation", flops=0.0, doctor_rows=("build",)),
     RewardDescriptor("toy_color_match", "marble.rewards.toy:ToyColorMatch", flops=0.0, doctor_rows=("build",)),
     RewardDescriptor("toy_text_contrast", "marble.rewards.toy:ToyTextContrast", flops=0.0, doctor_rows=("build",)),
+    # the claim's specialist for (b): a layout the generalists neither help nor oppose
+    RewardDescriptor("toy_left_bright", "marble.rewards.toy:ToyLeftBright", flops=0.0, doctor_rows=("build",)),
+    # its successor after the pilot: a colour shift the model learns, not opposed by the generalists
+    RewardDescriptor("toy_warmth", "marble.rewards.toy:ToyWarmth", flops=0.0, doctor_rows=("build",)),
     # the claim's no-conflict control: toy_brightness under a second name (docs/claim.md)
     RewardDescriptor("toy_brightness_copy", "marble.rewards.toy:ToyBrightnessCopy", flops=0.0,
+                     doctor_rows=("build",)),
+    RewardDescriptor("toy_brightness_copy2", "marble.rewards.toy:ToyBrightnessCopy2", flops=0.0,
+                     doctor_rows=("build",)),
+    RewardDescriptor("toy_brightness_copy3", "marble.rewards.toy:ToyBrightnessCopy3", flops=0.0,
                      doctor_rows=("build",)),
 )

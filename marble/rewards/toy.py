@@ -109,6 +109,57 @@ class ToyTextContrast(Reward):
         return rms_contrast(images)
 
 
+def left_right_luma(images: torch.Tensor) -> torch.Tensor:
+    """(mean luma of the left half - mean luma of the right half + 1) / 2, in [0,1]; an odd
+    width leaves the middle column out, so a left-right mirror maps s to 1 - s exactly."""
+    luma = luminance(images)
+    half = luma.shape[-1] // 2
+    left, right = luma[..., :half], luma[..., luma.shape[-1] - half:]
+    return ((left.mean(dim=(1, 2)) - right.mean(dim=(1, 2)) + 1.0) / 2.0).float()
+
+
+class ToyLeftBright(Reward):
+    """Specialist like OCR's prompts (a quoted span), built for the claim's question (b)
+    (issue 47 item 1): the left half brighter than the right. Why this objective: it asks for
+    a layout, not a level, so moving light from right to left leaves the mean luma (brightness)
+    and the saturation where they were: its gradient neither helps nor opposes the
+    generalists', and the weighted sum can only attenuate its signal (the 1/3 share it has of
+    the combined advantage on its prompts), not oppose it, which is the dilution the paper's
+    (b) is about. Starts near 0.5 (no side favoured), so there is room above it."""
+
+    name = "toy_left_bright"
+
+    def applies_by_content(self, prompt, metadata):
+        return quoted_target(prompt) is not None
+
+    def score(self, images, prompts, metadata):
+        return left_right_luma(images)
+
+
+def warmth(images: torch.Tensor) -> torch.Tensor:
+    """(mean R - mean B + 1) / 2 over the image, in [0,1] (float64 sums, as luminance)."""
+    rgb = images.double().mean(dim=(2, 3))
+    return ((rgb[:, 0] - rgb[:, 2] + 1.0) / 2.0).float()
+
+
+class ToyWarmth(Reward):
+    """Specialist on the quoted-span prompts (as text contrast), the claim's (b) specialist
+    after toy_left_bright's pilot (issue 47 item 1, docs/claim.md): red over blue. Why this
+    objective: a global colour shift the tiny model learns in a few steps (as it learns
+    brightness and saturation), and one the generalists do not oppose (more red and less blue
+    raises the luma, 0.299 - 0.114 per unit, and the spread max - min of a grey pixel), so the
+    weighted sum's combined advantage can attenuate its signal but not turn it round. Starts
+    near 0.5: room above."""
+
+    name = "toy_warmth"
+
+    def applies_by_content(self, prompt, metadata):
+        return quoted_target(prompt) is not None
+
+    def score(self, images, prompts, metadata):
+        return warmth(images)
+
+
 class ToyBrightnessCopy(ToyBrightness):
     """toy_brightness under a second name: the claim's no-conflict control (issue 36 item 3,
     docs/claim.md). A run's rewards need distinct names, so a second copy of one objective
@@ -117,3 +168,18 @@ class ToyBrightnessCopy(ToyBrightness):
     is gradient noise, not conflict."""
 
     name = "toy_brightness_copy"
+
+
+# Issue 47 item 6: the control needs as many rewards as the real set (K = 4): the minimum of K
+# noisy cosines is negative more often for larger K, so a control with fewer copies would
+# count the real set's extra rewards as conflict. Each copy is brightness under its own name.
+class ToyBrightnessCopy2(ToyBrightness):
+    """toy_brightness under a third name (the K-copies control; config.yaml `claim.control`)."""
+
+    name = "toy_brightness_copy2"
+
+
+class ToyBrightnessCopy3(ToyBrightness):
+    """toy_brightness under a fourth name (the K-copies control; config.yaml `claim.control`)."""
+
+    name = "toy_brightness_copy3"

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from marble.config import RunConfig
 from marble.data.records import reward_masks
-from marble.maths.advantages import advantage_correlation, group_advantages, nan_weighted_mean
+from marble.maths.advantages import advantage_correlation, advantage_slope, group_advantages, nan_weighted_mean
 from marble.maths.advantage_balancers import gdpo_advantages, reward_sum_advantages
 from marble.models.encode import decode_latents, encode_prompts, latent_shape
 from marble.models.lora import use_adapter
@@ -135,6 +135,8 @@ def epoch_reward_metrics(names, rewards_all, applicable_all, adv_all, avg_all) -
         out.update(reward_stats(name, rewards_all[:, k], applicable_all[:, k]))
         out[f"adv_std/{name}"] = advantage_std(adv_all[:, k])
         out[f"dilution/{name}"] = advantage_correlation(avg_all, adv_all[:, k])
+        # issue 47: the slope tells attenuation (0 < slope < 1) from opposition (slope < 0)
+        out[f"attenuation/{name}"] = advantage_slope(avg_all, adv_all[:, k])
     return out
 
 

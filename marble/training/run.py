@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 from marble.config import RunConfig, to_dict
 from marble.runtime import distributed as dist
 from marble.runtime.io import write_json
+from marble.runtime.machine import machine
 from marble.runtime.provenance import write_provenance
 from marble.training.checkpoint import latest_checkpoint
 from marble.training.outcome import failed_run_reason
@@ -116,6 +117,7 @@ def run_training(cfg: RunConfig, out_dir: str | Path, device: str | None = None,
         # samples its jobs every 30 s and misses most of a short one.
         "cpu_time_s": time.process_time(),
         "rank": info.rank,
+        "machine": machine(),  # issue 47: the claim's answers can move with the CPU family
         "balancer": cfg.balancer.method, "final_rewards": _last_values(trainer.metrics.read(), "reward/"),
         "final_eval": _last_values(trainer.eval_log.read() if trainer.eval_log else [], "eval_reward/"),
         # stopped: ended before max_steps (a signal); requeue: only for the time-limit USR1,

@@ -129,19 +129,28 @@ def alone_arms(section: dict) -> dict[str, dict]:
     single-reward run trains on its own dataset: one stage over those sources)."""
     alone = section.get("alone") or {}
     steps = section["max_steps"]
-    stray = sorted(set(alone.get("sources") or {}) - set(alone.get("rewards", [])))
+    # an overlay nulls a source entry to drop it (as it nulls an arm)
+    sources_of = {r: v for r, v in (alone.get("sources") or {}).items() if v is not None}
+    stray = sorted(set(sources_of) - set(alone.get("rewards", [])))
     if stray:  # a misspelt reward would train its specialist on every source, silently
         raise ValueError(f"claim.alone.sources.{stray[0]}: not among claim.alone.rewards "
                          f"({', '.join(alone.get('rewards', [])) or 'none'})")
     out = {}
     for r in alone.get("rewards", []):
         sets = _evaluated(steps) + list(section.get("set", [])) + [f"rewards=[{{name: {r}}}]"]
-        sources = (alone.get("sources") or {}).get(r)
+        sources = sources_of.get(r)
         if sources:
             sets.append(f"stages=[{{name: {r}, steps: {int(steps)}, sources: [{', '.join(sources)}]}}]")
         out[f"{ALONE_PREFIX}{r}"] = {"preset": alone.get("preset", "tiny_weighted_sum"),
                                      "max_steps": steps, "set": sets}
     return out
+
+
+def priced_arms(section: dict) -> dict[str, dict]:
+    """Every arm the verdict reports, with its spec, for the counted-cost rule: the arms, the
+    sweep's and the control's (issue 47 item 6: priced from `arms` alone, the sweep arms' cost
+    row printed "xn/a"). The alone arms are the learnability check, not a balancer to price."""
+    return {**arms(section), **sweep_arms(section), **control_arms(section)}
 
 
 def runs(section: dict) -> dict[str, dict]:

@@ -91,7 +91,8 @@ rule claim_cost:
     conda:
         MARBLE_ENV
     params:
-        arms=json.dumps(CLAIM_ARMS, sort_keys=True),
+        # every reported arm, the sweep's and the control's too (each its own cost row)
+        arms=json.dumps(wf_claim.priced_arms(CLAIM), sort_keys=True),
     # the rows come from the arms' own cadences (claim_cost --print-rows), so an arm of a new
     # kind is priced instead of failing after every training
     shell:

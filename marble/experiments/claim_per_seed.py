@@ -1,0 +1,111 @@
+"""The claim's per-seed file and its recomputation (issue 47 item 3).
+
+    python -m marble.experiments.claim_per_seed FILE
+
+(a script, not `marble report claim`: no product module imports the experiments,
+tests/test_import_graph.py)
+
+`marble report claim` (claim_cli) writes OUT/per_seed.json beside the verdict: every run's
+measures (arm, seed, changes, anti-aligned fractions, levels, dilution, attenuation, ...) and
+the settings the verdict was computed with. Committed beside docs/claim.md, it lets a reader
+recompute every headline figure of the verdict from the repository: this module loads it and
+prints the headline (each question's answer, Holm family p and interval, the halves' word)
+as JSON, exactly as claim_cli computed it (tests/test_claim_per_seed.py checks the equality).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+from pathlib import Path
+
+from marble.experiments.claim_design import multiplicity, replication
+from marble.experiments.claim_experiment import claim_verdict
+from marble.report.run_measures import RunMeasure
+from marble.runtime.io import write_json
+from marble.workflow.claim import CONTROL_PREFIX
+
+FORMAT = "marble claim per-seed 1"
+SETTINGS = ("marble_arm", "baseline_arm", "effect_fraction", "min_norm_arms", "arm_methods", "fixed_effects")
+
+
+def _strict(x):
+    """NaN / inf -> None, recursively (the file is strict JSON)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _strict(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_strict(v) for v in x]
+    return x
+
+
+def _nan(x):
+    """None -> NaN, recursively (the measures' missing value)."""
+    if x is None:
+        return math.nan
+    if isinstance(x, dict):
+        return {k: _nan(v) for k, v in x.items()}
+    return x
+
+
+def per_seed_record(measures: list[RunMeasure], rewards: list[str], specialists: dict, **settings) -> dict:
+    """The file's content: FORMAT, the verdict's settings (SETTINGS), rewards, specialists, runs."""
+    return _strict({"format": FORMAT, "rewards": rewards, "specialists": specialists,
+                    **{k: settings.get(k) for k in SETTINGS},
+                    "runs": [dataclasses.asdict(m) for m in measures]})
+
+
+def load_per_seed(record: dict) -> tuple[list[RunMeasure], dict]:
+    """(measures, the record) of a per-seed file's content; ValueError on another format."""
+    if record.get("format") != FORMAT:
+        raise ValueError(f"not a claim per-seed file (format {record.get('format')!r}, want {FORMAT!r})")
+    measures = []
+    for run in record["runs"]:
+        fields = {k: (_nan(v) if k not in ("arm", "seed", "full_solve_steps", "diag_steps") else v)
+                  for k, v in run.items()}
+        measures.append(RunMeasure(**fields))
+    return measures, record
+
+
+def headline(record: dict) -> dict:
+    """The verdict's headline figures recomputed from the per-seed record: each question's
+    answer and its figures, the Holm families and the halves' word."""
+    measures, r = load_per_seed(record)
+    main = [m for m in measures if not m.arm.startswith(CONTROL_PREFIX)]
+    # the file's nulls are the verdict's NaN (an effect of interest the pilot could not fix)
+    fixed = _nan(r["fixed_effects"]) if r.get("fixed_effects") is not None else None
+    kw = {"effect_fraction": r["effect_fraction"], "min_norm_arms": r.get("min_norm_arms"),
+          "arm_methods": r.get("arm_methods"), "fixed_effects": fixed}
+    v = claim_verdict(main, r["rewards"], r["specialists"], r["marble_arm"], r["baseline_arm"], **kw)
+    halves = replication(main, r["rewards"], r["specialists"], r["marble_arm"], r["baseline_arm"], **kw)
+    mult = multiplicity(main, r["rewards"], r["specialists"], r["marble_arm"], r["baseline_arm"],
+                        r["effect_fraction"], fixed)
+    return _strict({"seeds": v["seeds"], "arms": v["arms"], "questions": v["questions"],
+                    "b_equivalence": mult["b_equivalence"], "replication": halves["status"],
+                    "replication_questions": {q: s["status"] for q, s in halves.get("questions", {}).items()}})
+
+
+def write_per_seed(path: Path, measures, rewards, specialists, **settings) -> None:
+    write_json(path, per_seed_record(measures, rewards, specialists, **settings))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m marble.experiments.claim_per_seed", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("file", type=Path, help="a claim per-seed file (results/claim/per_seed.json)")
+    args = p.parse_args(argv)
+    try:
+        out = headline(json.loads(args.file.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"claim_per_seed: error: {args.file}: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(out, indent=1, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

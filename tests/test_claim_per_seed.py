@@ -1,0 +1,87 @@
+"""Issue 47 items 3 and 5: the claim's per-seed file recomputes the verdict's headline
+(`python -m marble.experiments.claim_per_seed FILE`), and the verdict names the machines its runs trained on."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from marble.experiments.claim_cli import machines_section
+from tests.test_claim_noise import _write_run
+
+
+def _claim(tmp_path, machine=None):
+    from marble.experiments.claim_cli import main
+
+    runs = tmp_path / "runs"
+    for seed, ws in zip((1, 2, 3, 4), (0.5, 0.6, 0.4, 0.5)):
+        _write_run(runs, "weighted_sum", seed, ws, ["g", "s"], 6, 0.1 + 0.1 * seed)
+        _write_run(runs, "marble_n5", seed, 0.0, ["g", "s"], 6, 0.6)
+    if machine is not None:  # the runs' train_summary.json as training writes it now
+        for summary in runs.glob("*/train_summary.json"):
+            summary.write_text(json.dumps({"cpu_time_s": 10.0, "machine": machine}))
+    out = tmp_path / "out"
+    assert main(["--runs", str(runs), "--marble-arm", "marble_n5", "--baseline-arm", "weighted_sum",
+                 "--out", str(out)]) == 0
+    return out
+
+
+def test_the_headline_recomputes_from_the_per_seed_file(tmp_path, capsys):
+    from marble.experiments.claim_per_seed import main as report_main
+
+    out = _claim(tmp_path)
+    verdict = json.loads((out / "verdict.json").read_text())
+    capsys.readouterr()
+    assert report_main([str(out / "per_seed.json")]) == 0
+    head = json.loads(capsys.readouterr().out)
+    assert head["questions"] == verdict["questions"]  # every answer, interval and Holm p
+    assert head["replication"] == verdict["replication"]["status"]
+    assert head["seeds"] == [1, 2, 3, 4] and head["arms"] == verdict["arms"]
+    # (c): 0.5 / 0.6 / 0.4 / 0.5 anti-aligned against 0 on every seed
+    assert head["questions"]["c_marble_less_anti_aligned"]["difference"]["mean"] == pytest.approx(0.5)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "other"}))
+    assert report_main([str(bad)]) == 2
+
+
+def test_the_verdict_records_the_machine(tmp_path):
+    out = _claim(tmp_path, {"cpu_model": "AMD EPYC 7B13", "cpu_capability": "AVX2"})
+    v = json.loads((out / "verdict.json").read_text())
+    assert v["machine"] == {"machines": [{"cpu_model": "AMD EPYC 7B13", "cpu_capability": "AVX2", "runs": 8}],
+                            "one_machine": True, "runs_without_machine": []}
+
+
+def test_machines_section_counts_each_machine_and_names_runs_without_one():
+    xeon = {"cpu_model": "Intel Xeon", "cpu_capability": "AVX512"}
+    epyc = {"cpu_model": "AMD EPYC", "cpu_capability": "AVX2"}
+    got = machines_section({"a-s1": xeon, "a-s2": epyc, "b-s1": xeon, "b-s2": None})
+    assert got["machines"] == [{**xeon, "runs": 2}, {**epyc, "runs": 1}]
+    assert got["one_machine"] is False and got["runs_without_machine"] == ["b-s2"]
+
+
+def test_cpu_model_reads_the_first_model_name_line():
+    from marble.runtime.machine import cpu_model, machine
+
+    text = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\nmodel name\t: other\n"
+    assert cpu_model(text) == "AMD EPYC 7B13" and cpu_model("processor : 0\n") is None
+    assert set(machine()) == {"cpu_model", "cpu_capability"}
+
+
+def test_a_null_effect_of_interest_in_the_file_reads_back_as_nan():
+    """The pilot fixes no effect for a specialist without an alone arm (NaN, null in the file):
+    the recomputation reads it back as NaN instead of failing on None."""
+    import math
+
+    from marble.experiments.claim_per_seed import headline, per_seed_record
+    from marble.report.run_measures import ANGLES, FLAGS, RunMeasure
+
+    anti = {k: 0.0 for k in [*FLAGS, "full_solve", "amortized"]}
+    ms = [RunMeasure(a, s, {"g": 0.1 * s, "s": 0.01 * s}, anti, {x: math.nan for x in ANGLES}, math.nan, 0, 4)
+          for a in ("weighted_sum", "marble") for s in (1, 2, 3, 4)]
+    record = json.loads(json.dumps(per_seed_record(ms, ["g", "s"], {"s": 0.3}, marble_arm="marble",
+                                                   baseline_arm="weighted_sum", effect_fraction=0.5,
+                                                   fixed_effects={"s": math.nan})))
+    assert record["fixed_effects"] == {"s": None}
+    b = headline(record)["questions"]["b_specialists_rise_more_under_marble"]["per_specialist"]["s"]
+    assert b["effect_of_interest"] is None and b["powered"] is False
