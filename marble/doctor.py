@@ -88,7 +88,8 @@ def _reward_row(name: str, options: dict) -> Check:
     extra = checks.reward_extra(name)
     if missing:  # a config's own reward (extra "") names its modules, not one of our environments
         fix = (f"install the {extra!r} environment (docs/cluster.md, workflow/envs/)" if extra
-               else f"pip install {' '.join(missing)} where the jobs run (the config's `rewards:` entry)")
+               else f"install {', '.join(missing)} where the jobs run, under the site's torch "
+                    f"constraint ({install.SITE_TORCH}: the config's `rewards:` entry names them)")
         return Check(f"reward {name}", FAIL, f"missing module(s) {', '.join(missing)}", fix)
     try:
         cls = rewards.reward_class(name)

@@ -167,11 +167,12 @@ def _inject_overflow(monkeypatch, at_step: int) -> None:
 
     @functools.wraps(real)
     def build(transformer, batch, train_cfg, params, autocast, *, scale, global_step,
-              micro_index, grad_scaler=None):
+              micro_index, grad_scaler=None, per_sample=False):
         if global_step == at_step and micro_index == 0:
             batch = dataclasses.replace(batch, x_t=batch.x_t * 1e6)
         return real(transformer, batch, train_cfg, params, autocast, scale=scale,
-                    global_step=global_step, micro_index=micro_index, grad_scaler=grad_scaler)
+                    global_step=global_step, micro_index=micro_index, grad_scaler=grad_scaler,
+                    per_sample=per_sample)
 
     monkeypatch.setattr(microstep, "build_micro_step", build)  # where run_micro_step calls it
 

@@ -147,13 +147,18 @@ def pilot_effects(pilot: dict | None, marble_arm: str) -> dict[str, float] | Non
     return effects or None
 
 
+def _number(value) -> float:
+    return math.nan if value is None else float(value)
+
+
 def pilot_section(pilot: dict | None, seeds: int) -> dict | str:
     """Per question and item, the power the pilot fixes for `seeds` seeds, or "no pilot"."""
     if pilot is None:
         return NO_PILOT
     out = {"commit": pilot["commit"], "design_seeds": seeds, "questions": {}}
     for q, items in pilot["questions"].items():
+        # strict JSON writes an undefined effect (NaN) as null: read back as NaN, not a number
         out["questions"][q] = {item: fam.pilot_powered(spec.get("per_seed", []), seeds,
-                                                      float(spec.get("effect_of_interest", math.nan)))
+                                                      _number(spec.get("effect_of_interest")))
                                for item, spec in items.items()}
     return out

@@ -42,7 +42,7 @@ HPS_ARCH = "marble-tiny-hps"
 REPLICA_VERSION = 5  # 3: PaddleOCR's model tars; 4: Table 1's public rows; 5: the DiffusionNFT LoRA
 # The paper config whose pinned public rows (eval.checkpoints, eval.protocols.*.model) the
 # mirror serves at their commits (the one place those commits are written).
-PAPER_CONFIG = Path(__file__).resolve().parents[3] / "config" / "paper.yaml"
+PAPER_CONFIG = Path(__file__).resolve().parents[2] / "config" / "paper.yaml"
 
 
 def is_current(out: str | Path) -> bool:

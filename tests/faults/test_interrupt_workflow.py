@@ -22,6 +22,7 @@ import random
 import re
 import shlex
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -50,7 +51,10 @@ def _session_builds_the_tiny_pipeline(request) -> bool:
 def job_commands(work: Path) -> dict[str, tuple[list[str], int]]:
     """{"train" | "evaluate": (marble's arguments, threads)} of the target's two jobs, as
     Snakemake's dry run prints them."""
-    proc = snakemake(["-n", "-p", TARGET], work)
+    # With the real run's -c2: a dry run without it plans every job at 1 thread, and the
+    # training then ran at 2 against a 1-thread reference (equal on an Intel Xeon, not on an
+    # AMD EPYC).
+    proc = snakemake(["-n", "-p", *SNAKEMAKE[1:]], work)
     jobs, threads = {}, 1
     for line in (proc.stdout + proc.stderr).splitlines():
         text = line.strip()
@@ -75,29 +79,27 @@ def _with(args: list[str], flag: str, value: str) -> list[str]:
     return [*args[:at + 1], value, *args[at + 2:]]
 
 
+# Snakemake's shell gives each job these variables, set to its `threads` (snakemake/shell.py).
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
 def uninterrupted(work: Path, jobs: dict, out: Path) -> dict:
-    """The two jobs run here, from `work`, into `out`: the reference."""
-    import torch
-
-    from marble import evaluate
-    from marble.train import main as train_main
-
+    """The two jobs run from `work` into `out`, each in its own process with the thread
+    variables Snakemake's shell sets: the reference. Not in this process: a thread pool sized
+    after torch started is not the one the job gets, and on an AMD EPYC the float sums of the
+    same step can differ in their 8th digit."""
     run_dir, eval_dir = out / "run", out / "eval"
     train_args = _with(jobs["train"][0], "--output-dir", str(run_dir))
     eval_args = jobs["evaluate"][0]
     checkpoint = Path(eval_args[eval_args.index("--checkpoint_path") + 1]).name
     eval_args = _with(_with(eval_args, "--output_dir", str(eval_dir)), "--checkpoint_path",
                       str(run_dir / "checkpoints" / checkpoint))
-    threads, cwd = torch.get_num_threads(), os.getcwd()
-    try:
-        os.chdir(work)
-        torch.set_num_threads(jobs["train"][1])  # CPU float sums depend on it
-        assert train_main(train_args) == 0
-        torch.set_num_threads(jobs["evaluate"][1])
-        assert evaluate.main(eval_args) == 0
-    finally:
-        os.chdir(cwd)
-        torch.set_num_threads(threads)
+    for cmd, (_, threads) in (([str(BIN / "marble"), "train", *train_args], jobs["train"]),
+                              ([str(BIN / "marble"), "evaluate", *eval_args], jobs["evaluate"])):
+        env = {**os.environ, **{name: str(threads) for name in THREAD_VARIABLES}}
+        proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
     return {"checkpoints": checkpoint_contents(run_dir), "metrics": metric_rows(run_dir),
             "eval": outcome(eval_dir)}
 
