@@ -76,9 +76,12 @@ _DUE = wf_preflight.prepare_gate(
     config,
     execute=wf_preflight.executes(sys.argv[1:], wf_plan.is_dry_run(sys.argv[1:])),
     configfiles=workflow.config_settings.configfiles or [],
-    # The named targets (eval_only, train, ...): the doctor checks the SLURM jobs they submit.
+    # The named targets (eval_only, train, ...): the doctor checks the SLURM jobs they submit;
+    # a DVC stage names the whole pipeline's (marble.workflow.dvc_sync).
     targets=wf_capacity.named_targets(
-        getattr(workflow.dag_settings, "targets", None) or sys.argv[1:]
+        os.environ.get("MARBLE_PREFLIGHT_TARGETS", "").split()
+        or getattr(workflow.dag_settings, "targets", None)
+        or sys.argv[1:]
     ),
 )
 if _DUE and wf_plan.is_dry_run(sys.argv[1:]):

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import yaml
 
+# The targets whose jobs the preflight doctor checks, when set (the Snakefile reads it).
+PREFLIGHT_TARGETS_ENV = "MARBLE_PREFLIGHT_TARGETS"
 # The stages' own Snakemake triggers (dvc.yaml): touch what exactly those would run.
 TRIGGERS = ["--rerun-triggers", "params", "input", "code"]
 
@@ -191,6 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         p.error("stage: no command after --")
+    # `dvc repro` runs the stages one after another: the doctor checks the whole pipeline's
+    # jobs at the first. Per-stage targets widened the preflight snapshot at every stage and
+    # reran the doctor, which rewrote prepare's out (results/preflight.txt) after DVC had
+    # recorded it: the next repro restored prepare from its cache with fresh dates, and
+    # Snakemake retrained every run (Snakefile: PREFLIGHT_TARGETS_ENV).
+    os.environ[PREFLIGHT_TARGETS_ENV] = "all"
     return touch(upstream_targets(targets, args.stage)) or wait_for(command)
 
 
