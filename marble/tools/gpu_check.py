@@ -46,7 +46,16 @@ import tempfile
 import time
 from pathlib import Path
 
-TOY_REWARDS = ["toy_brightness", "toy_saturation", "toy_text_contrast", "toy_color_match"]
+
+
+def toy_rewards() -> list[str]:
+    """The tiny preset's rewards (the toy scorers: no download), read from the preset, not a
+    second list of the names."""
+    from marble.config import load_config
+
+    return [r.name for r in load_config(preset="tiny").rewards]
+
+
 # Seconds per phase; they add up to the 8-minute budget (a test checks the sum). The score
 # phase's 80 s (an estimate: ~11 GB of replicas written and loaded, open_clip's and BLIP's CPU
 # inits in the real loaders) came from the phases with the most slack by reading: the two
@@ -171,14 +180,14 @@ def prompt_table(work: Path) -> Path:
     with contextlib.redirect_stdout(sys.stderr):
         ok = data_main(["tiny", "--out", str(raw), "--n-train", "12", "--n-test", "3"]) == 0
         ok = ok and data_main(["assemble", "--raw-dir", str(raw), "--out-dir", str(ds),
-                               "--rewards", ",".join(TOY_REWARDS)]) == 0
+                               "--rewards", ",".join(toy_rewards())]) == 0
     if not ok:
         raise RuntimeError("marble data tiny / assemble failed")
     return ds / "train.parquet"
 
 
 def train_args(run: Path, table: Path, tiny: bool, steps: int) -> list[str]:
-    rewards = "[" + ", ".join("{name: %s}" % n for n in TOY_REWARDS) + "]"
+    rewards = "[" + ", ".join("{name: %s}" % n for n in toy_rewards()) + "]"
     # The held-out evaluation of rho_07 (every 10 steps, step 0 and the last) on 2 prompts.
     sets = [f"data.train={table}", f"data.test={table}", "train.eval_max_prompts=2",
             "data.embed_cache=null", f"rewards={rewards}",

@@ -240,7 +240,7 @@ def test_the_claim_leaves_out_a_run_short_of_its_max_steps_and_names_it(tmp_path
                                                          "rewards": [{"name": "ocr"}]}))
         (run / "eval.jsonl").write_text("".join(json.dumps({"step": s, "eval_reward/ocr": 0.1 * s}) + "\n"
                                                 for s in (0, last)))
-    measures, *_, left_out = claim_cli.collect(runs, None)
+    measures, *_, left_out, _machines = claim_cli.collect(runs, None)
     assert [m.arm for m in measures] == ["marble_n5"]
     assert list(left_out) == ["weighted_sum-s1"] and "step 2 of train.max_steps 4" in left_out["weighted_sum-s1"]
 
