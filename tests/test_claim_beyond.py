@@ -70,3 +70,27 @@ def test_micro_step_records_are_read_from_every_weight_source():
     assert m.micro_anti_aligned == pytest.approx(0.25) and m.micro_min_cos == pytest.approx(-0.05)
     bare = measure_run("x", 1, metrics.drop(columns="diag_micro"), [], None)
     assert math.isnan(bare.micro_anti_aligned) and math.isnan(bare.micro_min_cos)
+
+
+def test_a_and_b_follow_the_holm_rule_and_versus_compares_with_both_references():
+    """Issue 47 items 2 and 4. Changes g 1.8 / 2.8 / 3.8 and s the same under `fresh`: each
+    reward's t-test p is 0.040 (its interval excludes 0), Holm over the 2 rewards 0.080, so (a)
+    is undecided where the interval alone said true; (b) has one specialist, its own family.
+    `versus` pairs the arm with the weighted sum and with the MARBLE arm, reward by reward."""
+    xs = (1.8, 2.8, 3.8)
+    ms = []
+    for seed, x in zip((1, 2, 3), xs):
+        ms += [_m("weighted_sum", seed, 0.0, 0.0, 0.5, -0.4), _m("marble_n5", seed, x - 1.0, x - 1.0),
+               _m("fresh", seed, x, x)]
+    costs = {"fresh": {"plain": {"ratio": 1.0}}}
+    part = arms_versus_baseline(ms, ["weighted_sum", "marble_n5", "fresh"], "weighted_sum", ["g", "s"],
+                                {"s": 0.3}, {"s": 0.001}, 0.4, costs, marble_arm="marble_n5")["fresh"]
+    assert str(part["a_every_reward_rises"]).startswith("no difference shown after Holm")
+    assert part["b_specialists_rise_more"] is True  # one specialist: a family of one, p 0.040
+    assert part["answer"] is False
+    assert list(part["versus"]) == ["weighted_sum", "marble_n5"]
+    p_one = 0.0400  # t = 2.8 / (1 / sqrt 3), 2 degrees of freedom
+    assert part["versus"]["weighted_sum"]["g"]["p"] == pytest.approx(p_one, abs=5e-4)
+    assert part["versus"]["weighted_sum"]["g"]["p_holm"] == pytest.approx(2 * part["versus"]["weighted_sum"]["g"]["p"])
+    # against MARBLE the arm gains exactly 1.0 more on every seed: a zero spread, true
+    assert part["versus"]["marble_n5"]["g"]["answer"] is True

@@ -9,6 +9,7 @@ import math
 
 import pandas as pd
 import pytest
+from scipy import stats
 
 from marble.experiments import claim_family as fam
 from marble.report import seed_stats as cs
@@ -18,6 +19,7 @@ from marble.experiments.claim_experiment import claim_verdict
 from marble.experiments.claim_experiment import measure_claim_run as measure_run
 from marble.report.run_measures import ANGLES, FLAGS, RunMeasure
 from marble.experiments.claim_levels import PAPER_QUANTITY, levels_verdict, run_levels
+from marble.experiments.claim_rule import SECTION_FAMILIES
 
 
 def test_holm_by_hand_and_nan_out_of_the_family():
@@ -173,6 +175,24 @@ def test_levels_side_by_side_with_the_paper():
     assert v["paper_quantity"] == PAPER_QUANTITY and PAPER_QUANTITY["level"] == "fresh_solve"
 
 
+def test_every_level_answer_against_the_paper_is_holm_adjusted_over_the_levels():
+    """Issue 47 item 4: two seeds' anti-aligned fraction 0.05 and 0.07 at every level of a MARBLE
+    arm (paper 0.0): each test alone p = 0.0628 (t = 0.06 / (0.01 sqrt 2 / sqrt 2), 1 df), never
+    below 0.05; a 10-seed arm at 0.9-1.1 against the weighted sum's 0.8 stays decided after Holm
+    over its 12 figures, the family named."""
+    lv = {level: {"anti_aligned_frac": f, "cos_min_mean": 0.37, "cos_var_mean": 0.006}
+          for level, f in zip(("fresh_solve", "applied_micro", "step", "update"), (0.0, 0.0, 0.0, 0.0))}
+    runs = [{lvl: dict(v, anti_aligned_frac=x) for lvl, v in lv.items()} for x in (0.05, 0.07)]
+    v = levels_verdict({"m": runs}, {"m": "marble"})
+    step = v["arms"]["m"]["step"]["anti_aligned_frac"]
+    assert step["p"] == pytest.approx(2 * stats.t.sf(6.0, 1)) and step["p_holm"] > step["p"]
+    assert str(step["answer"]).startswith("no difference shown after Holm")
+    assert step["family"] == SECTION_FAMILIES["levels"]
+    wide = [{lvl: dict(v, anti_aligned_frac=0.9 + 0.02 * i) for lvl, v in lv.items()} for i in range(10)]
+    w = levels_verdict({"ws": wide}, {"ws": "weighted_sum"})["arms"]["ws"]["update"]["anti_aligned_frac"]
+    assert w["answer"] is True and w["p_holm"] < 0.05
+
+
 def test_the_weighted_sums_fresh_solve_is_not_set_beside_the_paper():
     """The paper's weighted-sum row (80%, min cos -0.13) is of the weighted sum's own direction;
     a fresh min-norm solve on its batches is not a direction it takes. Before, the verdict and
@@ -294,7 +314,7 @@ def test_the_committed_pilot_fixes_the_main_runs_fresh_seeds_and_the_rules():
     `claim.seeds`, none of the pilot's) and states the decision rules the verdict applies."""
     import yaml
 
-    from marble.experiments.claim_rule import DECISION_RULES
+    from marble.experiments.claim_rule import AMENDMENT, DECISION_RULES
 
     pilot = json.loads(open("docs/claim_pilot.json", encoding="utf-8").read())
     claim = yaml.safe_load(open("config.yaml", encoding="utf-8"))["claim"]
@@ -302,6 +322,8 @@ def test_the_committed_pilot_fixes_the_main_runs_fresh_seeds_and_the_rules():
     used = set(pilot["seeds"]) | set(pilot["b_decidable"]["toy_warmth"]["learnable_alone"]["seeds"])
     assert not used & (set(claim["seeds"]) | set(claim["alone"]["seeds"]))
     assert pilot["decision_rules"] == DECISION_RULES
+    # the sections' families, added to the pilot file before the main run (docs/claim.md)
+    assert pilot["decision_rules_amendment"] == AMENDMENT
     assert "marble_exact" in claim["arms"]
     assert f"b_specialists_rise_more_under_{claim['marble_arm']}" in pilot["questions"]
     assert pilot["b_decidable"]["toy_warmth"]["decidable"] is True  # the toy where (b) can be decided

@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 import pytest
+from scipy import stats
 
 from marble.experiments.claim_cli import pretrained_models
 from marble.experiments.claim_levels import LEVELS
+from marble.experiments.claim_rule import SECTION_FAMILIES
 from marble.experiments.claim_noise import (
     control_section,
     dilution_section,
@@ -62,25 +64,42 @@ def test_sweep_groups_and_section_put_the_base_arm_at_its_own_micro_batch():
             for s, f in zip((1, 2, 3), fs)]
     out = sweep_section(recs, {"weighted_sum": 6})
     assert out["weighted_sum"]["arms"] == {"6": "weighted_sum", "24": "weighted_sum_mb24"}
+    # issue 47 item 4: one test per level, p 0.0355 each (true alone, as by hand above), Holm
+    # over the family's 4 levels: 4 x 0.0355 = 0.142, undecided; the family is named
+    p_one = 2 * stats.t.sf(0.3 / (0.1 / math.sqrt(3)), 2)
     for level in LEVELS:
         lv = out["weighted_sum"]["levels"][level]
         assert lv["by_size"]["6"]["mean"] == pytest.approx(0.5)
-        assert lv["falls_with_batch_size"]["answer"] is True
+        falls = lv["falls_with_batch_size"]
+        assert falls["p"] == pytest.approx(p_one) and falls["p_holm"] == pytest.approx(4 * p_one)
+        assert falls["answer"].startswith("no difference shown after Holm adjustment")
+        assert falls["family"] == SECTION_FAMILIES["noise.sweep"]
+    # a falls that survives the family: differences 0.30, 0.31, 0.29 (p 0.0011, x 4 < 0.05)
+    strong = [Rec("weighted_sum", s, _levels(f)) for s, f in zip((1, 2, 3), (0.5, 0.51, 0.49))]
+    out = sweep_section(strong + recs[3:], {"weighted_sum": 6})
+    assert all(lv["falls_with_batch_size"]["answer"] is True for lv in out["weighted_sum"]["levels"].values())
 
 
 def test_control_section_by_hand():
-    """Base arm 0.5, 0.6, 0.7; its control 0.1 each: beyond the control by 0.4, 0.5, 0.6 (mean
-    0.5, sd 0.1): true. The control alone: mean 0.1."""
-    base = [Rec("weighted_sum", s, _levels(f)) for s, f in zip((1, 2, 3), (0.5, 0.6, 0.7))]
+    """Base arm 0.5, 0.55, 0.6; its control 0.1 each: beyond the control by 0.4, 0.45, 0.5 (mean
+    0.45, sd 0.05, p 0.0041; Holm over the 4 levels 0.016): true. The control alone: mean 0.1.
+    Base 0.5, 0.6, 0.7 (p 0.013 alone): Holm 0.052, undecided."""
+    base = [Rec("weighted_sum", s, _levels(f)) for s, f in zip((1, 2, 3), (0.5, 0.55, 0.6))]
     ctrl = [Rec("control_weighted_sum", s, _levels(0.1)) for s in (1, 2, 3)]
     out = control_section(ctrl, base)["control_weighted_sum"]
     assert out["base_arm"] == "weighted_sum"
+    p_one = 2 * stats.t.sf(0.45 / (0.05 / math.sqrt(3)), 2)
     for level in LEVELS:
         assert out["levels"][level]["mean"] == pytest.approx(0.1)
         beyond = out["conflict_beyond_control"][level]
-        assert beyond["difference"]["mean"] == pytest.approx(0.5) and beyond["answer"] is True
+        assert beyond["difference"]["mean"] == pytest.approx(0.45) and beyond["answer"] is True
+        assert beyond["p_holm"] == pytest.approx(4 * p_one) and beyond["family"] == SECTION_FAMILIES["noise.control"]
+    wider = [Rec("weighted_sum", s, _levels(f)) for s, f in zip((1, 2, 3), (0.5, 0.6, 0.7))]
+    step = control_section(ctrl, wider)["control_weighted_sum"]["conflict_beyond_control"]["step"]
+    assert step["difference"]["low"] > 0  # the interval alone would say true
+    assert step["answer"].startswith("no difference shown after Holm adjustment")
     # the control as anti-aligned as the arm: no difference shown
-    same = control_section([Rec("control_weighted_sum", s, _levels(f)) for s, f in zip((1, 2, 3), (0.5, 0.6, 0.7))],
+    same = control_section([Rec("control_weighted_sum", s, _levels(f)) for s, f in zip((1, 2, 3), (0.5, 0.55, 0.6))],
                            base)["control_weighted_sum"]["conflict_beyond_control"]["step"]
     assert same["difference"]["mean"] == pytest.approx(0.0) and isinstance(same["answer"], str)
 
@@ -215,7 +234,8 @@ def test_the_claim_cli_reports_sweep_control_dilution_and_models(tmp_path):
     sweep = v["noise"]["sweep"]["weighted_sum"]
     assert sweep["arms"] == {"6": "weighted_sum", "12": "weighted_sum_mb12"}
     falls = sweep["levels"]["step"]["falls_with_batch_size"]
-    assert falls["means"] == {"6": pytest.approx(0.5), "12": pytest.approx(0.2)} and falls["answer"] is True
+    assert falls["means"] == {"6": pytest.approx(0.5), "12": pytest.approx(0.2)}
+    assert falls["answer"].startswith("no difference shown after Holm")  # p 0.035 x 4 levels
     control = v["noise"]["control"]["control_weighted_sum"]
     assert control["levels"]["update"]["mean"] == pytest.approx(0.1)
     assert control["conflict_beyond_control"]["applied_micro"]["difference"]["mean"] == pytest.approx(0.4)

@@ -7,13 +7,17 @@ micro-step's own direction, whatever solve its weights came from), at the weight
 cost (its counted FLOPs without diagnostics, `cost.json` `plain`, within 1%), and does it keep
 (a) every reward rises and (b) the specialists rise more than under the weighted sum? (c)
 (less often anti-aligned than the weighted sum, on the applied steps) is given beside them.
-One function on the run measures; no new statistics (claim_experiment's questions, reused).
+(a), (b) and (c) are the verdict's questions with the arm in MARBLE's place, answered by the
+same rule (claim_rule: Holm within each family). `versus` (issue 47 item 2): does the arm change
+any reward's held-out gain against each reference arm (the weighted sum, amortized MARBLE),
+paired by seed and Holm-adjusted over the rewards.
 """
 
 from __future__ import annotations
 
 import math
 
+from marble.experiments.claim_rule import SECTION_FAMILIES, apply_rule, holm_family
 from marble.report import seed_stats as cs
 from marble.report.run_measures import RunMeasure, question_a, question_b, question_c
 from marble.report.seed_stats import json_number
@@ -30,9 +34,14 @@ def _one_arm(measures: list[RunMeasure], arm: str, baseline: str, rewards: list[
     worst = [m.micro_min_cos for m in mine if math.isfinite(m.micro_min_cos)]
     measured = bool(worst) and len(worst) == len(mine)
     positive = measured and min(worst) >= 0.0
-    a = question_a(measures, rewards, arm)["answer"]
-    b = question_b(measures, specialists, arm, baseline, effects)["answer"]
-    c = question_c(measures, arm, baseline, effect_c)
+    from marble.experiments.claim_experiment import rule_values  # it imports this module's peers
+    questions = {"a_every_reward_rises_under_marble": question_a(measures, rewards, arm),
+                 "b_specialists_rise_more_under_marble": question_b(measures, specialists, arm, baseline, effects),
+                 "c_marble_less_anti_aligned": question_c(measures, arm, baseline, effect_c)}
+    apply_rule(questions, *rule_values(measures, [], rewards, specialists, arm, baseline))
+    a, b = (questions[q]["answer"] for q in ("a_every_reward_rises_under_marble",
+                                             "b_specialists_rise_more_under_marble"))
+    c = questions["c_marble_less_anti_aligned"]
     at_cost = ratio is not None and math.isfinite(ratio) and ratio <= AT_COST
     answer = positive and at_cost and a is True and b is True
     return {
@@ -43,21 +52,37 @@ def _one_arm(measures: list[RunMeasure], arm: str, baseline: str, rewards: list[
         "at_weighted_sum_cost": at_cost,
         "a_every_reward_rises": a, "b_specialists_rise_more": b,
         "c_less_anti_aligned": c["answer"], "c_difference": c["difference"],
-        "answer": answer,
+        "answer": answer, "family": SECTION_FAMILIES["arms_versus_baseline"],
     }
+
+
+def change_versus(measures: list[RunMeasure], arm: str, reference: str, rewards: list[str]) -> dict:
+    """reward -> the arm's held-out change minus the reference arm's, paired by seed: mean, p,
+    Holm p over the rewards and the answer (true: the arm gains more)."""
+    def by_seed(a, r):
+        return {m.seed: m.changes.get(r, math.nan) for m in measures if m.arm == a}
+
+    values = {}
+    for r in rewards:
+        mine, ref = by_seed(arm, r), by_seed(reference, r)
+        values[r] = [mine[s] - ref[s] for s in sorted(set(mine) & set(ref))]
+    return holm_family(values)
 
 
 def arms_versus_baseline(measures: list[RunMeasure], arms: list[str], baseline: str, rewards: list[str],
                          specialists: dict[str, float], effects: dict[str, float], effect_c: float,
-                         costs: dict) -> dict:
+                         costs: dict, marble_arm: str | None = None) -> dict:
     """arm -> the question's parts and `answer` (true only when all four hold), for every arm
-    but the baseline; `costs`: claim_cost's cost.json (arm -> {"plain": {"ratio"}})."""
+    but the baseline, and `versus`: reference arm (the baseline, `marble_arm`) -> change_versus;
+    `costs`: claim_cost's cost.json (arm -> {"plain": {"ratio"}})."""
     out = {}
     for arm in arms:
         if arm == baseline:
             continue
         ratio = ((costs.get(arm) or {}).get("plain") or {}).get("ratio")
         out[arm] = _one_arm(measures, arm, baseline, rewards, specialists, effects, effect_c, ratio)
+        out[arm]["versus"] = {ref: change_versus(measures, arm, ref, rewards)
+                              for ref in dict.fromkeys((baseline, marble_arm)) if ref and ref != arm}
     return out
 
 

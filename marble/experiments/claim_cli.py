@@ -186,8 +186,8 @@ def build(args) -> dict:
     gap = PUBLISHED_ANTI_ALIGNED["weighted_sum"] - PUBLISHED_ANTI_ALIGNED["marble"]
     verdict["arms_versus_baseline"] = arms_versus_baseline(
         [m for m in measures if not m.arm.startswith(ALONE_PREFIX)], verdict["arms"], args.baseline_arm,
-        rewards, specialists, effects_of_interest(alone, args.effect_fraction), args.effect_fraction * gap,
-        costs)
+        rewards, specialists, fixed or effects_of_interest(alone, args.effect_fraction), args.effect_fraction * gap,
+        costs, args.marble_arm)
     verdict["sentences"] += [beyond_sentence(a, part) for a, part in verdict["arms_versus_baseline"].items()]
     return verdict
 

@@ -10,9 +10,9 @@ each level's anti-aligned fraction, worst-reward cosine and across-reward varian
   step (`cos_step*`); `update`: AdamW's parameter change against the same (`cos_update*`).
 
 Beside the paper's 80% / 0% anti-aligned, min cos -0.13 / +0.37 and variance 0.161 / 0.006
-(published.HARMONY), each as our value minus the paper's over seeds (an interval; a
-"no difference larger than X" answer is not a match: equivalence needs the TOST of
-marble.report.seed_stats).
+(published.HARMONY), each as our value minus the paper's over seeds (a t-test, Holm-adjusted
+over every figure of every level and arm, claim_rule; an undecided answer is not a match:
+equivalence needs a TOST).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from marble.balancers import min_norm_tolerance
+from marble.experiments.claim_rule import SECTION_FAMILIES, decide_family
 from marble.report import seed_stats as cs
 from marble.report.published import HARMONY
 
@@ -67,10 +68,10 @@ def run_levels(metrics: pd.DataFrame) -> dict[str, dict[str, float]]:
 
 
 def _versus_paper(values: list[float], paper: float) -> dict:
-    iv = cs.t_interval(values)
-    diff = cs.t_interval([v - paper for v in values])
-    return {"ours": iv.as_json(), "paper": paper, "ours_minus_paper": diff.as_json(),
-            "answer": cs.decide(diff)}
+    """Ours beside the paper's; the answer is set by levels_verdict's Holm family."""
+    diffs = [v - paper for v in values]
+    return {"ours": cs.t_interval(values).as_json(), "paper": paper,
+            "ours_minus_paper": cs.t_interval(diffs).as_json(), "per_seed": diffs}
 
 
 def _solves(method: str) -> bool:
@@ -83,8 +84,9 @@ def _solves(method: str) -> bool:
 def levels_verdict(per_run: dict[str, list[dict]], arm_methods: dict[str, str]) -> dict:
     """`per_run`: arm -> its runs' `run_levels`; `arm_methods`: arm -> balancer method. Every
     level of every arm whose method has a published row (weighted sum, MARBLE), beside it;
-    the fresh-solve level of an arm that never solves has no paper figure (NOT_ITS_DIRECTION)."""
-    arms = {}
+    the fresh-solve level of an arm that never solves has no paper figure (NOT_ITS_DIRECTION).
+    Every answer against the paper is Holm-adjusted over them all (SECTION_FAMILIES["levels"])."""
+    arms, tests = {}, {}
     for arm, runs in per_run.items():
         method = arm_methods.get(arm, "")
         paper = HARMONY.get(method)
@@ -99,5 +101,7 @@ def levels_verdict(per_run: dict[str, list[dict]], arm_methods: dict[str, str]) 
                 continue
             arms[arm][level] = {fig: _versus_paper([r[level][fig] for r in runs], paper[fig])
                                 for fig in FIGURES}
+            tests.update({(arm, level, fig): arms[arm][level][fig] for fig in FIGURES})
+    decide_family(tests, {k: t["per_seed"] for k, t in tests.items()}, SECTION_FAMILIES["levels"])
     return {"paper_quantity": dict(PAPER_QUANTITY), "published": {m: dict(v) for m, v in HARMONY.items()},
             "keys": {level: list(cols) for level, cols in LEVELS.items()}, "arms": arms}

@@ -28,6 +28,7 @@ import pandas as pd
 
 from marble.report import seed_stats as cs
 from marble.experiments.claim_levels import LEVELS
+from marble.experiments.claim_rule import SECTION_FAMILIES, decide_family
 from marble.workflow.claim import CONTROL_PREFIX, sweep_base
 
 __all__ = ["run_dilution", "falls_with_batch_size", "sweep_section", "control_section",
@@ -53,17 +54,25 @@ def _fractions(measures, arm: str, level: str) -> dict[int, float]:
     return {m.seed: (m.levels.get(level) or {}).get(FIG, math.nan) for m in measures if m.arm == arm}
 
 
+def _paired_values(a: dict[int, float], b: dict[int, float]) -> list[float]:
+    return [a[s] - b[s] for s in sorted(set(a) & set(b))]
+
+
 def falls_with_batch_size(by_size: dict[int, dict[int, float]]) -> dict:
     """`by_size`: micro-batch size -> {seed: anti-aligned fraction}. The smallest size's
-    fraction minus the largest's, paired by seed: `answer` true = it falls as the micro-batch
-    grows (what noise does), false = it rises, else a bound; `means` per size, in size order."""
+    fraction minus the largest's, paired by seed: `per_seed` those differences, `answer` its
+    own t-test (a family of one; sweep_section adjusts over its family): true = it falls as
+    the micro-batch grows (what noise does), false = it rises; `means` per size, in size order."""
     sizes = sorted(by_size)
     means = {s: cs.json_number(cs.t_interval(by_size[s].values()).mean) for s in sizes}
     if len(sizes) < 2:
-        return {"sizes": sizes, "means": means, "difference": None,
+        return {"sizes": sizes, "means": means, "difference": None, "per_seed": [],
                 "answer": cs.no_difference(math.inf)}
-    iv = cs.paired(by_size[sizes[0]], by_size[sizes[-1]], bounds=FRACTION_DIFFERENCE)
-    return {"sizes": sizes, "means": means, "difference": iv.as_json(), "answer": cs.decide(iv)}
+    diffs = _paired_values(by_size[sizes[0]], by_size[sizes[-1]])
+    entry = {"sizes": sizes, "means": means,
+             "difference": cs.t_interval(diffs, bounds=FRACTION_DIFFERENCE).as_json(), "per_seed": diffs}
+    decide_family({0: entry}, {0: diffs}, "itself")
+    return entry
 
 
 def sweep_groups(arms: list[str], micro_batch: dict[str, int]) -> dict[str, dict[int, str]]:
@@ -82,9 +91,10 @@ def sweep_groups(arms: list[str], micro_batch: dict[str, int]) -> dict[str, dict
 
 def sweep_section(measures, micro_batch: dict[str, int]) -> dict:
     """base arm -> {"arms": size -> arm, "levels": level -> {"by_size": size -> interval,
-    "falls_with_batch_size": falls_with_batch_size(...)}}."""
+    "falls_with_batch_size": falls_with_batch_size(...)}}, each answer Holm-adjusted over every
+    swept arm and level (claim_rule.SECTION_FAMILIES["noise.sweep"])."""
     arms = list(dict.fromkeys(m.arm for m in measures))
-    out = {}
+    out, tests = {}, {}
     for base, sizes in sweep_groups(arms, micro_batch).items():
         levels = {}
         for level in LEVELS:
@@ -93,24 +103,30 @@ def sweep_section(measures, micro_batch: dict[str, int]) -> dict:
                 "by_size": {str(s): cs.t_interval(v.values(), bounds=FRACTION).as_json()
                             for s, v in by_size.items()},
                 "falls_with_batch_size": falls_with_batch_size(by_size)}
+            tests[(base, level)] = levels[level]["falls_with_batch_size"]
         out[base] = {"arms": {str(s): a for s, a in sizes.items()}, "levels": levels}
+    decide_family(tests, {k: t["per_seed"] for k, t in tests.items()}, SECTION_FAMILIES["noise.sweep"])
     return out
 
 
 def control_section(control, measures) -> dict:
     """control arm -> {"base_arm", "levels": level -> interval of its anti-aligned fraction,
     "conflict_beyond_control": level -> the base arm's fraction minus the control's, paired by
-    seed (`answer` true: more anti-aligned than copies of one objective give)}."""
-    out = {}
+    seed (`answer` true: more anti-aligned than copies of one objective give), Holm-adjusted
+    over every control arm and level (claim_rule.SECTION_FAMILIES["noise.control"])}."""
+    out, tests = {}, {}
     for arm in dict.fromkeys(m.arm for m in control):
         base = arm[len(CONTROL_PREFIX):]
         entry = {"base_arm": base, "levels": {}, "conflict_beyond_control": {}}
         for level in LEVELS:
             mine = _fractions(control, arm, level)
             entry["levels"][level] = cs.t_interval(mine.values(), bounds=FRACTION).as_json()
-            iv = cs.paired(_fractions(measures, base, level), mine, bounds=FRACTION_DIFFERENCE)
-            entry["conflict_beyond_control"][level] = {"difference": iv.as_json(), "answer": cs.decide(iv)}
+            diffs = _paired_values(_fractions(measures, base, level), mine)
+            beyond = {"difference": cs.t_interval(diffs, bounds=FRACTION_DIFFERENCE).as_json(),
+                      "per_seed": diffs}
+            entry["conflict_beyond_control"][level] = tests[(arm, level)] = beyond
         out[arm] = entry
+    decide_family(tests, {k: t["per_seed"] for k, t in tests.items()}, SECTION_FAMILIES["noise.control"])
     return out
 
 

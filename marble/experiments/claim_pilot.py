@@ -26,7 +26,7 @@ from pathlib import Path
 
 from marble.experiments.claim_cli import collect
 from marble.experiments.claim_experiment import effects_of_interest
-from marble.experiments.claim_rule import DECISION_RULES
+from marble.experiments.claim_rule import AMENDMENT, DECISION_RULES
 from marble.experiments.claim_toy_check import b_conditions
 from marble.report.run_measures import RunMeasure
 from marble.report.loading import ReportInputError
@@ -75,7 +75,7 @@ def pilot_from_measures(measures: list[RunMeasure], rewards: list[str], speciali
             "effect_fraction": effect_fraction, "questions": questions,
             # issue 47: whether the toy can decide (b), and the rules, fixed before the main run
             "b_decidable": b_conditions(measures, specialists, baseline),
-            "decision_rules": DECISION_RULES}
+            "decision_rules": DECISION_RULES, "decision_rules_amendment": AMENDMENT}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,8 @@ from scipy import stats
 from marble.experiments import claim_family as fam
 from marble.report.seed_stats import finite, json_number
 
-__all__ = ["FAMILIES", "t_pvalue_floor", "holm_family", "every", "apply_rule", "replication_status",
+__all__ = ["FAMILIES", "SECTION_FAMILIES", "AMENDMENT", "t_pvalue_floor", "holm_family", "decide_family",
+           "every", "apply_rule", "replication_status",
            "overall_replication", "DECISION_RULES", "REPLICATED", "UNDECIDED", "NOT_REPLICATED"]
 
 # question -> its Holm family, in the verdict's words
@@ -37,6 +38,20 @@ FAMILIES = {
     "c_marble_less_anti_aligned": "itself (one test: the applied anti-aligned fraction's difference)",
     "conflict_weighted_sum_anti_aligned": "itself (one test: the weighted sum's anti-aligned fraction)",
     "theorem_full_solves_never_anti_aligned": "none: a bound checked on every full solve, not a test",
+}
+
+# The verdict's sections beside the questions, one family each (decide_family): added after the
+# pilot and before the main run (AMENDMENT); until then they were decided by interval.
+SECTION_FAMILIES = {
+    "noise.sweep": "every swept arm at every level (one test each: the smallest micro-batch's "
+                   "anti-aligned fraction minus the largest's, paired by seed)",
+    "noise.control": "every control arm at every level (one test each: the arm's anti-aligned "
+                     "fraction minus its control's, paired by seed)",
+    "levels": "every figure of every level of every arm with a published row (one test each: "
+              "ours minus the paper's, over seeds)",
+    "arms_versus_baseline": "per arm, (a) the rewards under it, (b) the specialists against the "
+                            "weighted sum, (c) itself, as the verdict's questions; 'versus' the "
+                            "rewards' changes against each reference arm, paired by seed",
 }
 
 REPLICATED, UNDECIDED, NOT_REPLICATED = "replicated", "undecided in the halves", "not replicated"
@@ -58,6 +73,20 @@ DECISION_RULES = {
     "b_decidable": "a specialist rises alone in both seed halves, has room above it and is "
                    "attenuated (0 < slope < 1), not opposed, in the weighted sum's combined "
                    "advantage (marble.experiments.claim_toy_check)",
+}
+
+
+# What changed in the rules after the pilot file, before any main-run data (docs/claim.md,
+# "Pre-registration"); the pilot file states it beside its own rules.
+AMENDMENT = {
+    "families": SECTION_FAMILIES,
+    "why": "issue 47 item 4 asks every answer from its Holm-adjusted test; the sweep, the control, "
+           "the levels and the arms beside the baseline were still decided by their intervals",
+    "versus": "each arm beside the baseline is also compared, reward by reward, with the weighted "
+              "sum and with the MARBLE arm (issue 47 item 2: does the exact balance change (a) and "
+              "(b) against both)",
+    "effects_of_interest": "the arms beside the baseline take (b)'s effects of interest from the "
+                           "pilot too, as the MARBLE arm does",
 }
 
 
@@ -89,6 +118,15 @@ def holm_family(values: dict[str, list], floors: dict[str, float] | None = None)
         out[name] = {"mean": json_number(mean), "p": json_number(p[name]),
                      "p_holm": json_number(adj[name]), "answer": fam.adjusted_answer(mean, adj[name])}
     return out
+
+
+def decide_family(entries: dict, values: dict[object, list], family: str) -> None:
+    """The rule for a verdict section: each entry (`entries[key]`, a dict) gets its member's
+    `p`, `p_holm`, `answer` and the `family` sentence, Holm-adjusted over every key of
+    `values` (key -> per-seed values; a key without values stays undecided, outside m)."""
+    members = holm_family(values)
+    for key, member in members.items():
+        entries[key].update(p=member["p"], p_holm=member["p_holm"], answer=member["answer"], family=family)
 
 
 def every(answers: list):
