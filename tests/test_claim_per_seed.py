@@ -36,6 +36,11 @@ def test_the_headline_recomputes_from_the_per_seed_file(tmp_path, capsys):
     assert report_main([str(out / "per_seed.json")]) == 0
     head = json.loads(capsys.readouterr().out)
     assert head["questions"] == verdict["questions"]  # every answer, interval and Holm p
+    # the sections beside the questions too (issue 47: every figure of docs/claim.md)
+    for key in ("levels", "noise", "arms_versus_baseline"):
+        assert head[key] == verdict[key], key
+    assert head["arms_versus_baseline"]["marble_n5"]["a_every_reward_rises"] == \
+        verdict["arms_versus_baseline"]["marble_n5"]["a_every_reward_rises"]
     assert head["replication"] == verdict["replication"]["status"]
     assert head["seeds"] == [1, 2, 3, 4] and head["arms"] == verdict["arms"]
     # (c): 0.5 / 0.6 / 0.4 / 0.5 anti-aligned against 0 on every seed
@@ -85,3 +90,23 @@ def test_a_null_effect_of_interest_in_the_file_reads_back_as_nan():
     assert record["fixed_effects"] == {"s": None}
     b = headline(record)["questions"]["b_specialists_rise_more_under_marble"]["per_specialist"]["s"]
     assert b["effect_of_interest"] is None and b["powered"] is False
+
+
+def test_the_headline_table_renders_every_question_and_section(tmp_path, capsys):
+    """`--markdown`: the table docs/claim.md quotes, one row per question, per arm beside the
+    baseline and its `versus`, the halves last; figures as the recomputation gives them."""
+    from marble.experiments.claim_per_seed import headline_markdown, main as report_main
+
+    out = _claim(tmp_path)
+    capsys.readouterr()
+    assert report_main([str(out / "per_seed.json"), "--markdown"]) == 0
+    text = capsys.readouterr().out
+    head = json.loads((out / "verdict.json").read_text())
+    c = head["questions"]["c_marble_less_anti_aligned"]
+    assert text.startswith(f"Seeds 1, 2, 3, 4; arms {', '.join(head['arms'])}.")
+    row = [ln for ln in text.splitlines() if ln.startswith("| (c)")][0]
+    assert f"{c['difference']['mean']:+.4g} [{c['difference']['low']:+.4g}, {c['difference']['high']:+.4g}]" in row
+    assert any(ln.startswith("| `marble_n5` minus `weighted_sum`, each reward") for ln in text.splitlines())
+    assert text.strip().splitlines()[-1].startswith("| the seed halves |")
+    assert headline_markdown(json.loads(json.dumps({**head, "replication": "replicated",
+                                                    "replication_questions": {}}))).count("\n| ") >= 6

@@ -24,9 +24,8 @@ from marble.balancers import min_norm_tolerance
 from marble.report import seed_stats as cs
 from marble.experiments.claim_design import (load_pilot, multiplicity, pilot_effects, pilot_section,
                                          replication)
-from marble.experiments.claim_beyond import arms_versus_baseline, beyond_sentence
-from marble.experiments.claim_experiment import claim_verdict, effects_of_interest, measure_claim_run
-from marble.report.published import PUBLISHED_ANTI_ALIGNED
+from marble.experiments.claim_beyond import beyond_sentence
+from marble.experiments.claim_experiment import beside_questions, claim_verdict, measure_claim_run
 from marble.experiments.claim_figures import write_figures
 from marble.experiments.claim_markdown import claim_markdown
 from marble.experiments.claim_per_seed import per_seed_record
@@ -34,7 +33,7 @@ from marble.report.loading import (ReportInputError, incomplete_reason, left_out
                                    read_json_file, run_folders)
 from marble.report.verdict import specialist_rewards
 from marble.runtime.io import write_json, write_text
-from marble.experiments.claim_noise import control_section, dilution_section, noise_sentences, sweep_section
+from marble.experiments.claim_noise import dilution_section, noise_sentences
 from marble.runtime.oserrors import not_a_folder, print_write_failure
 from marble.workflow.claim import ALONE_PREFIX, CONTROL_PREFIX, parse_run_name
 
@@ -149,11 +148,14 @@ def build(args) -> dict:
     fixed = pilot_effects(pilot, args.marble_arm)
     verdict = claim_verdict(measures, rewards, specialists, args.marble_arm, args.baseline_arm,
                             args.effect_fraction, min_norm, methods, fixed)
+    costs = read_json_file(args.cost) if args.cost else {}
+    micro_batch = {a: s["micro_batch"] for a, s in settings.items()}
     # issue 47 item 3: every run's measures beside the verdict, so its headline recomputes
     # from a committed file (python -m marble.experiments.claim_per_seed FILE)
     args.per_seed = per_seed_record(measures + control, rewards, specialists, marble_arm=args.marble_arm,
                                     baseline_arm=args.baseline_arm, effect_fraction=args.effect_fraction,
-                                    min_norm_arms=min_norm, arm_methods=methods, fixed_effects=fixed)
+                                    min_norm_arms=min_norm, arm_methods=methods, fixed_effects=fixed,
+                                    micro_batch=micro_batch, costs=costs)
     # Holm families and (b)'s equivalence test; the verdict on two disjoint seed halves; the
     # power the pilot fixes (or "no pilot").
     verdict["multiplicity"] = multiplicity(measures, rewards, specialists, args.marble_arm,
@@ -164,9 +166,10 @@ def build(args) -> dict:
                                          fixed_effects=fixed)
     verdict["replication"]["pretrained_models"] = pretrained_models(models)
     verdict["pilot"] = pilot_section(pilot, len(verdict["seeds"]))
-    # Issue 36 item 3: the micro-batch sweep, the no-conflict control, the dilution
-    verdict["noise"] = {"sweep": sweep_section(measures, {a: s["micro_batch"] for a, s in settings.items()}),
-                        "control": control_section(control, measures)}
+    # Issue 36 item 3: the micro-batch sweep, the no-conflict control, the dilution; issue 37's
+    # question of every arm beside the baseline (each section one Holm family, issue 47)
+    verdict.update(beside_questions(measures, control, rewards, specialists, args.marble_arm, args.baseline_arm,
+                                    micro_batch, costs, fixed, args.effect_fraction))
     verdict["dilution"] = dilution_section(measures, rewards, specialists,
                                            [a for a in (args.baseline_arm, args.marble_arm) if a in verdict["arms"]])
     verdict["sentences"] += noise_sentences(verdict["noise"], verdict["dilution"])
@@ -174,20 +177,12 @@ def build(args) -> dict:
     verdict["runs_left_out"] = left_out
     if left_out:
         verdict["sentences"].append(left_out_sentence(left_out))
-    costs = read_json_file(args.cost) if args.cost else {}
     verdict["arm_settings"] = {a: settings[a] for a in verdict["arms"]}
     verdict["cost"] = {a: {"counted_flops": (costs.get(a) or {}).get("flops"),
                            "flops_ratio": (costs.get(a) or {}).get("ratio"),
                            "full_solve_micro_steps": (costs.get(a) or {}).get("full_solves"),
                            "cpu_s": cs.t_interval(cpu.get(a, [])).as_json()}
                        for a in verdict["arms"]}
-    # Issue 37: the question beyond the paper, of every arm beside the baseline
-    alone = [m for m in measures if m.arm.startswith(ALONE_PREFIX)]
-    gap = PUBLISHED_ANTI_ALIGNED["weighted_sum"] - PUBLISHED_ANTI_ALIGNED["marble"]
-    verdict["arms_versus_baseline"] = arms_versus_baseline(
-        [m for m in measures if not m.arm.startswith(ALONE_PREFIX)], verdict["arms"], args.baseline_arm,
-        rewards, specialists, fixed or effects_of_interest(alone, args.effect_fraction), args.effect_fraction * gap,
-        costs, args.marble_arm)
     verdict["sentences"] += [beyond_sentence(a, part) for a, part in verdict["arms_versus_baseline"].items()]
     return verdict
 

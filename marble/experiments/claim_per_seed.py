@@ -23,13 +23,14 @@ import sys
 from pathlib import Path
 
 from marble.experiments.claim_design import multiplicity, replication
-from marble.experiments.claim_experiment import claim_verdict
+from marble.experiments.claim_experiment import beside_questions, claim_verdict
 from marble.report.run_measures import RunMeasure
 from marble.runtime.io import write_json
 from marble.workflow.claim import CONTROL_PREFIX
 
 FORMAT = "marble claim per-seed 1"
-SETTINGS = ("marble_arm", "baseline_arm", "effect_fraction", "min_norm_arms", "arm_methods", "fixed_effects")
+SETTINGS = ("marble_arm", "baseline_arm", "effect_fraction", "min_norm_arms", "arm_methods", "fixed_effects",
+            "micro_batch", "costs")
 
 
 def _strict(x):
@@ -73,9 +74,13 @@ def load_per_seed(record: dict) -> tuple[list[RunMeasure], dict]:
 
 def headline(record: dict) -> dict:
     """The verdict's headline figures recomputed from the per-seed record: each question's
-    answer and its figures, the Holm families and the halves' word."""
+    answer and its figures, the Holm families and the halves' word; the levels, and the
+    sections beside the questions (the sweep, the control, every arm beside the baseline) when
+    the record has their settings (`micro_batch`, `costs`; files before issue 47's main run
+    lack them)."""
     measures, r = load_per_seed(record)
     main = [m for m in measures if not m.arm.startswith(CONTROL_PREFIX)]
+    control = [m for m in measures if m.arm.startswith(CONTROL_PREFIX)]
     # the file's nulls are the verdict's NaN (an effect of interest the pilot could not fix)
     fixed = _nan(r["fixed_effects"]) if r.get("fixed_effects") is not None else None
     kw = {"effect_fraction": r["effect_fraction"], "min_norm_arms": r.get("min_norm_arms"),
@@ -84,9 +89,86 @@ def headline(record: dict) -> dict:
     halves = replication(main, r["rewards"], r["specialists"], r["marble_arm"], r["baseline_arm"], **kw)
     mult = multiplicity(main, r["rewards"], r["specialists"], r["marble_arm"], r["baseline_arm"],
                         r["effect_fraction"], fixed)
-    return _strict({"seeds": v["seeds"], "arms": v["arms"], "questions": v["questions"],
-                    "b_equivalence": mult["b_equivalence"], "replication": halves["status"],
-                    "replication_questions": {q: s["status"] for q, s in halves.get("questions", {}).items()}})
+    out = {"seeds": v["seeds"], "arms": v["arms"], "questions": v["questions"], "levels": v["levels"],
+           "b_equivalence": mult["b_equivalence"], "replication": halves["status"],
+           "replication_questions": {q: s["status"] for q, s in halves.get("questions", {}).items()}}
+    if r.get("micro_batch") is not None:
+        out.update(beside_questions(main, control, r["rewards"], r["specialists"], r["marble_arm"],
+                                    r["baseline_arm"], r["micro_batch"], r.get("costs") or {}, fixed,
+                                    r["effect_fraction"]))
+    return _strict(out)
+
+
+def _said(answer) -> str:
+    """An answer in the table's words: true / false, or not shown."""
+    return "**true**" if answer is True else "**false**" if answer is False else "not shown"
+
+
+def _num(x, signed: bool = True) -> str:
+    return "n/a" if x is None else (f"{x:+.4g}" if signed else f"{x:.3g}")
+
+
+def _members(holm: dict) -> str:
+    """Each member of a Holm family: its mean, adjusted p and answer."""
+    return "; ".join(f"{name} {_num(m['mean'])} (p_holm {_num(m['p_holm'], False)}, {_said(m['answer'])})"
+                     for name, m in holm.items())
+
+
+def _interval(iv: dict) -> str:
+    return f"{_num(iv['mean'])} [{_num(iv['low'])}, {_num(iv['high'])}]"
+
+
+def _section_rows(head: dict) -> list[tuple[str, str, str]]:
+    """The sweep, the control and every arm beside the baseline, one row each."""
+    rows = []
+    for base, sweep in (head.get("noise") or {}).get("sweep", {}).items():
+        tests = {lv: t["falls_with_batch_size"] for lv, t in sweep["levels"].items()}
+        rows.append((f"`{base}`'s anti-aligned share falls from micro-batch {min(map(int, sweep['arms']))} "
+                     f"to {max(map(int, sweep['arms']))}", "per level", _members(tests)))
+    for arm, ctrl in (head.get("noise") or {}).get("control", {}).items():
+        rows.append((f"`{ctrl['base_arm']}` opposes some reward more often than `{arm}` (no conflict)",
+                     "per level", _members(ctrl["conflict_beyond_control"])))
+    for arm, part in (head.get("arms_versus_baseline") or {}).items():
+        rows.append((f"`{arm}`: (a) every reward rises / (b) specialists rise more / (c) less anti-aligned",
+                     f"{_said(part['a_every_reward_rises'])} / {_said(part['b_specialists_rise_more'])} / "
+                     f"{_said(part['c_less_anti_aligned'])}",
+                     f"(c) {_interval(part['c_difference'])}; worst micro-step cosine "
+                     f"{_num(part['worst_micro_cosine'])}"))
+        for ref, members in part.get("versus", {}).items():
+            rows.append((f"`{arm}` minus `{ref}`, each reward's held-out gain", "per reward", _members(members)))
+    return rows
+
+
+def headline_markdown(head: dict) -> str:
+    """The headline as the markdown table docs/claim.md quotes (tests/test_claim_committed.py)."""
+    q = head["questions"]
+    rows = []
+    if "c_marble_less_anti_aligned" in q:
+        c = q["c_marble_less_anti_aligned"]
+        rows.append(("(c) MARBLE's applied direction opposes some reward on fewer micro-steps",
+                     _said(c["answer"]), f"weighted sum minus MARBLE {_interval(c['difference'])}"))
+    conflict = q.get("conflict_weighted_sum_anti_aligned")
+    if conflict:
+        rows.append(("the rewards conflict: the weighted sum opposes some reward", _said(conflict["answer"]),
+                     f"share {_interval(conflict['fraction'])}"))
+    for key, text in (("a_every_reward_rises_under_marble", "(a) every reward rises under MARBLE"),
+                      ("b_specialists_rise_more_under_marble", "(b) each specialist rises more under MARBLE"),
+                      ("every_reward_learnable_alone", "each reward rises trained alone")):
+        if key in q:
+            rows.append((text, _said(q[key]["answer"]), _members(q[key]["holm"]["members"])))
+    for s, eq in head.get("b_equivalence", {}).items():
+        rows.append((f"(b) {s}: within the pilot's effect of interest (TOST)", _said(eq["equivalent"]),
+                     f"margin {_num(eq['margin'], False)}, p_holm {_num(eq['p_holm'], False)}"))
+    t = q.get("theorem_full_solves_never_anti_aligned")
+    if t:
+        rows.append(("full solves never oppose a reward (theorem)", _said(t["answer"]),
+                     f"worst cosine {_num(t['min_cosine'])} over {t['full_solve_steps']} full-solve steps"))
+    rows += _section_rows(head)
+    rows.append(("the seed halves", head["replication"], ", ".join(
+        f"{k}: {v}" for k, v in head.get("replication_questions", {}).items())))
+    lines = [f"Seeds {', '.join(map(str, head['seeds']))}; arms {', '.join(head['arms'])}.", "",
+             "| question | answer | figures |", "|---|---|---|"]
+    return "\n".join(lines + [f"| {a} | {b} | {c} |" for a, b, c in rows]) + "\n"
 
 
 def write_per_seed(path: Path, measures, rewards, specialists, **settings) -> None:
@@ -97,13 +179,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m marble.experiments.claim_per_seed", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", type=Path, help="a claim per-seed file (results/claim/per_seed.json)")
+    p.add_argument("--markdown", action="store_true", help="the headline as docs/claim.md's table")
     args = p.parse_args(argv)
     try:
         out = headline(json.loads(args.file.read_text(encoding="utf-8")))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"claim_per_seed: error: {args.file}: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(out, indent=1, sort_keys=True))
+    print(headline_markdown(out) if args.markdown else json.dumps(out, indent=1, sort_keys=True))
     return 0
 
 
