@@ -266,12 +266,15 @@ def test_config_yaml_claim_control_has_as_many_rewards_as_the_claim_and_every_ar
     from marble.config import load_config
     from marble.workflow.claim import arms, priced_arms
 
+    for path in (".test/config.yaml", "config.yaml"):  # CI's shrunk claim too
+        shrunk = yaml.safe_load(open(path, encoding="utf-8"))["claim"]
+        real = load_config("tiny", overrides=list(shrunk.get("set", []))).rewards
+        spec = control_arms(shrunk)[f"control_{shrunk['control']['arms'][0]}"]
+        control = load_config(spec["preset"], overrides=spec["set"]).rewards
+        assert len(control) == len(real) == 4, path
     claim = yaml.safe_load(open("config.yaml", encoding="utf-8"))["claim"]
     section = {**claim, "arms": {**claim["arms"]}}
     real = load_config("tiny", overrides=list(claim["set"])).rewards
-    spec = control_arms(section)[f"control_{claim['control']['arms'][0]}"]
-    control = load_config(spec["preset"], overrides=spec["set"]).rewards
-    assert len(control) == len(real) == 4
     assert {r.name for r in control} == {"toy_brightness", "toy_brightness_copy", "toy_brightness_copy2",
                                          "toy_brightness_copy3"}
     # the claim's own set: toy_warmth replaces text contrast (the demo's preset keeps it)
