@@ -98,13 +98,9 @@ def combine_advantages(advantages: torch.Tensor, alpha) -> torch.Tensor:
     return (torch.nan_to_num(advantages, nan=0.0) * a.to(advantages.dtype)).sum(1)
 
 
-def advantage_correlation(combined, own) -> float:
-    """Pearson correlation of a one-per-sample advantage (the weighted sum's, [N]) with one
-    reward's own group advantage ([N], NaN where the reward does not apply), over the samples
-    where both are finite: how much of the reward's per-prompt signal survives in the combined
-    advantage (issue 36 item 3, the dilution (b) is about). A balancer that trains on the
-    reward's own advantage (MARBLE's per-reward terms) has correlation 1 by construction. NaN
-    when fewer than 2 samples count or either side is constant there (no signal to compare)."""
+def _centred_finite_pair(combined, own):
+    """(combined, own) as float64, kept where both are finite and centred there; None when fewer
+    than 2 samples count. The shared start of the correlation and the slope."""
     c = _as_tensor(combined).double().flatten()
     o = _as_tensor(own).double().flatten()
     if c.numel() != o.numel():
@@ -112,8 +108,21 @@ def advantage_correlation(combined, own) -> float:
     keep = torch.isfinite(c) & torch.isfinite(o)
     c, o = c[keep], o[keep]
     if c.numel() < 2:
+        return None
+    return c - c.mean(), o - o.mean()
+
+
+def advantage_correlation(combined, own) -> float:
+    """Pearson correlation of a one-per-sample advantage (the weighted sum's, [N]) with one
+    reward's own group advantage ([N], NaN where the reward does not apply), over the samples
+    where both are finite: how much of the reward's per-prompt signal survives in the combined
+    advantage (issue 36 item 3, the dilution (b) is about). A balancer that trains on the
+    reward's own advantage (MARBLE's per-reward terms) has correlation 1 by construction. NaN
+    when fewer than 2 samples count or either side is constant there (no signal to compare)."""
+    pair = _centred_finite_pair(combined, own)
+    if pair is None:
         return float("nan")
-    c, o = c - c.mean(), o - o.mean()
+    c, o = pair
     denom = float(torch.sqrt((c * c).sum() * (o * o).sum()))
     # exactly constant (a group of identical rewards has advantage 0 everywhere): no correlation
     return float((c * o).sum()) / denom if denom > 0 else float("nan")
@@ -127,14 +136,9 @@ def advantage_slope(combined, own) -> float:
     opposed. The correlation (advantage_correlation) cannot tell the two apart: it falls when
     the other terms add independent noise as much as when they pull the other way. NaN when
     fewer than 2 samples count or the reward's own advantage is constant there."""
-    c = _as_tensor(combined).double().flatten()
-    o = _as_tensor(own).double().flatten()
-    if c.numel() != o.numel():
-        raise ValueError(f"combined [{c.numel()}] and own [{o.numel()}] advantages differ in length")
-    keep = torch.isfinite(c) & torch.isfinite(o)
-    c, o = c[keep], o[keep]
-    if c.numel() < 2:
+    pair = _centred_finite_pair(combined, own)
+    if pair is None:
         return float("nan")
-    c, o = c - c.mean(), o - o.mean()
+    c, o = pair
     var = float((o * o).sum())
     return float((c * o).sum()) / var if var > 0 else float("nan")
