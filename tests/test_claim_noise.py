@@ -33,6 +33,7 @@ class Rec:  # the RunMeasure fields claim_noise reads
     seed: int
     levels: dict = field(default_factory=dict)
     dilution: dict = field(default_factory=dict)
+    attenuation: dict = field(default_factory=dict)
 
 
 def _levels(frac: float) -> dict:
@@ -108,12 +109,15 @@ def test_run_dilution_and_the_section_by_hand():
     frame = pd.DataFrame({"dilution/s": [0.5, math.nan, 0.7], "dilution/g": [1.0, 1.0, 1.0]})
     d = run_dilution(frame, ["g", "s", "never"])
     assert d["g"] == 1.0 and d["s"] == pytest.approx(0.6) and math.isnan(d["never"])
-    recs = [Rec("weighted_sum", 1, dilution={"s": 0.2, "g": 0.9}),
-            Rec("weighted_sum", 2, dilution={"s": 0.4, "g": 0.9})]
+    recs = [Rec("weighted_sum", 1, dilution={"s": 0.2, "g": 0.9}, attenuation={"s": 0.1, "g": 1.2}),
+            Rec("weighted_sum", 2, dilution={"s": 0.4, "g": 0.9}, attenuation={"s": 0.3, "g": 1.4})]
     out = dilution_section(recs, ["g", "s"], {"s": 0.33}, ["weighted_sum"])
     assert out["rewards"]["s"]["specialist"] and not out["rewards"]["g"]["specialist"]
     assert out["rewards"]["s"]["weighted_sum_advantage"]["weighted_sum"]["mean"] == pytest.approx(0.3)
     assert out["rewards"]["s"]["own_advantage"] == 1.0
+    # the slope beside the correlation, not cut to [-1, 1] (a slope can exceed 1)
+    assert out["rewards"]["s"]["attenuation"]["weighted_sum"]["mean"] == pytest.approx(0.2)
+    assert out["rewards"]["g"]["attenuation"]["weighted_sum"]["mean"] == pytest.approx(1.3)
     text = noise_sentences({"sweep": {}, "control": {}}, out)
     assert text == ["Dilution of s: the weighted sum's advantage correlates with its own at weighted_sum "
                     "0.300 (MARBLE's per-reward advantage: 1)."]

@@ -132,15 +132,20 @@ def control_section(control, measures) -> dict:
 
 def dilution_section(measures, rewards: list[str], specialists: dict, arms: list[str]) -> dict:
     """reward -> {"specialist": bool, "weighted_sum_advantage": arm -> interval over seeds of the
-    correlation on that arm's rollouts, "own_advantage": 1.0 (MARBLE's per-reward term)}."""
-    out = {}
-    for r in rewards:
-        per_arm = {a: cs.t_interval([m.dilution.get(r, math.nan) for m in measures if m.arm == a],
-                                    bounds=FRACTION_DIFFERENCE).as_json() for a in arms}
-        out[r] = {"specialist": r in specialists, "weighted_sum_advantage": per_arm, "own_advantage": 1.0}
+    correlation on that arm's rollouts, "attenuation": arm -> interval of the slope (issue 47:
+    0-1 attenuated, < 0 opposed; the figure the pilot's b_decidable rule reads),
+    "own_advantage": 1.0 (MARBLE's per-reward term)}."""
+    def per_arm(field: str, r: str) -> dict:
+        return {a: cs.t_interval([getattr(m, field).get(r, math.nan) for m in measures if m.arm == a],
+                                 bounds=None if field == "attenuation" else FRACTION_DIFFERENCE).as_json()
+                for a in arms}
+
+    out = {r: {"specialist": r in specialists, "weighted_sum_advantage": per_arm("dilution", r),
+               "attenuation": per_arm("attenuation", r), "own_advantage": 1.0} for r in rewards}
     return {"measure": ("Pearson correlation of the weighted sum's one-per-sample group advantage with the "
                         "reward's own group advantage, over the rollouts the reward applies to; mean over "
-                        "a run's steps, interval over seeds; 1 = nothing diluted"),
+                        "a run's steps, interval over seeds; 1 = nothing diluted. `attenuation`: the "
+                        "least-squares slope of the same (1 carried whole, 0-1 attenuated, < 0 opposed)"),
             "rewards": out}
 
 

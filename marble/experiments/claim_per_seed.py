@@ -96,7 +96,7 @@ def headline(record: dict) -> dict:
         out.update(beside_questions(main, control, r["rewards"], r["specialists"], r["marble_arm"],
                                     r["baseline_arm"], r["micro_batch"], r.get("costs") or {}, fixed,
                                     r["effect_fraction"]))
-    return _strict(out)
+    return json.loads(json.dumps(_strict(out)))  # as the file reads back: string keys, nulls
 
 
 def _said(answer) -> str:
@@ -109,8 +109,12 @@ def _num(x, signed: bool = True) -> str:
 
 
 def _members(holm: dict) -> str:
-    """Each member of a Holm family: its mean, adjusted p and answer."""
-    return "; ".join(f"{name} {_num(m['mean'])} (p_holm {_num(m['p_holm'], False)}, {_said(m['answer'])})"
+    """Each member of a Holm family: its mean (a section's test holds it in `difference`),
+    adjusted p and answer."""
+    def mean(m: dict):
+        return m["mean"] if "mean" in m else (m.get("difference") or {}).get("mean")
+
+    return "; ".join(f"{name} {_num(mean(m))} (p_holm {_num(m['p_holm'], False)}, {_said(m['answer'])})"
                      for name, m in holm.items())
 
 

@@ -114,6 +114,8 @@ rule claim:
         pilot=[CLAIM["pilot"]] if CLAIM_ARMS and CLAIM.get("pilot") else [],
     output:
         verdict=f"{CLAIM_DIR}/verdict.json",
+        # every run's measures: the headline recomputes from it (docs/claim.md); none without arms
+        per_seed=[f"{CLAIM_DIR}/per_seed.json"] if CLAIM_ARMS else [],
         md=f"{CLAIM_DIR}/claim.md",
         figures=directory(f"{CLAIM_DIR}/figures"),
     log:
