@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from marble.experiments.claim_per_seed import headline, headline_markdown
+from marble.experiments.claim_markdown import headline_markdown
+from marble.experiments.claim_per_seed import headline
 
 DOCS = Path("docs")
 PER_SEED, VERDICT, PILOT = DOCS / "claim_per_seed.json", DOCS / "claim_verdict.json", DOCS / "claim_pilot.json"

@@ -95,7 +95,8 @@ def test_a_null_effect_of_interest_in_the_file_reads_back_as_nan():
 def test_the_headline_table_renders_every_question_and_section(tmp_path, capsys):
     """`--markdown`: the table docs/claim.md quotes, one row per question, per arm beside the
     baseline and its `versus`, the halves last; figures as the recomputation gives them."""
-    from marble.experiments.claim_per_seed import headline_markdown, main as report_main
+    from marble.experiments.claim_markdown import headline_markdown
+    from marble.experiments.claim_per_seed import main as report_main
 
     out = _claim(tmp_path)
     capsys.readouterr()

@@ -103,3 +103,81 @@ def claim_markdown(v: dict, figures: dict[str, str]) -> str:
     if design_lines(v):
         lines += ["### Replication, multiplicity, pilot", ""] + design_lines(v) + [""]
     return "\n".join(lines)
+
+
+# The headline table docs/claim.md quotes (claim_per_seed --markdown; tests/test_claim_committed.py)
+
+def _said_bold(answer) -> str:
+    """An answer in the table's words: true / false, or not shown."""
+    return "**true**" if answer is True else "**false**" if answer is False else "not shown"
+
+
+def _num(x, signed: bool = True) -> str:
+    return "n/a" if x is None else (f"{x:+.4g}" if signed else f"{x:.3g}")
+
+
+def _members(holm: dict) -> str:
+    """Each member of a Holm family: its mean (a section's test holds it in `difference`),
+    adjusted p and answer."""
+    def mean(m: dict):
+        return m["mean"] if "mean" in m else (m.get("difference") or {}).get("mean")
+
+    return "; ".join(f"{name} {_num(mean(m))} (p_holm {_num(m['p_holm'], False)}, {_said_bold(m['answer'])})"
+                     for name, m in holm.items())
+
+
+def _interval(iv: dict) -> str:
+    return f"{_num(iv['mean'])} [{_num(iv['low'])}, {_num(iv['high'])}]"
+
+
+def _section_rows(head: dict) -> list[tuple[str, str, str]]:
+    """The sweep, the control and every arm beside the baseline, one row each."""
+    rows = []
+    for base, sweep in (head.get("noise") or {}).get("sweep", {}).items():
+        tests = {lv: t["falls_with_batch_size"] for lv, t in sweep["levels"].items()}
+        rows.append((f"`{base}`'s anti-aligned share falls from micro-batch {min(map(int, sweep['arms']))} "
+                     f"to {max(map(int, sweep['arms']))}", "per level", _members(tests)))
+    for arm, ctrl in (head.get("noise") or {}).get("control", {}).items():
+        rows.append((f"`{ctrl['base_arm']}` opposes some reward more often than `{arm}` (no conflict)",
+                     "per level", _members(ctrl["conflict_beyond_control"])))
+    for arm, part in (head.get("arms_versus_baseline") or {}).items():
+        rows.append((f"`{arm}`: (a) every reward rises / (b) specialists rise more / (c) less anti-aligned",
+                     f"{_said_bold(part['a_every_reward_rises'])} / {_said_bold(part['b_specialists_rise_more'])} / "
+                     f"{_said_bold(part['c_less_anti_aligned'])}",
+                     f"(c) {_interval(part['c_difference'])}; worst micro-step cosine "
+                     f"{_num(part['worst_micro_cosine'])}"))
+        for ref, members in part.get("versus", {}).items():
+            rows.append((f"`{arm}` minus `{ref}`, each reward's held-out gain", "per reward", _members(members)))
+    return rows
+
+
+def headline_markdown(head: dict) -> str:
+    """The headline as the markdown table docs/claim.md quotes (tests/test_claim_committed.py)."""
+    q = head["questions"]
+    rows = []
+    if "c_marble_less_anti_aligned" in q:
+        c = q["c_marble_less_anti_aligned"]
+        rows.append(("(c) MARBLE's applied direction opposes some reward on fewer micro-steps",
+                     _said_bold(c["answer"]), f"weighted sum minus MARBLE {_interval(c['difference'])}"))
+    conflict = q.get("conflict_weighted_sum_anti_aligned")
+    if conflict:
+        rows.append(("the rewards conflict: the weighted sum opposes some reward", _said_bold(conflict["answer"]),
+                     f"share {_interval(conflict['fraction'])}"))
+    for key, text in (("a_every_reward_rises_under_marble", "(a) every reward rises under MARBLE"),
+                      ("b_specialists_rise_more_under_marble", "(b) each specialist rises more under MARBLE"),
+                      ("every_reward_learnable_alone", "each reward rises trained alone")):
+        if key in q:
+            rows.append((text, _said_bold(q[key]["answer"]), _members(q[key]["holm"]["members"])))
+    for s, eq in head.get("b_equivalence", {}).items():
+        rows.append((f"(b) {s}: within the pilot's effect of interest (TOST)", _said_bold(eq["equivalent"]),
+                     f"margin {_num(eq['margin'], False)}, p_holm {_num(eq['p_holm'], False)}"))
+    t = q.get("theorem_full_solves_never_anti_aligned")
+    if t:
+        rows.append(("full solves never oppose a reward (theorem)", _said_bold(t["answer"]),
+                     f"worst cosine {_num(t['min_cosine'])} over {t['full_solve_steps']} full-solve steps"))
+    rows += _section_rows(head)
+    rows.append(("the seed halves", head["replication"], ", ".join(
+        f"{k}: {v}" for k, v in head.get("replication_questions", {}).items())))
+    lines = [f"Seeds {', '.join(map(str, head['seeds']))}; arms {', '.join(head['arms'])}.", "",
+             "| question | answer | figures |", "|---|---|---|"]
+    return "\n".join(lines + [f"| {a} | {b} | {c} |" for a, b, c in rows]) + "\n"
