@@ -327,3 +327,19 @@ def test_the_committed_pilot_fixes_the_main_runs_fresh_seeds_and_the_rules():
     assert "marble_exact" in claim["arms"]
     assert f"b_specialists_rise_more_under_{claim['marble_arm']}" in pilot["questions"]
     assert pilot["b_decidable"]["toy_warmth"]["decidable"] is True  # the toy where (b) can be decided
+
+
+def test_a_pilot_files_nulls_read_back_as_nan_once(tmp_path):
+    """Strict JSON writes an undefined figure as null: load_pilot reads every one back as NaN
+    (a seed's unscorable value, an effect the pilot could not fix), so the power and the
+    effects see the missing value, not None."""
+    path = tmp_path / "pilot.json"
+    path.write_text(json.dumps({"commit": "abc", "questions": {"b_specialists_rise_more_under_m": {
+        "s": {"per_seed": [0.1, None, 0.3, 0.2], "effect_of_interest": None},
+        "t": {"per_seed": [0.1, 0.2], "effect_of_interest": 0.05}}}}))
+    pilot = load_pilot(path)
+    spec = pilot["questions"]["b_specialists_rise_more_under_m"]["s"]
+    assert math.isnan(spec["per_seed"][1]) and math.isnan(spec["effect_of_interest"])
+    assert pilot_effects(pilot, "m") == {"t": 0.05}  # no effect fixed for s
+    power = pilot_section(pilot, 10)["questions"]["b_specialists_rise_more_under_m"]
+    assert power["s"]["pilot_seeds"] == 3 and power["s"]["powered"] is False

@@ -133,7 +133,8 @@ def load_pilot(path: Path | None) -> dict | None:
             raise ValueError("needs a 'commit' string and a 'questions' object")
     except (ValueError, AttributeError) as exc:
         raise ValueError(f"{path}: not a claim pilot: {exc}") from None
-    return pilot
+    # strict JSON writes an undefined figure (NaN) as null: read back as NaN, here once
+    return {**pilot, "questions": fam.null_as_nan(pilot["questions"])}
 
 
 def pilot_effects(pilot: dict | None, marble_arm: str) -> dict[str, float] | None:
@@ -143,12 +144,9 @@ def pilot_effects(pilot: dict | None, marble_arm: str) -> dict[str, float] | Non
         return None
     items = pilot["questions"].get(f"b_specialists_rise_more_under_{marble_arm}") or {}
     effects = {s: float(spec["effect_of_interest"]) for s, spec in items.items()
-               if isinstance(spec, dict) and isinstance(spec.get("effect_of_interest"), (int, float))}
+               if isinstance(spec, dict) and isinstance(spec.get("effect_of_interest"), (int, float))
+               and math.isfinite(spec["effect_of_interest"])}
     return effects or None
-
-
-def _number(value) -> float:
-    return math.nan if value is None else float(value)
 
 
 def pilot_section(pilot: dict | None, seeds: int) -> dict | str:
@@ -157,8 +155,7 @@ def pilot_section(pilot: dict | None, seeds: int) -> dict | str:
         return NO_PILOT
     out = {"commit": pilot["commit"], "design_seeds": seeds, "questions": {}}
     for q, items in pilot["questions"].items():
-        # strict JSON writes an undefined effect (NaN) as null: read back as NaN, not a number
         out["questions"][q] = {item: fam.pilot_powered(spec.get("per_seed", []), seeds,
-                                                      _number(spec.get("effect_of_interest")))
+                                                      float(spec.get("effect_of_interest", math.nan)))
                                for item, spec in items.items()}
     return out

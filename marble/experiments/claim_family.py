@@ -92,3 +92,15 @@ def pilot_powered(pilot_values, n: int, effect: float) -> dict:
             "minimal_detectable_difference": json_number(mdd),
             "powered": bool(math.isfinite(effect) and mdd <= abs(effect)),
             "seeds_needed": seeds_needed(iv.sd, effect)}
+
+
+def null_as_nan(x):
+    """None -> NaN through dicts and lists: a strict JSON file's null read back as the missing
+    value the statistics expect (the pilot file and the per-seed file: one reader rule)."""
+    if x is None:
+        return math.nan
+    if isinstance(x, dict):
+        return {k: null_as_nan(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [null_as_nan(v) for v in x]
+    return x

@@ -18,15 +18,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import sys
 from pathlib import Path
 
 from marble.experiments.claim_design import multiplicity, replication
+from marble.experiments.claim_family import null_as_nan
 from marble.experiments.claim_experiment import beside_questions, claim_verdict
 from marble.experiments.claim_markdown import headline_markdown
 from marble.report.run_measures import RunMeasure
-from marble.runtime.io import write_json
+from marble.runtime.io import finite_or_null, write_json
 from marble.workflow.claim import CONTROL_PREFIX
 
 FORMAT = "marble claim per-seed 1"
@@ -34,29 +34,9 @@ SETTINGS = ("marble_arm", "baseline_arm", "effect_fraction", "min_norm_arms", "a
             "micro_batch", "costs")
 
 
-def _strict(x):
-    """NaN / inf -> None, recursively (the file is strict JSON)."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _strict(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_strict(v) for v in x]
-    return x
-
-
-def _nan(x):
-    """None -> NaN, recursively (the measures' missing value)."""
-    if x is None:
-        return math.nan
-    if isinstance(x, dict):
-        return {k: _nan(v) for k, v in x.items()}
-    return x
-
-
 def per_seed_record(measures: list[RunMeasure], rewards: list[str], specialists: dict, **settings) -> dict:
     """The file's content: FORMAT, the verdict's settings (SETTINGS), rewards, specialists, runs."""
-    return _strict({"format": FORMAT, "rewards": rewards, "specialists": specialists,
+    return finite_or_null({"format": FORMAT, "rewards": rewards, "specialists": specialists,
                     **{k: settings.get(k) for k in SETTINGS},
                     "runs": [dataclasses.asdict(m) for m in measures]})
 
@@ -67,7 +47,7 @@ def load_per_seed(record: dict) -> tuple[list[RunMeasure], dict]:
         raise ValueError(f"not a claim per-seed file (format {record.get('format')!r}, want {FORMAT!r})")
     measures = []
     for run in record["runs"]:
-        fields = {k: (_nan(v) if k not in ("arm", "seed", "full_solve_steps", "diag_steps") else v)
+        fields = {k: (null_as_nan(v) if k not in ("arm", "seed", "full_solve_steps", "diag_steps") else v)
                   for k, v in run.items()}
         measures.append(RunMeasure(**fields))
     return measures, record
@@ -83,7 +63,7 @@ def headline(record: dict) -> dict:
     main = [m for m in measures if not m.arm.startswith(CONTROL_PREFIX)]
     control = [m for m in measures if m.arm.startswith(CONTROL_PREFIX)]
     # the file's nulls are the verdict's NaN (an effect of interest the pilot could not fix)
-    fixed = _nan(r["fixed_effects"]) if r.get("fixed_effects") is not None else None
+    fixed = null_as_nan(r["fixed_effects"]) if r.get("fixed_effects") is not None else None
     kw = {"effect_fraction": r["effect_fraction"], "min_norm_arms": r.get("min_norm_arms"),
           "arm_methods": r.get("arm_methods"), "fixed_effects": fixed}
     v = claim_verdict(main, r["rewards"], r["specialists"], r["marble_arm"], r["baseline_arm"], **kw)
@@ -97,7 +77,7 @@ def headline(record: dict) -> dict:
         out.update(beside_questions(main, control, r["rewards"], r["specialists"], r["marble_arm"],
                                     r["baseline_arm"], r["micro_batch"], r.get("costs") or {}, fixed,
                                     r["effect_fraction"]))
-    return json.loads(json.dumps(_strict(out)))  # as the file reads back: string keys, nulls
+    return json.loads(json.dumps(finite_or_null(out)))  # as the file reads back: string keys, nulls
 
 
 def write_per_seed(path: Path, measures, rewards, specialists, **settings) -> None:
