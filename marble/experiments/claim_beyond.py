@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import math
 
+from marble.experiments.claim_experiment import effects_of_interest, rule_values
+from marble.experiments.claim_noise import control_section, sweep_section
 from marble.experiments.claim_rule import SECTION_FAMILIES, apply_rule, holm_family
+from marble.report.published import PUBLISHED_ANTI_ALIGNED
 from marble.report import seed_stats as cs
 from marble.report.run_measures import RunMeasure, question_a, question_b, question_c
 from marble.report.seed_stats import json_number
+from marble.workflow.claim import ALONE_PREFIX
 
-__all__ = ["AT_COST", "arms_versus_baseline"]
+__all__ = ["AT_COST", "arms_versus_baseline", "beside_questions"]
 
 AT_COST = 1.01  # "at the weighted sum's cost": counted FLOPs within 1% (issue 37)
 
@@ -34,7 +38,6 @@ def _one_arm(measures: list[RunMeasure], arm: str, baseline: str, rewards: list[
     worst = [m.micro_min_cos for m in mine if math.isfinite(m.micro_min_cos)]
     measured = bool(worst) and len(worst) == len(mine)
     positive = measured and min(worst) >= 0.0
-    from marble.experiments.claim_experiment import rule_values  # it imports this module's peers
     questions = {"a_every_reward_rises_under_marble": question_a(measures, rewards, arm),
                  "b_specialists_rise_more_under_marble": question_b(measures, specialists, arm, baseline, effects),
                  "c_marble_less_anti_aligned": question_c(measures, arm, baseline, effect_c)}
@@ -103,3 +106,22 @@ def beyond_sentence(arm: str, part: dict) -> str:
             f"(x{'n/a' if ratio is None else f'{ratio:.4f}'} without diagnostics); (a) "
             f"{part['a_every_reward_rises']}, (b) {part['b_specialists_rise_more']}: "
             f"{'yes' if part['answer'] else 'no'}.")
+
+
+def beside_questions(measures: list[RunMeasure], control: list[RunMeasure], rewards: list[str],
+                     specialists: dict[str, float], marble_arm: str, baseline_arm: str,
+                     micro_batch: dict[str, int], costs: dict, fixed_effects: dict[str, float] | None,
+                     effect_fraction: float = 0.5) -> dict:
+    """The verdict's sections beside its questions, each decided by its Holm family
+    (claim_rule.SECTION_FAMILIES): `noise` (the micro-batch sweep, the no-conflict control) and
+    `arms_versus_baseline` (issue 37's question of every arm beside the baseline, with its
+    `versus`). One function for claim_cli and for the per-seed recomputation (claim_per_seed)."""
+    alone = [m for m in measures if m.arm.startswith(ALONE_PREFIX)]
+    trained = [m for m in measures if not m.arm.startswith(ALONE_PREFIX)]
+    arms = list(dict.fromkeys(m.arm for m in trained))
+    gap = PUBLISHED_ANTI_ALIGNED["weighted_sum"] - PUBLISHED_ANTI_ALIGNED["marble"]
+    return {"noise": {"sweep": sweep_section(trained, micro_batch), "control": control_section(control, trained)},
+            "arms_versus_baseline": arms_versus_baseline(
+                trained, arms, baseline_arm, rewards, specialists,
+                fixed_effects or effects_of_interest(alone, effect_fraction), effect_fraction * gap,
+                costs, marble_arm)}

@@ -24,8 +24,8 @@ from marble.balancers import min_norm_tolerance
 from marble.report import seed_stats as cs
 from marble.experiments.claim_design import (load_pilot, multiplicity, pilot_effects, pilot_section,
                                          replication)
-from marble.experiments.claim_beyond import beyond_sentence
-from marble.experiments.claim_experiment import beside_questions, claim_verdict, measure_claim_run
+from marble.experiments.claim_beyond import beside_questions, beyond_sentence
+from marble.experiments.claim_experiment import claim_verdict, measure_claim_run
 from marble.experiments.claim_figures import write_figures
 from marble.experiments.claim_markdown import claim_markdown
 from marble.experiments.claim_per_seed import per_seed_record

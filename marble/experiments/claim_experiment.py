@@ -179,24 +179,3 @@ def claim_verdict(measures: list[RunMeasure], rewards: list[str], specialists: d
         "sentences": [cs.sentence(QUESTIONS[q], v["answer"]) for q, v in questions.items()],
     }
 
-
-def beside_questions(measures: list[RunMeasure], control: list[RunMeasure], rewards: list[str],
-                     specialists: dict[str, float], marble_arm: str, baseline_arm: str,
-                     micro_batch: dict[str, int], costs: dict, fixed_effects: dict[str, float] | None,
-                     effect_fraction: float = 0.5) -> dict:
-    """The verdict's sections beside its questions, each decided by its Holm family
-    (claim_rule.SECTION_FAMILIES): `noise` (the micro-batch sweep, the no-conflict control) and
-    `arms_versus_baseline` (issue 37's question of every arm beside the baseline, with its
-    `versus`). One function for claim_cli and for the per-seed recomputation (claim_per_seed)."""
-    from marble.experiments.claim_beyond import arms_versus_baseline
-    from marble.experiments.claim_noise import control_section, sweep_section
-
-    alone = [m for m in measures if m.arm.startswith(ALONE_PREFIX)]
-    trained = [m for m in measures if not m.arm.startswith(ALONE_PREFIX)]
-    arms = list(dict.fromkeys(m.arm for m in trained))
-    gap = PUBLISHED_ANTI_ALIGNED["weighted_sum"] - PUBLISHED_ANTI_ALIGNED["marble"]
-    return {"noise": {"sweep": sweep_section(trained, micro_batch), "control": control_section(control, trained)},
-            "arms_versus_baseline": arms_versus_baseline(
-                trained, arms, baseline_arm, rewards, specialists,
-                fixed_effects or effects_of_interest(alone, effect_fraction), effect_fraction * gap,
-                costs, marble_arm)}

@@ -21,9 +21,10 @@ import json
 import sys
 from pathlib import Path
 
+from marble.experiments.claim_beyond import beside_questions
 from marble.experiments.claim_design import multiplicity, replication
 from marble.experiments.claim_family import null_as_nan
-from marble.experiments.claim_experiment import beside_questions, claim_verdict
+from marble.experiments.claim_experiment import claim_verdict
 from marble.experiments.claim_markdown import headline_markdown
 from marble.report.run_measures import RunMeasure
 from marble.runtime.io import finite_or_null, write_json
