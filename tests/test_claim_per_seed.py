@@ -111,3 +111,23 @@ def test_the_headline_table_renders_every_question_and_section(tmp_path, capsys)
     assert text.strip().splitlines()[-1].startswith("| the seed halves |")
     assert headline_markdown(json.loads(json.dumps({**head, "replication": "replicated",
                                                     "replication_questions": {}}))).count("\n| ") >= 6
+
+
+def test_side_by_side_sets_two_runs_answers_beside_each_other_and_flags_a_change(tmp_path):
+    """The table docs/claim.md compares machines with: one row per question or section, each
+    run's answer, and "same" yes only when every run answers alike."""
+    import copy
+
+    from marble.experiments.claim_markdown import headline_rows, side_by_side_markdown
+    from marble.experiments.claim_per_seed import headline
+
+    head = headline(json.loads((_claim(tmp_path) / "per_seed.json").read_text()))
+    other = copy.deepcopy(head)
+    other["questions"]["c_marble_less_anti_aligned"]["answer"] = True  # A: not shown (Holm)
+    text = side_by_side_markdown({"A": head, "B": other})
+    lines = text.splitlines()
+    assert lines[0] == "| question | A | B | same |"
+    assert len(lines) == 2 + len(headline_rows(head))
+    c_row = next(ln for ln in lines if ln.startswith("| (c)"))
+    assert c_row.endswith("| not shown | **true** | **no** |")
+    assert next(ln for ln in lines if ln.startswith("| the rewards conflict")).endswith("| yes |")

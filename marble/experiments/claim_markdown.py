@@ -116,12 +116,14 @@ def _num(x, signed: bool = True) -> str:
     return "n/a" if x is None else (f"{x:+.4g}" if signed else f"{x:.3g}")
 
 
-def _members(holm: dict) -> str:
+def _members(holm: dict, short: bool = False) -> str:
     """Each member of a Holm family: its mean (a section's test holds it in `difference`),
-    adjusted p and answer."""
+    adjusted p and answer; `short`: its answer alone."""
     def mean(m: dict):
         return m["mean"] if "mean" in m else (m.get("difference") or {}).get("mean")
 
+    if short:
+        return "; ".join(f"{name} {_said_bold(m['answer'])}" for name, m in holm.items())
     return "; ".join(f"{name} {_num(mean(m))} (p_holm {_num(m['p_holm'], False)}, {_said_bold(m['answer'])})"
                      for name, m in holm.items())
 
@@ -130,16 +132,20 @@ def _interval(iv: dict) -> str:
     return f"{_num(iv['mean'])} [{_num(iv['low'])}, {_num(iv['high'])}]"
 
 
-def _section_rows(head: dict) -> list[tuple[str, str, str]]:
-    """The sweep, the control and every arm beside the baseline, one row each."""
+def _section_rows(head: dict, short: bool = False) -> list[tuple[str, str, str]]:
+    """The sweep, the control and every arm beside the baseline, one row each (`short`: a
+    family's answers in the answer column, no figures)."""
+    def family(members: dict, each: str) -> tuple[str, str]:
+        return (_members(members, True), "") if short else (f"per {each}", _members(members))
+
     rows = []
     for base, sweep in (head.get("noise") or {}).get("sweep", {}).items():
         tests = {lv: t["falls_with_batch_size"] for lv, t in sweep["levels"].items()}
         rows.append((f"`{base}`'s anti-aligned share falls from micro-batch {min(map(int, sweep['arms']))} "
-                     f"to {max(map(int, sweep['arms']))}", "per level", _members(tests)))
+                     f"to {max(map(int, sweep['arms']))}", *family(tests, "level")))
     for arm, ctrl in (head.get("noise") or {}).get("control", {}).items():
         rows.append((f"`{ctrl['base_arm']}` opposes some reward more often than `{arm}` (no conflict)",
-                     "per level", _members(ctrl["conflict_beyond_control"])))
+                     *family(ctrl["conflict_beyond_control"], "level")))
     for arm, part in (head.get("arms_versus_baseline") or {}).items():
         rows.append((f"`{arm}`: (a) every reward rises / (b) specialists rise more / (c) less anti-aligned",
                      f"{_said_bold(part['a_every_reward_rises'])} / {_said_bold(part['b_specialists_rise_more'])} / "
@@ -147,12 +153,12 @@ def _section_rows(head: dict) -> list[tuple[str, str, str]]:
                      f"(c) {_interval(part['c_difference'])}; worst micro-step cosine "
                      f"{_num(part['worst_micro_cosine'])}"))
         for ref, members in part.get("versus", {}).items():
-            rows.append((f"`{arm}` minus `{ref}`, each reward's held-out gain", "per reward", _members(members)))
+            rows.append((f"`{arm}` minus `{ref}`, each reward's held-out gain", *family(members, "reward")))
     return rows
 
 
-def headline_markdown(head: dict) -> str:
-    """The headline as the markdown table docs/claim.md quotes (tests/test_claim_committed.py)."""
+def headline_rows(head: dict, short: bool = False) -> list[tuple[str, str, str]]:
+    """(question, answer, figures) for every question and section of a recomputed headline."""
     q = head["questions"]
     rows = []
     if "c_marble_less_anti_aligned" in q:
@@ -167,7 +173,9 @@ def headline_markdown(head: dict) -> str:
                       ("b_specialists_rise_more_under_marble", "(b) each specialist rises more under MARBLE"),
                       ("every_reward_learnable_alone", "each reward rises trained alone")):
         if key in q:
-            rows.append((text, _said_bold(q[key]["answer"]), _members(q[key]["holm"]["members"])))
+            members = q[key]["holm"]["members"]
+            answer = _said_bold(q[key]["answer"]) + (f" ({_members(members, True)})" if short else "")
+            rows.append((text, answer, _members(members)))
     for s, eq in head.get("b_equivalence", {}).items():
         rows.append((f"(b) {s}: within the pilot's effect of interest (TOST)", _said_bold(eq["equivalent"]),
                      f"margin {_num(eq['margin'], False)}, p_holm {_num(eq['p_holm'], False)}"))
@@ -175,9 +183,26 @@ def headline_markdown(head: dict) -> str:
     if t:
         rows.append(("full solves never oppose a reward (theorem)", _said_bold(t["answer"]),
                      f"worst cosine {_num(t['min_cosine'])} over {t['full_solve_steps']} full-solve steps"))
-    rows += _section_rows(head)
+    rows += _section_rows(head, short)
     rows.append(("the seed halves", head["replication"], ", ".join(
         f"{k}: {v}" for k, v in head.get("replication_questions", {}).items())))
+    return rows
+
+
+def headline_markdown(head: dict) -> str:
+    """The headline as the markdown table docs/claim.md quotes (tests/test_claim_committed.py)."""
     lines = [f"Seeds {', '.join(map(str, head['seeds']))}; arms {', '.join(head['arms'])}.", "",
              "| question | answer | figures |", "|---|---|---|"]
-    return "\n".join(lines + [f"| {a} | {b} | {c} |" for a, b, c in rows]) + "\n"
+    return "\n".join(lines + [f"| {a} | {b} | {c} |" for a, b, c in headline_rows(head)]) + "\n"
+
+
+def side_by_side_markdown(heads: dict[str, dict]) -> str:
+    """Each question's answers under several runs of one design (label -> headline): the table
+    docs/claim.md sets the machines side by side with; a row one run lacks says so."""
+    answers = {label: {q: a for q, a, _ in headline_rows(h, short=True)} for label, h in heads.items()}
+    questions = list(dict.fromkeys(q for per in answers.values() for q in per))
+    lines = ["| question | " + " | ".join(heads) + " | same |", "|---|" + "---|" * (len(heads) + 1)]
+    for q in questions:
+        cells = [answers[label].get(q, "not run") for label in heads]
+        lines.append(f"| {q} | " + " | ".join(cells) + f" | {'yes' if len(set(cells)) == 1 else '**no**'} |")
+    return "\n".join(lines) + "\n"
