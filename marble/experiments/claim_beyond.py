@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+from marble.experiments.claim_design import paired_changes
 from marble.experiments.claim_experiment import effects_of_interest, rule_values
 from marble.experiments.claim_noise import control_section, sweep_section
 from marble.experiments.claim_rule import SECTION_FAMILIES, apply_rule, holm_family
@@ -62,14 +63,7 @@ def _one_arm(measures: list[RunMeasure], arm: str, baseline: str, rewards: list[
 def change_versus(measures: list[RunMeasure], arm: str, reference: str, rewards: list[str]) -> dict:
     """reward -> the arm's held-out change minus the reference arm's, paired by seed: mean, p,
     Holm p over the rewards and the answer (true: the arm gains more)."""
-    def by_seed(a, r):
-        return {m.seed: m.changes.get(r, math.nan) for m in measures if m.arm == a}
-
-    values = {}
-    for r in rewards:
-        mine, ref = by_seed(arm, r), by_seed(reference, r)
-        values[r] = [mine[s] - ref[s] for s in sorted(set(mine) & set(ref))]
-    return holm_family(values)
+    return holm_family({r: paired_changes(measures, arm, reference, r) for r in rewards})
 
 
 def arms_versus_baseline(measures: list[RunMeasure], arms: list[str], baseline: str, rewards: list[str],

@@ -51,7 +51,8 @@ def _by_seed(measures, arm: str, get) -> dict[int, float]:
     return {m.seed: get(m) for m in measures if m.arm == arm}
 
 
-def _paired_values(measures, arm: str, base: str, reward: str) -> list[float]:
+def paired_changes(measures, arm: str, base: str, reward: str) -> list[float]:
+    """The arm's change of `reward` minus the base arm's, per seed both ran (seed order)."""
     a = _by_seed(measures, arm, lambda m: m.changes.get(reward, math.nan))
     b = _by_seed(measures, base, lambda m: m.changes.get(reward, math.nan))
     return [a[s] - b[s] for s in sorted(set(a) & set(b))]
@@ -68,7 +69,7 @@ def multiplicity(measures, rewards, specialists, marble_arm, baseline_arm,
             {r: list(_by_seed(main, marble_arm, lambda m: m.changes.get(r, math.nan)).values())
              for r in rewards}),
         "b_specialists_rise_more_under_marble": _family(
-            {s: _paired_values(main, marble_arm, baseline_arm, s) for s in specialists}),
+            {s: paired_changes(main, marble_arm, baseline_arm, s) for s in specialists}),
     }
     if alone:
         families["every_reward_learnable_alone"] = _family(
@@ -77,9 +78,9 @@ def multiplicity(measures, rewards, specialists, marble_arm, baseline_arm,
     others = [a for a in dict.fromkeys(m.arm for m in main) if a not in (baseline_arm,)]
     if len(others) > 1:  # the zoo: every arm x reward against the baseline is one family
         families["arms_vs_baseline"] = _family(
-            {f"{a}/{r}": _paired_values(main, a, baseline_arm, r) for a in others for r in rewards})
+            {f"{a}/{r}": paired_changes(main, a, baseline_arm, r) for a in others for r in rewards})
     effects = fixed_effects or effects_of_interest(alone, effect_fraction)
-    tost_p = {s: fam.tost(_paired_values(main, marble_arm, baseline_arm, s), effects.get(s, math.nan))
+    tost_p = {s: fam.tost(paired_changes(main, marble_arm, baseline_arm, s), effects.get(s, math.nan))
               for s in specialists}
     tost_adj = fam.holm(tost_p)
     equivalence = {s: {"margin": cs.json_number(effects.get(s, math.nan)),

@@ -102,6 +102,6 @@ def levels_verdict(per_run: dict[str, list[dict]], arm_methods: dict[str, str]) 
             arms[arm][level] = {fig: _versus_paper([r[level][fig] for r in runs], paper[fig])
                                 for fig in FIGURES}
             tests.update({(arm, level, fig): arms[arm][level][fig] for fig in FIGURES})
-    decide_family(tests, {k: t["per_seed"] for k, t in tests.items()}, SECTION_FAMILIES["levels"])
+    decide_family(tests, SECTION_FAMILIES["levels"])
     return {"paper_quantity": dict(PAPER_QUANTITY), "published": {m: dict(v) for m, v in HARMONY.items()},
             "keys": {level: list(cols) for level, cols in LEVELS.items()}, "arms": arms}

@@ -71,7 +71,7 @@ def falls_with_batch_size(by_size: dict[int, dict[int, float]]) -> dict:
     diffs = _paired_values(by_size[sizes[0]], by_size[sizes[-1]])
     entry = {"sizes": sizes, "means": means,
              "difference": cs.t_interval(diffs, bounds=FRACTION_DIFFERENCE).as_json(), "per_seed": diffs}
-    decide_family({0: entry}, {0: diffs}, "itself")
+    decide_family({0: entry}, "itself")
     return entry
 
 
@@ -105,7 +105,7 @@ def sweep_section(measures, micro_batch: dict[str, int]) -> dict:
                 "falls_with_batch_size": falls_with_batch_size(by_size)}
             tests[(base, level)] = levels[level]["falls_with_batch_size"]
         out[base] = {"arms": {str(s): a for s, a in sizes.items()}, "levels": levels}
-    decide_family(tests, {k: t["per_seed"] for k, t in tests.items()}, SECTION_FAMILIES["noise.sweep"])
+    decide_family(tests, SECTION_FAMILIES["noise.sweep"])
     return out
 
 
@@ -126,7 +126,7 @@ def control_section(control, measures) -> dict:
                       "per_seed": diffs}
             entry["conflict_beyond_control"][level] = tests[(arm, level)] = beyond
         out[arm] = entry
-    decide_family(tests, {k: t["per_seed"] for k, t in tests.items()}, SECTION_FAMILIES["noise.control"])
+    decide_family(tests, SECTION_FAMILIES["noise.control"])
     return out
 
 

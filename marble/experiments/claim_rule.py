@@ -120,11 +120,11 @@ def holm_family(values: dict[str, list], floors: dict[str, float] | None = None)
     return out
 
 
-def decide_family(entries: dict, values: dict[object, list], family: str) -> None:
-    """The rule for a verdict section: each entry (`entries[key]`, a dict) gets its member's
-    `p`, `p_holm`, `answer` and the `family` sentence, Holm-adjusted over every key of
-    `values` (key -> per-seed values; a key without values stays undecided, outside m)."""
-    members = holm_family(values)
+def decide_family(entries: dict, family: str) -> None:
+    """The rule for a verdict section: each entry (a dict holding its `per_seed` values) gets
+    its `p`, `p_holm`, `answer` and the `family` sentence, Holm-adjusted over every entry (one
+    without values stays undecided, outside m)."""
+    members = holm_family({key: entry["per_seed"] for key, entry in entries.items()})
     for key, member in members.items():
         entries[key].update(p=member["p"], p_holm=member["p_holm"], answer=member["answer"], family=family)
 
